@@ -1,0 +1,19 @@
+"""sparknet: deep networks trained on Apache Spark CPU clusters, with a Cython core.
+
+The single-process core: :class:`~sparknet.model.Sequential` over layers from
+:mod:`sparknet.layers`, losses in :mod:`sparknet.losses`, optimizers in
+:mod:`sparknet.optim`.  Distributed training lives in :mod:`sparknet.cluster`.
+"""
+from sparknet.layers import Activation, Dense, Dropout, Flatten, Layer
+from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
+from sparknet.model import History, Sequential
+from sparknet.optim import SGD, Optimizer, RMSprop
+from sparknet.io import load_model, save_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
+    "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD",
+    "save_model", "load_model", "__version__",
+]

@@ -1,0 +1,104 @@
+"""The layer protocol every sparknet layer follows.
+
+A layer is built once for a per-sample input shape, declares the parameter
+arrays it needs (:meth:`Layer.param_specs`), and is then *bound* to views of
+the model's single flat parameter buffer and single flat gradient buffer.
+``forward`` keeps what ``backward`` needs; ``backward(dy)`` overwrites the
+layer's gradient views for the last batch and returns ``dx``.  ``backward``
+may overwrite ``dy``.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+ParamSpec = tuple  # (name, shape)
+
+#: layer class name -> class, for rebuilding a model from its JSON architecture
+REGISTRY: dict[str, type["Layer"]] = {}
+
+
+def register(cls: type["Layer"]) -> type["Layer"]:
+    """Class decorator: make a layer loadable from a saved architecture."""
+    REGISTRY[cls.__name__] = cls
+    return cls
+
+
+class Layer:
+    """Base class.  Subclasses implement ``_build``, ``forward``, ``backward``, ``get_config``.
+
+    Attributes set by :meth:`build`: ``input_shape`` and ``output_shape`` (per sample,
+    without the batch axis) and ``dtype``.  After :meth:`bind`, ``params`` and
+    ``grads`` map parameter names to views of the model's flat buffers.
+    """
+
+    #: True for layers whose ``forward`` takes a ``mask=`` (N, T) argument
+    supports_masking: ClassVar[bool] = False
+    #: True for layers that take integer input (token ids)
+    accepts_int_input: ClassVar[bool] = False
+
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name or type(self).__name__.lower()
+        self.built = False
+        self.input_shape: tuple[int, ...] | None = None
+        self.output_shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype = np.dtype(np.float32)
+        self.params: dict[str, np.ndarray] = {}
+        self.grads: dict[str, np.ndarray] = {}
+        self.rng: np.random.Generator = np.random.default_rng(0)
+
+    # -- construction -----------------------------------------------------
+    def build(self, input_shape: tuple[int, ...], dtype: Any = np.float32) -> tuple[int, ...]:
+        """Fix the per-sample input shape; returns the per-sample output shape."""
+        self.input_shape = tuple(int(d) for d in input_shape)
+        self.dtype = np.dtype(dtype)
+        self.output_shape = tuple(int(d) for d in self._build(self.input_shape))
+        self.built = True
+        return self.output_shape
+
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return input_shape
+
+    def param_specs(self) -> list[ParamSpec]:
+        """``[(name, shape), ...]`` of the parameter arrays this layer owns (after build)."""
+        return []
+
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+        """Fill freshly allocated parameter views in place (seeded by the model)."""
+
+    def bind(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
+        self.params = params
+        self.grads = grads
+
+    def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
+        """The (N, T) mask that applies to this layer's output, given its input's."""
+        return mask
+
+    # -- computation ------------------------------------------------------
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
+        raise NotImplementedError
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    # -- (de)serialisation ------------------------------------------------
+    def get_config(self) -> dict:
+        """JSON-serialisable constructor arguments."""
+        return {"name": self.name}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Layer":
+        return cls(**config)
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(int(np.prod(s)) for _, s in self.param_specs()))
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
+        return f"{type(self).__name__}({args})"
+
+    def _check_built(self) -> None:
+        if not self.built:
+            raise RuntimeError(f"layer {self.name!r} is not built; add it to a Sequential model first")

@@ -1,0 +1,188 @@
+"""Core layers: Dense, Activation, Dropout, Flatten."""
+from __future__ import annotations
+
+import numpy as np
+
+from sparknet import _dense, initializers
+from sparknet.activations import activation_id, canonical_name
+from sparknet.layers.base import Layer, register
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+@register
+class Dense(Layer):
+    """Fully connected layer: ``y = activation(x @ W.T + b)``.
+
+    Applies to the last axis, so a ``(N, T, F)`` sequence gets the same dense map at
+    every time step (a time-distributed dense layer).
+
+    Args:
+        units: number of output neurons.
+        activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
+            ``"softmax"``. A softmax on the model's last layer is fused with the
+            cross-entropy loss (the loss then reads logits).
+        use_bias: add a bias vector.
+        kernel_initializer: ``"auto"`` (He for relu, Glorot otherwise) or an
+            initializer name from :mod:`sparknet.initializers`.
+        name: layer name.
+
+    Input shape: ``(N, ..., in_features)``.  Output shape: ``(N, ..., units)``.
+
+    Parameters: ``kernel`` of shape ``(units, in_features)`` (as ``torch.nn.Linear``),
+    ``bias`` of shape ``(units,)``.
+    """
+
+    def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
+                 kernel_initializer: str = "auto", name: str | None = None) -> None:
+        super().__init__(name)
+        self.units = _positive_int(units, "Dense units")
+        self.activation = canonical_name(activation)
+        self._act = activation_id(activation)
+        self.use_bias = bool(use_bias)
+        if kernel_initializer != "auto":
+            initializers.check_name(kernel_initializer)
+        self.kernel_initializer = kernel_initializer
+        #: set by Sequential when a trailing softmax is fused into the loss
+        self.emit_logits = False
+
+    def _build(self, input_shape):
+        if len(input_shape) < 1 or input_shape[-1] <= 0:
+            raise ValueError(f"Dense {self.name!r} needs inputs with a last axis of positive size, "
+                             f"got per-sample shape {input_shape}")
+        self.in_features = int(input_shape[-1])
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def param_specs(self):
+        specs = [("kernel", (self.units, self.in_features))]
+        if self.use_bias:
+            specs.append(("bias", (self.units,)))
+        return specs
+
+    def init_params(self, params, rng):
+        init = self.kernel_initializer
+        if init == "auto":
+            init = "he_uniform" if self.activation == "relu" else "glorot_uniform"
+        initializers.fill(params["kernel"], init, self.in_features, self.units, rng)
+        if self.use_bias:
+            params["bias"][...] = 0
+
+    @property
+    def _kernel_act(self) -> int:
+        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
+
+    def forward(self, x, training=False):
+        self._check_built()
+        lead = x.shape[:-1]
+        x2 = np.ascontiguousarray(x.reshape(-1, self.in_features), dtype=self.dtype)
+        y = np.empty((x2.shape[0], self.units), dtype=self.dtype)
+        _dense.forward(x2, self.params["kernel"], self.params.get("bias"), y, self._kernel_act)
+        self._x, self._y = x2, y
+        return y.reshape(lead + (self.units,))
+
+    def backward(self, dy):
+        lead = dy.shape[:-1]
+        d = np.ascontiguousarray(dy.reshape(-1, self.units), dtype=self.dtype)
+        if not d.flags.writeable:
+            d = d.copy()
+        dx = np.empty_like(self._x)
+        _dense.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
+                        self.grads.get("bias"), self._kernel_act)
+        return dx.reshape(lead + (self.in_features,))
+
+    def get_config(self):
+        return {"units": self.units, "activation": self.activation, "use_bias": self.use_bias,
+                "kernel_initializer": self.kernel_initializer, "name": self.name}
+
+
+@register
+class Activation(Layer):
+    """Elementwise activation layer (softmax acts on the last axis).
+
+    Args:
+        activation: ``"identity"``, ``"relu"``, ``"tanh"``, ``"sigmoid"`` or ``"softmax"``.
+    """
+
+    def __init__(self, activation: str, name: str | None = None) -> None:
+        super().__init__(name)
+        self.activation = canonical_name(activation)
+        self._act = activation_id(activation)
+        self.emit_logits = False
+
+    @property
+    def _kernel_act(self) -> int:
+        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
+
+    def forward(self, x, training=False):
+        from sparknet import _activations
+        y = np.array(x, dtype=self.dtype, order="C", copy=True)
+        if y.size and self._kernel_act:
+            _activations.forward(self._kernel_act, y.reshape(-1, y.shape[-1]))
+        self._y = y
+        return y
+
+    def backward(self, dy):
+        from sparknet import _activations
+        d = np.array(dy, dtype=self.dtype, order="C", copy=True)
+        if d.size and self._kernel_act:
+            _activations.backward(self._kernel_act, self._y.reshape(-1, d.shape[-1]),
+                                  d.reshape(-1, d.shape[-1]))
+        return d
+
+    def get_config(self):
+        return {"activation": self.activation, "name": self.name}
+
+
+@register
+class Dropout(Layer):
+    """Inverted dropout: in training, zero each input with probability ``rate`` and
+    scale the rest by ``1 / (1 - rate)``; the identity at inference.
+
+    Args:
+        rate: drop probability in ``[0, 1)``.
+    """
+
+    def __init__(self, rate: float, name: str | None = None) -> None:
+        super().__init__(name)
+        if not (0.0 <= float(rate) < 1.0):
+            raise ValueError(f"Dropout rate must be in [0, 1), got {rate!r}")
+        self.rate = float(rate)
+
+    def forward(self, x, training=False):
+        if not training or self.rate == 0.0:
+            self._mask = None
+            return x
+        keep = 1.0 - self.rate
+        self._mask = (self.rng.random(x.shape, dtype=np.float64) < keep).astype(self.dtype)
+        self._mask *= self.dtype.type(1.0 / keep)
+        return x * self._mask
+
+    def backward(self, dy):
+        if self._mask is None:
+            return dy
+        return dy * self._mask
+
+    def get_config(self):
+        return {"rate": self.rate, "name": self.name}
+
+
+@register
+class Flatten(Layer):
+    """Flatten each sample to one axis: ``(N, d1, d2, ...)`` -> ``(N, d1 * d2 * ...)``."""
+
+    def _build(self, input_shape):
+        return (int(np.prod(input_shape)),)
+
+    def forward(self, x, training=False):
+        self._shape = x.shape
+        return x.reshape(x.shape[0], -1)
+
+    def backward(self, dy):
+        return dy.reshape(self._shape)
+
+    def compute_mask(self, mask):
+        return None

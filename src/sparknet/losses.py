@@ -1,0 +1,94 @@
+"""Losses: softmax cross-entropy (from logits) and mean squared error.
+
+A loss reads the model's output ``out`` of shape ``(N, ..., C)`` and targets of
+shape ``(N, ...)`` (class ids, cross-entropy) or ``(N, ..., C)`` (MSE), with an
+optional weight of shape ``(N, ...)`` (0 drops a row: masked time steps).
+:meth:`Loss.value_and_grad` returns the weighted loss *sum* and the weight
+total, and writes ``scale * d(sum)/d(out)`` where ``scale`` defaults to
+``1 / weight total``, the gradient of the mean.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sparknet import _losses
+
+
+class Loss:
+    name = "loss"
+    #: True when targets are class ids and accuracy is meaningful
+    is_classification = False
+
+    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _flat_weight(weight, rows, dtype):
+    if weight is None:
+        return None
+    w = np.ascontiguousarray(np.asarray(weight, dtype=dtype).reshape(-1))
+    if w.shape[0] != rows:
+        raise ValueError(f"loss weight has {w.shape[0]} entries for {rows} output rows")
+    return w
+
+
+class SoftmaxCrossEntropy(Loss):
+    """Cross-entropy of integer class ids against ``softmax(logits)``, computed with a
+    stable log-sum-exp.  Mean over (weighted) rows by default."""
+
+    name = "cross_entropy"
+    is_classification = True
+
+    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+        C = out.shape[-1]
+        z = np.ascontiguousarray(out.reshape(-1, C))
+        t = np.ascontiguousarray(np.asarray(target).reshape(-1), dtype=np.int64)
+        if t.shape[0] != z.shape[0]:
+            raise ValueError(f"cross-entropy: {t.shape[0]} labels for {z.shape[0]} output rows")
+        w = _flat_weight(weight, z.shape[0], z.dtype)
+        total_w = float(z.shape[0] if w is None else w.sum(dtype=np.float64))
+        if scale is None:
+            scale = 1.0 / total_w if total_w > 0 else 0.0
+        grad = np.empty_like(z) if need_grad else None
+        s = _losses.softmax_cross_entropy(z, t, w, grad, float(scale))
+        return s, total_w, (grad.reshape(out.shape) if need_grad else None)
+
+
+class MeanSquaredError(Loss):
+    """Squared error, averaged over the last axis, then over (weighted) rows."""
+
+    name = "mse"
+
+    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+        D = out.shape[-1]
+        o = np.ascontiguousarray(out.reshape(-1, D))
+        t = np.ascontiguousarray(np.asarray(target, dtype=o.dtype).reshape(-1, D))
+        if t.shape[0] != o.shape[0]:
+            raise ValueError(f"mse: {t.shape[0]} target rows for {o.shape[0]} output rows")
+        w = _flat_weight(weight, o.shape[0], o.dtype)
+        total_w = float(o.shape[0] if w is None else w.sum(dtype=np.float64))
+        if scale is None:
+            scale = 1.0 / total_w if total_w > 0 else 0.0
+        grad = np.empty_like(o) if need_grad else None
+        s = _losses.mean_squared_error(o, t, w, grad, float(scale))
+        return s, total_w, (grad.reshape(out.shape) if need_grad else None)
+
+
+_ALIASES = {
+    "cross_entropy": SoftmaxCrossEntropy, "crossentropy": SoftmaxCrossEntropy,
+    "softmax_cross_entropy": SoftmaxCrossEntropy, "categorical_crossentropy": SoftmaxCrossEntropy,
+    "sparse_categorical_crossentropy": SoftmaxCrossEntropy, "ce": SoftmaxCrossEntropy,
+    "mse": MeanSquaredError, "mean_squared_error": MeanSquaredError,
+}
+
+
+def get(loss: "str | Loss") -> Loss:
+    """A :class:`Loss` from a name (``"cross_entropy"``, ``"mse"``, aliases) or an instance."""
+    if isinstance(loss, Loss):
+        return loss
+    if isinstance(loss, str) and loss.lower() in _ALIASES:
+        return _ALIASES[loss.lower()]()
+    raise ValueError(f"unknown loss {loss!r}; use 'cross_entropy' or 'mse' (or a Loss instance)")

@@ -1,0 +1,469 @@
+"""``Sequential``: a stack of layers over one flat parameter buffer and one flat gradient buffer."""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from sparknet import losses as losses_mod
+from sparknet import optim as optim_mod
+from sparknet._validation import check_array, check_labels, check_mask, check_targets
+from sparknet.activations import softmax
+from sparknet.layers.base import REGISTRY, Layer
+
+
+class History:
+    """Per-epoch metrics of a :meth:`Sequential.fit` call.
+
+    ``history.history`` maps a metric name (``loss``, ``accuracy``, ``val_loss``,
+    ``val_accuracy``, ``time``) to a list with one value per epoch; ``history["loss"]``
+    is a shortcut.
+    """
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+
+    def append(self, epoch: int, **metrics: float) -> None:
+        self.epoch.append(epoch)
+        for k, v in metrics.items():
+            self.history.setdefault(k, []).append(float(v))
+
+    def __getitem__(self, key: str) -> list[float]:
+        return self.history[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.history
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.history.items()}
+
+    def __repr__(self) -> str:
+        last = {k: round(v[-1], 4) for k, v in self.history.items() if v}
+        return f"History(epochs={len(self.epoch)}, last={last})"
+
+
+class Sequential:
+    """A linear stack of layers.
+
+    All trainable parameters live in one contiguous flat array :attr:`params` and all
+    gradients in another, :attr:`grads`; each layer holds views into them.  This makes
+    a broadcast, an accumulator, a checkpoint or an optimizer step one array operation.
+
+    Args:
+        layers: the layers, first to last.
+        input_shape: per-sample input shape (without the batch axis); if omitted the
+            model is built on the first call to :meth:`fit` (or :meth:`build`).
+        dtype: ``"float32"`` (default) or ``"float64"``.
+        seed: seeds parameter initialisation and dropout; the same seed gives the
+            same initial parameters.
+        loss: default loss for :meth:`fit`/:meth:`evaluate` (``"cross_entropy"`` or
+            ``"mse"``); if ``None``, cross-entropy when the last layer ends in softmax,
+            MSE otherwise.
+
+    Example::
+
+        model = Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")])
+        history = model.fit(X, y, epochs=20, batch_size=64, validation_data=(Xv, yv))
+        model.evaluate(Xv, yv)   # {'loss': ..., 'accuracy': ...}
+    """
+
+    def __init__(self, layers: Iterable[Layer] = (), input_shape: Sequence[int] | None = None,
+                 dtype: Any = "float32", seed: int = 0, loss: "str | losses_mod.Loss | None" = None,
+                 name: str = "sequential") -> None:
+        self.layers: list[Layer] = []
+        for layer in layers:
+            self.add(layer)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        self.seed = int(seed)
+        self.name = name
+        self._loss = None if loss is None else losses_mod.get(loss)
+        self.optimizer: optim_mod.Optimizer | None = None
+        self.params: np.ndarray = np.zeros(0, dtype=self.dtype)
+        self.grads: np.ndarray = np.zeros(0, dtype=self.dtype)
+        self.input_shape: tuple[int, ...] | None = None
+        self.output_shape: tuple[int, ...] | None = None
+        self.built = False
+        self._softmax_head = False
+        self._rng = np.random.default_rng(self.seed)
+        if input_shape is not None:
+            self.build(input_shape)
+
+    # ------------------------------------------------------------------ build
+    def add(self, layer: Layer) -> "Sequential":
+        if not isinstance(layer, Layer):
+            raise TypeError(f"Sequential takes Layer instances, got {type(layer).__name__}")
+        if getattr(self, "built", False):
+            raise RuntimeError("cannot add a layer to a built model")
+        self.layers.append(layer)
+        return self
+
+    def build(self, input_shape: Sequence[int]) -> "Sequential":
+        """Build every layer for a per-sample ``input_shape``, allocate the flat buffers
+        and initialise the parameters (seeded)."""
+        if not self.layers:
+            raise ValueError("a Sequential model needs at least one layer")
+        shape = tuple(int(d) for d in input_shape)
+        if any(d <= 0 for d in shape):
+            raise ValueError(f"input_shape must have positive sizes, got {shape}")
+        self.input_shape = shape
+        specs = []
+        for i, layer in enumerate(self.layers):
+            layer.rng = np.random.default_rng([self.seed, i, 1])
+            try:
+                shape = layer.build(shape, self.dtype)
+            except ValueError as exc:
+                raise ValueError(f"layer {i} ({type(layer).__name__} {layer.name!r}): {exc}") from exc
+            specs.append(layer.param_specs())
+        self.output_shape = shape
+        n = sum(int(np.prod(s)) for sp in specs for _, s in sp)
+        self.params = np.zeros(n, dtype=self.dtype)
+        self.grads = np.zeros(n, dtype=self.dtype)
+        self._slices: list[dict[str, tuple[int, int, tuple]]] = []
+        off = 0
+        for i, (layer, sp) in enumerate(zip(self.layers, specs)):
+            pv, gv, sl = {}, {}, {}
+            for pname, pshape in sp:
+                size = int(np.prod(pshape))
+                pv[pname] = self.params[off:off + size].reshape(pshape)
+                gv[pname] = self.grads[off:off + size].reshape(pshape)
+                sl[pname] = (off, off + size, tuple(pshape))
+                off += size
+            self._slices.append(sl)
+            layer.init_params(pv, np.random.default_rng([self.seed, i]))
+            layer.bind(pv, gv)
+        last = self.layers[-1]
+        self._softmax_head = getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
+        if self._softmax_head:
+            last.emit_logits = True
+        self.built = True
+        return self
+
+    def _ensure_built(self, X: np.ndarray) -> None:
+        if not self.built:
+            self.build(np.asarray(X).shape[1:])
+
+    @property
+    def n_params(self) -> int:
+        return int(self.params.shape[0])
+
+    def param_slices(self) -> list[dict[str, tuple[int, int, tuple]]]:
+        """For each layer, ``{name: (start, stop, shape)}`` of its parameters in :attr:`params`."""
+        return self._slices
+
+    # ---------------------------------------------------------------- loss
+    @property
+    def loss(self) -> losses_mod.Loss:
+        if self._loss is None:
+            return losses_mod.SoftmaxCrossEntropy() if self._softmax_head else losses_mod.MeanSquaredError()
+        return self._loss
+
+    @property
+    def is_classifier(self) -> bool:
+        return self.loss.is_classification
+
+    # ----------------------------------------------------- forward/backward
+    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+        """Run the layers.  Returns logits when the last layer ends in softmax."""
+        for layer in self.layers:
+            if layer.supports_masking:
+                x = layer.forward(x, training=training, mask=mask)
+            else:
+                x = layer.forward(x, training=training)
+            mask = layer.compute_mask(mask)
+        self._out_mask = mask
+        return x
+
+    def backward(self, dout: np.ndarray) -> np.ndarray:
+        """Backpropagate ``dout`` (gradient w.r.t. the output of :meth:`forward`);
+        fills :attr:`grads` and returns the gradient w.r.t. the input."""
+        for layer in reversed(self.layers):
+            dout = layer.backward(dout)
+        return dout
+
+    def _prepare_x(self, X, name: str = "X") -> np.ndarray:
+        first = self.layers[0] if self.layers else None
+        allow_int = bool(first is not None and first.accepts_int_input)
+        return check_array(X, name=name, sample_shape=self.input_shape if self.built else None,
+                           dtype=self.dtype, allow_int=allow_int)
+
+    def _prepare_y(self, y, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
+        if loss.is_classification:
+            return check_labels(y, n, self.output_shape[-1], name=name, lead_shape=self.output_shape[:-1])
+        return check_targets(y, n, self.output_shape, self.dtype, name=name)
+
+    def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "losses_mod.Loss | None" = None,
+                      mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
+                      scale: float | None = None, need_grad: bool = True,
+                      training: bool = True) -> tuple[float, float, float]:
+        """Forward, loss and (optionally) backward on one batch of *validated* arrays.
+
+        Returns ``(loss_sum, weight_sum, n_correct)``; :attr:`grads` then holds
+        ``scale * d(loss_sum)/d(params)`` (``scale`` defaults to ``1 / weight_sum``,
+        the gradient of the mean loss).  ``n_correct`` is NaN for regression.
+        """
+        loss = loss or self.loss
+        out = self.forward(x, training=training, mask=mask)
+        weight = self._out_mask
+        if sample_weight is not None:
+            sw = np.asarray(sample_weight, dtype=self.dtype)
+            sw = sw.reshape(sw.shape + (1,) * (out.ndim - 1 - sw.ndim))
+            weight = np.broadcast_to(sw, out.shape[:-1]) * (1 if weight is None else weight)
+        if weight is not None:
+            weight = np.ascontiguousarray(weight, dtype=self.dtype)
+        pred = out
+        if self._softmax_head and not loss.is_classification:
+            pred = softmax(out)
+        s, w, g = loss.value_and_grad(pred, y, weight=weight, scale=scale, need_grad=need_grad)
+        if need_grad:
+            if pred is not out:
+                from sparknet.activations import grad as act_grad
+                g = act_grad("softmax", pred, g)
+            self.backward(g)
+        correct = float("nan")
+        if loss.is_classification:
+            hit = (out.argmax(axis=-1) == y)
+            correct = float(hit.sum() if weight is None else (hit * weight).sum())
+        return float(s), float(w), correct
+
+    def train_on_batch(self, x, y, optimizer: "optim_mod.Optimizer | str | None" = None,
+                       loss: "losses_mod.Loss | str | None" = None, mask=None,
+                       sample_weight=None) -> tuple[float, float]:
+        """One optimizer step on a validated batch; returns (mean loss, accuracy)."""
+        opt = optimizer if isinstance(optimizer, optim_mod.Optimizer) else self._get_optimizer(optimizer)
+        lo = losses_mod.get(loss) if loss is not None else self.loss
+        s, w, c = self.loss_and_grad(x, y, lo, mask=mask, sample_weight=sample_weight)
+        opt.step(self.params, self.grads)
+        return (s / w if w else 0.0), (c / w if w else float("nan"))
+
+    def _get_optimizer(self, optimizer) -> optim_mod.Optimizer:
+        if optimizer is None:
+            if self.optimizer is None:
+                self.optimizer = optim_mod.RMSprop()
+            return self.optimizer
+        opt = optim_mod.get(optimizer)
+        self.optimizer = opt
+        return opt
+
+    # --------------------------------------------------------------- train
+    def fit(self, X, y, epochs: int = 10, batch_size: int = 32,
+            validation_data: tuple | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
+            loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask=None,
+            sample_weight=None, verbose: int = 1,
+            callbacks: Sequence[Callable[[int, dict], Any]] = ()) -> History:
+        """Train with minibatch gradient descent.
+
+        Args:
+            X: inputs, ``(N, *input_shape)``.
+            y: class ids ``(N,)`` (or ``(N, T)`` for per-step outputs) for cross-entropy;
+                targets shaped like the output for MSE.
+            epochs: passes over the data.
+            batch_size: samples per optimizer step.
+            validation_data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``, evaluated
+                after every epoch.
+            optimizer: an :class:`~sparknet.optim.Optimizer` or its name; default RMSprop
+                (kept on the model, so a second ``fit`` continues its state).
+            loss: ``"cross_entropy"``, ``"mse"`` or a :class:`~sparknet.losses.Loss`;
+                becomes the model's loss.
+            shuffle: reshuffle every epoch (seeded by the model's seed).
+            mask: ``(N, T)`` mask of valid time steps for sequence input.
+            sample_weight: ``(N,)`` per-sample weights.
+            verbose: 0 silent, 1 a progress bar per epoch.
+            callbacks: callables ``f(epoch, logs)`` run after each epoch; one returning
+                ``True`` stops training.
+
+        Returns:
+            :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
+            ``val_accuracy`` and ``time`` per epoch.
+        """
+        epochs = _positive(epochs, "epochs")
+        batch_size = _positive(batch_size, "batch_size")
+        if loss is not None:
+            self._loss = losses_mod.get(loss)
+        X = self._prepare_x(X)
+        self._ensure_built(X)
+        lo = self.loss
+        y = self._prepare_y(y, X.shape[0], lo)
+        mask = check_mask(mask, X.shape)
+        if sample_weight is not None:
+            sample_weight = check_array(sample_weight, "sample_weight", dtype=self.dtype)
+            if sample_weight.shape != (X.shape[0],):
+                raise ValueError(f"sample_weight has shape {sample_weight.shape}, expected ({X.shape[0]},)")
+        val = self._prepare_validation(validation_data, lo)
+        opt = self._get_optimizer(optimizer)
+        history = History()
+        n = X.shape[0]
+        n_batches = (n + batch_size - 1) // batch_size
+        from sparknet.progress import progress_bar
+        for epoch in range(epochs):
+            t0 = time.perf_counter()
+            order = self._rng.permutation(n) if shuffle else np.arange(n)
+            tot_s = tot_w = tot_c = 0.0
+            with progress_bar(total=n_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
+                              disable=not verbose) as bar:
+                for b in range(n_batches):
+                    idx = order[b * batch_size:(b + 1) * batch_size]
+                    xb, yb = X[idx], y[idx]
+                    mb = None if mask is None else mask[idx]
+                    swb = None if sample_weight is None else sample_weight[idx]
+                    s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
+                    if not np.isfinite(s):
+                        raise FloatingPointError(
+                            f"loss became {s} at epoch {epoch + 1}, batch {b + 1}; lower the learning "
+                            f"rate (now {opt.lr})")
+                    opt.step(self.params, self.grads)
+                    tot_s += s
+                    tot_w += w
+                    tot_c += c
+                    bar.update(1)
+                    if b % 10 == 0 or b == n_batches - 1:
+                        post = {"loss": f"{tot_s / max(tot_w, 1e-12):.4f}"}
+                        if lo.is_classification:
+                            post["acc"] = f"{tot_c / max(tot_w, 1e-12):.4f}"
+                        bar.set_postfix(post, refresh=False)
+            logs = {"loss": tot_s / max(tot_w, 1e-12)}
+            if lo.is_classification:
+                logs["accuracy"] = tot_c / max(tot_w, 1e-12)
+            if val is not None:
+                ev = self.evaluate(*val, loss=lo, _validated=True)
+                logs.update({f"val_{k}": v for k, v in ev.items()})
+            logs["time"] = time.perf_counter() - t0
+            history.append(epoch, **logs)
+            if verbose:
+                print(f"epoch {epoch + 1}/{epochs}: " + ", ".join(
+                    f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+            if any(cb(epoch, dict(logs)) is True for cb in callbacks):
+                break
+        return history
+
+    def _prepare_validation(self, validation_data, lo):
+        if validation_data is None:
+            return None
+        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
+            raise ValueError("validation_data must be (X_val, y_val) or (X_val, y_val, mask_val)")
+        Xv = self._prepare_x(validation_data[0], name="X_val")
+        yv = self._prepare_y(validation_data[1], Xv.shape[0], lo, name="y_val")
+        mv = check_mask(validation_data[2], Xv.shape, "mask_val") if len(validation_data) == 3 else None
+        return Xv, yv, mv
+
+    # ----------------------------------------------------------- inference
+    def _batched_forward(self, X, batch_size: int, mask=None) -> np.ndarray:
+        outs = []
+        for i in range(0, X.shape[0], batch_size):
+            mb = None if mask is None else mask[i:i + batch_size]
+            outs.append(np.array(self.forward(X[i:i + batch_size], training=False, mask=mb)))
+        return np.concatenate(outs, axis=0)
+
+    def _checked_input(self, X, mask=None):
+        if not self.built:
+            raise RuntimeError("the model is not built yet: call fit() or build(input_shape) first")
+        X = self._prepare_x(X)
+        return X, check_mask(mask, X.shape)
+
+    def predict_output(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+        """The network's output for ``X`` (probabilities when it ends in softmax)."""
+        X, mask = self._checked_input(X, mask)
+        out = self._batched_forward(X, _positive(batch_size, "batch_size"), mask)
+        return softmax(out) if self._softmax_head else out
+
+    def predict_proba(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+        """Class probabilities (softmax of the logits), shape ``(N, ..., classes)``."""
+        X, mask = self._checked_input(X, mask)
+        return softmax(self._batched_forward(X, _positive(batch_size, "batch_size"), mask))
+
+    def predict(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+        """Class ids for a classifier (argmax of the output), raw outputs for regression."""
+        if self.is_classifier:
+            X, mask = self._checked_input(X, mask)
+            return self._batched_forward(X, _positive(batch_size, "batch_size"), mask).argmax(axis=-1)
+        return self.predict_output(X, batch_size, mask)
+
+    def evaluate(self, X, y, batch_size: int = 512, mask=None,
+                 loss: "losses_mod.Loss | str | None" = None, _validated: bool = False) -> dict[str, float]:
+        """Mean loss (and accuracy for classifiers) on ``(X, y)`` without training."""
+        lo = losses_mod.get(loss) if loss is not None else self.loss
+        if not _validated:
+            X, mask = self._checked_input(X, mask)
+            y = self._prepare_y(y, X.shape[0], lo)
+        batch_size = _positive(batch_size, "batch_size")
+        tot_s = tot_w = tot_c = 0.0
+        for i in range(0, X.shape[0], batch_size):
+            mb = None if mask is None else mask[i:i + batch_size]
+            s, w, c = self.loss_and_grad(X[i:i + batch_size], y[i:i + batch_size], lo, mask=mb,
+                                         need_grad=False, training=False)
+            tot_s, tot_w, tot_c = tot_s + s, tot_w + w, tot_c + c
+        res = {"loss": tot_s / max(tot_w, 1e-12)}
+        if lo.is_classification:
+            res["accuracy"] = tot_c / max(tot_w, 1e-12)
+        return res
+
+    # ------------------------------------------------------- serialisation
+    def get_config(self) -> dict:
+        """JSON-serialisable architecture (layers, shapes, dtype, seed, loss)."""
+        return {
+            "name": self.name, "dtype": self.dtype.name, "seed": self.seed,
+            "input_shape": list(self.input_shape) if self.input_shape else None,
+            "loss": self._loss.name if self._loss is not None else None,
+            "layers": [{"class": type(l).__name__, "config": l.get_config()} for l in self.layers],
+        }
+
+    @classmethod
+    def from_config(cls, config: dict) -> "Sequential":
+        layers = []
+        for spec in config["layers"]:
+            klass = REGISTRY.get(spec["class"])
+            if klass is None:
+                raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
+            layers.append(klass.from_config(dict(spec["config"])))
+        return cls(layers, input_shape=config.get("input_shape"), dtype=config.get("dtype", "float32"),
+                   seed=config.get("seed", 0), loss=config.get("loss"), name=config.get("name", "sequential"))
+
+    def clone(self, dtype: Any = None) -> "Sequential":
+        """A new model with the same architecture and a copy of the parameters."""
+        cfg = self.get_config()
+        if dtype is not None:
+            cfg["dtype"] = np.dtype(dtype).name
+        other = Sequential.from_config(cfg)
+        if self.built:
+            other.params[...] = self.params
+        return other
+
+    def set_params(self, flat: np.ndarray) -> None:
+        """Copy a flat parameter vector into the model."""
+        flat = np.asarray(flat)
+        if flat.shape != self.params.shape:
+            raise ValueError(f"parameter vector has shape {flat.shape}, the model has {self.params.shape}")
+        self.params[...] = flat
+
+    def save(self, path, optimizer: "optim_mod.Optimizer | None" = None) -> None:
+        """Write the model (and optionally an optimizer's state) to ``path`` atomically;
+        see :func:`sparknet.io.save_model`."""
+        from sparknet.io import save_model
+        save_model(self, path, optimizer=optimizer)
+
+    @classmethod
+    def load(cls, path) -> "Sequential":
+        """Read a model written by :meth:`save` (no code is run: no pickle)."""
+        from sparknet.io import load_model
+        return load_model(path)
+
+    def summary(self) -> str:
+        """A table of layers, output shapes and parameter counts."""
+        lines = [f"Model {self.name!r} ({self.dtype.name})", f"{'layer':<28}{'output shape':<22}{'params':>10}"]
+        for layer in self.layers:
+            shape = str(layer.output_shape) if layer.built else "?"
+            lines.append(f"{type(layer).__name__ + ' ' + layer.name:<28}{shape:<22}{layer.n_params if layer.built else 0:>10}")
+        lines.append(f"total parameters: {self.n_params}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Sequential([{', '.join(repr(l) for l in self.layers)}])"
+
+
+def _positive(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,71 @@
+"""Finite-difference gradient checks shared by the layer tests.
+
+``model_gradcheck`` compares the analytic gradients of a float64 model (w.r.t.
+every parameter, or a random subset, and w.r.t. its float input) with central
+differences of the scalar ``L = sum(R * forward(x))`` for a fixed random ``R``.
+The relative error is ``||a - n|| / max(||a|| + ||n||, tiny)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def rel_error(a: np.ndarray, n: np.ndarray) -> float:
+    a, n = np.ravel(a), np.ravel(n)
+    denom = max(np.linalg.norm(a) + np.linalg.norm(n), 1e-300)
+    return float(np.linalg.norm(a - n) / denom)
+
+
+def model_gradcheck(model, x, mask=None, eps: float = 1e-6, seed: int = 0,
+                    max_params: int = 400, max_inputs: int = 200, keep_softmax: bool = True):
+    """Return ``(param_rel_error, input_rel_error)`` for a built float64 model.
+
+    ``keep_softmax`` makes a trailing softmax part of the checked function (instead of
+    being fused into a loss).  ``input_rel_error`` is None for integer inputs.
+    """
+    assert model.dtype == np.float64, "gradient checks run in float64"
+    if keep_softmax:
+        last = model.layers[-1]
+        if hasattr(last, "emit_logits"):
+            last.emit_logits = False
+        model._softmax_head = False
+    rng = np.random.default_rng(seed)
+    out = model.forward(x, training=False, mask=mask)
+    R = rng.standard_normal(out.shape)
+
+    def f() -> float:
+        return float((model.forward(x, training=False, mask=mask) * R).sum())
+
+    model.forward(x, training=False, mask=mask)
+    dx = model.backward(R.copy())
+    ga = model.grads.copy()
+
+    n = model.params.shape[0]
+    idx = np.arange(n) if n <= max_params else rng.choice(n, max_params, replace=False)
+    num = np.empty(len(idx))
+    for k, i in enumerate(idx):
+        old = model.params[i]
+        model.params[i] = old + eps
+        fp = f()
+        model.params[i] = old - eps
+        fm = f()
+        model.params[i] = old
+        num[k] = (fp - fm) / (2 * eps)
+    p_err = rel_error(ga[idx], num) if n else 0.0
+
+    x_err = None
+    if np.issubdtype(np.asarray(x).dtype, np.floating):
+        xf = x.reshape(-1)
+        m = xf.shape[0]
+        jdx = np.arange(m) if m <= max_inputs else rng.choice(m, max_inputs, replace=False)
+        numx = np.empty(len(jdx))
+        for k, j in enumerate(jdx):
+            old = xf[j]
+            xf[j] = old + eps
+            fp = f()
+            xf[j] = old - eps
+            fm = f()
+            xf[j] = old
+            numx[k] = (fp - fm) / (2 * eps)
+        x_err = rel_error(np.asarray(dx).reshape(-1)[jdx], numx)
+    return p_err, x_err

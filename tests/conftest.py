@@ -1,0 +1,51 @@
+"""Shared fixtures: a local Spark session (one per test run) and data paths."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# Spark's Python workers must run this interpreter (where sparknet is installed).
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED_DATA = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data"))
+MNIST_DIR = os.environ.get("SPARKNET_MNIST", os.path.join(SHARED_DATA, "mnist"))
+SHAKESPEARE = os.environ.get("SPARKNET_SHAKESPEARE", os.path.join(SHARED_DATA, "shakespeare.txt"))
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] SparkSession shared by every test that needs Spark."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("sparknet-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "2g")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def mnist_dir():
+    """The MNIST folder, or a skip that says what to pass."""
+    if not os.path.isdir(MNIST_DIR):
+        pytest.skip(f"MNIST not found at {MNIST_DIR}; set SPARKNET_MNIST to the folder of IDX files")
+    return MNIST_DIR
+
+
+@pytest.fixture(scope="session")
+def shakespeare_path():
+    if not os.path.isfile(SHAKESPEARE):
+        pytest.skip(f"Shakespeare text not found at {SHAKESPEARE}; set SPARKNET_SHAKESPEARE to its path")
+    return SHAKESPEARE
