@@ -17,9 +17,12 @@ def rel_error(a: np.ndarray, n: np.ndarray) -> float:
 
 
 def model_gradcheck(model, x, mask=None, eps: float = 1e-6, seed: int = 0,
-                    max_params: int = 400, max_inputs: int = 200, keep_softmax: bool = True):
+                    max_params: int = 400, max_inputs: int = 200, keep_softmax: bool = True,
+                    randomize: bool = True):
     """Return ``(param_rel_error, input_rel_error)`` for a built float64 model.
 
+    ``randomize`` first replaces the parameters by seeded N(0, 0.5^2) draws, so that no
+    bias sits exactly at a kink (zero-initialised biases behind a relu would).
     ``keep_softmax`` makes a trailing softmax part of the checked function (instead of
     being fused into a loss).  ``input_rel_error`` is None for integer inputs.
     """
@@ -30,6 +33,8 @@ def model_gradcheck(model, x, mask=None, eps: float = 1e-6, seed: int = 0,
             last.emit_logits = False
         model._softmax_head = False
     rng = np.random.default_rng(seed)
+    if randomize and model.params.size:
+        model.params[...] = 0.5 * rng.standard_normal(model.params.shape)
     out = model.forward(x, training=False, mask=mask)
     R = rng.standard_normal(out.shape)
 

@@ -52,8 +52,8 @@ cdef floating dot(int n, const floating* x, int incx, const floating* y, int inc
 # nogil product into a preallocated buffer).
 # ---------------------------------------------------------------------------
 
-def py_gemm(bint trans_a, bint trans_b, floating alpha, const floating[:, ::1] A,
-            const floating[:, ::1] B, floating beta, floating[:, ::1] C):
+def py_gemm(bint trans_a, bint trans_b, double alpha, const floating[:, ::1] A,
+            const floating[:, ::1] B, double beta, floating[:, ::1] C):
     """``C[...] = alpha * op(A) @ op(B) + beta * C`` (all C-contiguous), GIL released."""
     cdef int M = C.shape[0]
     cdef int N = C.shape[1]
@@ -73,5 +73,5 @@ def py_gemm(bint trans_a, bint trans_b, floating alpha, const floating[:, ::1] A
                     C[i, j] *= beta
         return
     with nogil:
-        gemm(trans_a, trans_b, M, N, K, alpha, &A[0, 0], A.shape[1], &B[0, 0], B.shape[1],
-             beta, &C[0, 0], C.shape[1])
+        gemm(trans_a, trans_b, M, N, K, <floating>alpha, &A[0, 0], A.shape[1], &B[0, 0], B.shape[1],
+             <floating>beta, &C[0, 0], C.shape[1])

@@ -328,7 +328,7 @@ class Sequential:
             if lo.is_classification:
                 logs["accuracy"] = tot_c / max(tot_w, 1e-12)
             if val is not None:
-                ev = self.evaluate(*val, loss=lo, _validated=True)
+                ev = self.evaluate(val[0], val[1], mask=val[2], loss=lo, _validated=True)
                 logs.update({f"val_{k}": v for k, v in ev.items()})
             logs["time"] = time.perf_counter() - t0
             history.append(epoch, **logs)
