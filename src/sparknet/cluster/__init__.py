@@ -1,0 +1,32 @@
+"""Training on Apache Spark: data parallelism (:mod:`~sparknet.cluster.data_parallel`),
+the parameter server (:mod:`~sparknet.cluster.params`), state resident on executors
+(:mod:`~sparknet.cluster.resident`), Spark-session helpers
+(:mod:`~sparknet.cluster.session`) and the round cost model (:mod:`~sparknet.cluster.cost`).
+
+Names are imported lazily, so ``import sparknet.cluster`` does not start the JVM.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "get_spark": "session", "check_java": "session", "JavaNotFoundError": "session",
+    "Resident": "resident", "Shard": "resident", "ShardInfo": "resident",
+    "ResidentStateLost": "resident",
+    "DataParallelTrainer": "data_parallel", "demo": "data_parallel",
+    "ParameterServer": "params",
+    "RoundCostModel": "cost",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'sparknet.cluster' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sparknet.cluster.{mod}"), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,459 @@
+"""Per-partition numpy state that stays resident on Spark executors across jobs.
+
+This is the one residency mechanism of :mod:`sparknet.cluster`: data-parallel training
+keeps each partition's training shard (and that partition's optimizer state) here, and
+model-parallel training keeps its weight blocks here.  Nothing is re-read or
+re-deserialised per job.
+
+How it works
+------------
+* **Anchor RDD.**  :class:`Resident` runs ``build(index, iterator)`` once per partition
+  of a source RDD (or a DataFrame through Arrow, see :meth:`Resident.from_dataframe`).
+  The resulting RDD holds one tiny :class:`ShardInfo` per partition; it is persisted
+  and materialised, so every later job over it has a ``PROCESS_LOCAL`` preference for
+  the executor that built the shard (Spark's block manager remembers where the cached
+  partition lives).  Raise ``spark.locality.wait.process`` (see
+  :func:`sparknet.cluster.session.get_spark`) so a briefly busy home executor does not
+  lose its task to another executor.
+* **Module-global store.**  In the Python worker, the arrays live in a module-global
+  dict keyed by ``(key, partition)``; Python workers are reused between jobs (tasks
+  always drain their input iterator, which is what lets Spark reuse the worker).
+* **Spill files, memory-mapped.**  Every array is also written once as ``.npy`` under
+  ``/dev/shm`` (or, when shared memory is small, the executor's local directory) and
+  the store holds the ``mmap_mode="r+"`` view of that file.  So the bytes exist once
+  per host, writes made by one job (optimizer state, weight blocks) are seen by the
+  next job whichever Python worker runs it, and a worker that Spark restarted (it kills
+  Python workers idle for ~60 s) re-attaches in milliseconds.
+* **Never silently missing.**  When a task finds neither the store entry nor the spill
+  files (its executor host changed, or the files were removed) it raises an error
+  tagged ``SPARKNET_RESIDENT_LOST``.  On the driver, :meth:`Resident.map` and
+  :meth:`Resident.run_action` turn that into :class:`ResidentStateLost`, or, with
+  ``on_lost="rebuild"``, re-run ``build`` from the source (right for data shards,
+  whose source is the truth) and retry the job once.
+
+Executor-side API
+-----------------
+A job function receives ``(index, shard)`` where ``shard`` is a :class:`Shard`:
+``shard.arrays`` (dict of name -> ndarray, writable in place), ``shard.meta`` (the
+dict ``build`` returned), ``shard.create(name, shape, dtype)`` to add a new resident
+array (zero-filled, spilled like the others) and ``shard.ensure(...)`` to get-or-create.
+
+Example::
+
+    def build(index, rows):                      # runs once per partition
+        x = np.asarray(list(rows), dtype=np.float64)
+        return {"x": x}, {"rows": len(x)}        # arrays, and small picklable meta
+
+    res = Resident(sc.parallelize(range(100), 4), build, name="demo")
+    sums = res.map(lambda i, shard: float(shard.arrays["x"].sum()))   # one value per partition
+    res.close()                                  # deletes the files, unpersists the anchor
+
+The ``fn`` passed to :meth:`Resident.map` / :meth:`Resident.mapPartitions` travels
+with the job (cloudpickle); keep big inputs in a ``Broadcast`` and read it inside.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: Tag carried by the executor-side error when a shard's state is gone.
+LOST_TAG = "SPARKNET_RESIDENT_LOST"
+
+#: Executor side: (key, partition) -> {name: ndarray (memory-mapped view)}.
+_STORE: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+_STORE_DIRS: dict[tuple[str, int], str] = {}
+_STORE_LOCK = threading.Lock()
+
+_SHM = "/dev/shm"
+_SHM_HEADROOM = 256 << 20
+
+
+class ResidentStateLost(RuntimeError):
+    """A partition's resident state was found neither in its worker nor on disk."""
+
+
+@dataclass
+class ShardInfo:
+    """What the anchor RDD holds for one partition (small, picklable).
+
+    Attributes:
+        key: the :class:`Resident`'s key (unique per instance).
+        index: partition index.
+        host: host name of the executor that built the shard.
+        directory: folder of the shard's ``.npy`` files on that host.
+        shapes: ``{name: (shape, dtype str)}`` of the arrays built.
+        meta: the small dict returned by ``build`` (row counts, checks, ...).
+    """
+
+    key: str
+    index: int
+    host: str
+    directory: str
+    shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Shard:
+    """Executor-side handle on one partition's resident arrays."""
+
+    def __init__(self, info: ShardInfo, arrays: dict[str, np.ndarray]) -> None:
+        self.info = info
+        self.index = info.index
+        self.arrays = arrays
+        self.meta = info.meta
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.arrays
+
+    def create(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
+        """Add a new zero-filled resident array (spilled and memory-mapped like the rest);
+        later jobs on this partition see it and any in-place writes to it."""
+        arr = _spill(self.info.directory, name, np.zeros(tuple(shape), dtype=dtype))
+        self.arrays[name] = arr
+        return arr
+
+    def ensure(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
+        """The resident array ``name``, created zero-filled if absent or of another shape/dtype."""
+        shape = tuple(int(s) for s in shape)
+        cur = self.arrays.get(name)
+        if cur is None:  # created by a job that ran in another Python worker?
+            path = os.path.join(self.info.directory, name + ".npy")
+            if os.path.exists(path):
+                cur = np.load(path, mmap_mode="r+", allow_pickle=False) if np.prod(shape) else \
+                    np.load(path, allow_pickle=False)
+                self.arrays[name] = cur
+        if cur is not None and cur.shape == shape and cur.dtype == np.dtype(dtype):
+            return cur
+        return self.create(name, shape, dtype)
+
+
+# --------------------------------------------------------------------------- executor side
+def _spill_base(nbytes: int) -> str:
+    """Where to put spill files: /dev/shm when it has room, else the executor's local dir."""
+    try:
+        if os.path.isdir(_SHM) and shutil.disk_usage(_SHM).free > 2 * nbytes + _SHM_HEADROOM:
+            return _SHM
+    except OSError:  # pragma: no cover - exotic filesystems
+        pass
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    if local and os.path.isdir(local):
+        return local
+    return tempfile.gettempdir()
+
+
+def _spill(directory: str, name: str, arr: np.ndarray) -> np.ndarray:
+    """Write ``arr`` atomically as ``directory/name.npy`` and return its r+ memory map."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name + ".npy")
+    tmp = os.path.join(directory, f"{name}.{os.getpid()}.tmp.npy")
+    np.save(tmp, np.ascontiguousarray(arr), allow_pickle=False)
+    os.replace(tmp, path)
+    if arr.size == 0:  # numpy cannot memory-map an empty array
+        return np.load(path, allow_pickle=False)
+    return np.load(path, mmap_mode="r+", allow_pickle=False)
+
+
+def _load_dir(directory: str) -> dict[str, np.ndarray] | None:
+    if not os.path.isdir(directory):
+        return None
+    out = {}
+    for fname in os.listdir(directory):
+        if fname.endswith(".npy") and not fname.endswith(".tmp.npy"):
+            path = os.path.join(directory, fname)
+            arr = np.load(path, allow_pickle=False, mmap_mode="r")
+            out[fname[:-4]] = (np.load(path, mmap_mode="r+", allow_pickle=False)
+                               if arr.size else np.load(path, allow_pickle=False))
+    return out
+
+
+def _evict_stale() -> None:
+    """Drop store entries whose files were deleted (their Resident was closed)."""
+    for k, d in list(_STORE_DIRS.items()):
+        if not os.path.isdir(d):
+            _STORE.pop(k, None)
+            _STORE_DIRS.pop(k, None)
+
+
+def attach(info: ShardInfo) -> Shard:
+    """Executor side: the :class:`Shard` for ``info`` from this worker's store, or
+    re-attached from its spill files; raises an error tagged ``SPARKNET_RESIDENT_LOST``
+    when neither exists (never returns missing data)."""
+    k = (info.key, info.index)
+    with _STORE_LOCK:
+        _evict_stale()
+        arrays = _STORE.get(k)
+        if arrays is None:
+            arrays = _load_dir(info.directory)
+            if arrays is None or not set(info.shapes) <= set(arrays):
+                raise RuntimeError(
+                    f"{LOST_TAG}: resident state {info.key!r} partition {info.index} is gone "
+                    f"(built on host {info.host!r}, this task runs on {socket.gethostname()!r}; "
+                    f"files {info.directory!r} missing)")
+            _STORE[k] = arrays
+            _STORE_DIRS[k] = info.directory
+    return Shard(info, arrays)
+
+
+def _drop_local(key: str) -> int:
+    """Executor side: forget and delete every shard of ``key`` on this host."""
+    removed = 0
+    with _STORE_LOCK:
+        for k in [k for k in _STORE if k[0] == key]:
+            _STORE.pop(k, None)
+            d = _STORE_DIRS.pop(k, None)
+            if d and os.path.isdir(d):
+                shutil.rmtree(d, ignore_errors=True)
+                removed += 1
+    return removed
+
+
+class _Builder:
+    """The anchor RDD's partition function: build, spill, register, yield one ShardInfo."""
+
+    def __init__(self, key: str, build: Callable, base: str | None) -> None:
+        self.key, self.build, self.base = key, build, base
+
+    def make(self, index: int, iterator: Iterator) -> ShardInfo:
+        out = self.build(index, iterator)
+        for _ in iterator:  # drain, so the worker can be reused
+            pass
+        arrays, meta = (out if isinstance(out, tuple) else (out, {}))
+        if not isinstance(arrays, dict):
+            raise TypeError(f"build must return a dict of arrays (or (dict, meta)), got {type(arrays).__name__}")
+        nbytes = sum(int(np.asarray(a).nbytes) for a in arrays.values())
+        base = self.base or _spill_base(nbytes)
+        directory = os.path.join(base, f"sparknet-resident-{self.key}", f"part-{index:05d}")
+        shutil.rmtree(directory, ignore_errors=True)
+        spilled = {name: _spill(directory, name, np.asarray(a)) for name, a in arrays.items()}
+        with _STORE_LOCK:
+            _STORE[(self.key, index)] = spilled
+            _STORE_DIRS[(self.key, index)] = directory
+        shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
+        return ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta))
+
+    def __call__(self, index: int, iterator: Iterator) -> Iterator[ShardInfo]:
+        yield self.make(index, iterator)
+
+
+def _arrow_builder(key: str, build: Callable, base: str | None):
+    """A ``mapInArrow`` function that builds the shard of the task's partition from its
+    record batches and emits one row holding the pickled :class:`ShardInfo`."""
+    builder = _Builder(key, build, base)
+
+    def run(batches):
+        import pickle
+
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
+        info = builder.make(index, batches)
+        yield pa.RecordBatch.from_pydict({"info": [pickle.dumps(info)]},
+                                         schema=pa.schema([("info", pa.binary())]))
+    return run
+
+
+class _Dropper:
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def __call__(self, iterator):
+        for _ in iterator:
+            pass
+        return iter([_drop_local(self.key)])
+
+
+def _unpickle_row(row) -> ShardInfo:
+    import pickle
+    return pickle.loads(row[0])
+
+
+class _Task:
+    """Wraps a job function: drain the anchor iterator, attach, call ``fn``."""
+
+    def __init__(self, fn: Callable, per_partition: bool) -> None:
+        self.fn, self.per_partition = fn, per_partition
+
+    def __call__(self, index: int, iterator: Iterator[ShardInfo]):
+        infos = list(iterator)
+        if len(infos) != 1:
+            raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, expected 1")
+        shard = attach(infos[0])
+        out = self.fn(index, shard)
+        if self.per_partition:
+            return out if out is not None else iter(())
+        return iter([out])
+
+
+# ---------------------------------------------------------------------------- driver side
+_OPEN: "set[Resident]" = set()
+
+
+class Resident:
+    """Per-partition numpy state built once and kept on the executors across Spark jobs.
+
+    Args:
+        rdd: the source RDD; the state has one shard per partition of it.
+        build: ``build(index, iterator) -> dict[str, ndarray]`` or
+            ``-> (dict[str, ndarray], meta_dict)``, run once per partition on the
+            executors; ``meta`` must be small and picklable (it comes back to the driver
+            as :attr:`infos`).  It may leave the iterator undrained; it is drained for it.
+        name: a readable prefix for the key and the spill folders.
+        on_lost: ``"raise"`` (default) raises :class:`ResidentStateLost` when a job finds
+            a shard gone; ``"rebuild"`` re-runs ``build`` from ``rdd`` and retries the
+            job once (right when the source is the truth, e.g. training data).
+        spill_dir: folder for the ``.npy`` files; default ``/dev/shm`` when it has room
+            for twice the shard, else the executor's local directory.
+
+    Raises:
+        TypeError: ``build`` returned something other than a dict of arrays.
+
+    Attributes:
+        key: unique key of this state in the executors' stores.
+        infos: the :class:`ShardInfo` of every partition, in partition order.
+        anchor: the persisted anchor RDD (one :class:`ShardInfo` per partition).
+    """
+
+    def __init__(self, rdd, build: Callable, name: str = "state", on_lost: str = "raise",
+                 spill_dir: str | None = None, _arrow_df=None) -> None:
+        if on_lost not in ("raise", "rebuild"):
+            raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
+        self.key = f"{name}-{uuid.uuid4().hex[:12]}"
+        self._rdd, self._df, self._build = rdd, _arrow_df, build
+        self.on_lost, self.spill_dir = on_lost, spill_dir
+        self.sc = rdd.context if rdd is not None else _arrow_df.sparkSession.sparkContext
+        self.anchor = None
+        self.infos: list[ShardInfo] = []
+        self._materialise()
+        _OPEN.add(self)
+
+    @classmethod
+    def from_dataframe(cls, df, build: Callable, name: str = "state", on_lost: str = "raise",
+                       spill_dir: str | None = None) -> "Resident":
+        """Build the shards from a DataFrame's partitions through Arrow (``mapInArrow``):
+        ``build(index, batches)`` receives an iterator of ``pyarrow.RecordBatch``."""
+        return cls(None, build, name=name, on_lost=on_lost, spill_dir=spill_dir, _arrow_df=df)
+
+    # -- lifecycle ---------------------------------------------------------
+    def _materialise(self) -> None:
+        from pyspark import StorageLevel
+
+        if self._df is not None:
+            func = _arrow_builder(self.key, self._build, self.spill_dir)
+            anchor = self._df.mapInArrow(func, "info binary").rdd.map(_unpickle_row,
+                                                                      preservesPartitioning=True)
+        else:
+            anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
+                                                      preservesPartitioning=True)
+        anchor.persist(StorageLevel.MEMORY_ONLY)
+        anchor.setName(f"sparknet resident {self.key}")
+        self.infos = anchor.collect()
+        self.anchor = anchor
+        log.debug("resident %s: %d shards on %s", self.key, len(self.infos),
+                  sorted({i.host for i in self.infos}))
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.infos)
+
+    def rebuild(self) -> None:
+        """Drop every shard and build them again from the source."""
+        log.warning("resident state %s: rebuilding all %d shards from the source", self.key,
+                    len(self.infos))
+        self._cleanup_files()
+        self._materialise()
+
+    def close(self) -> None:
+        """Delete the spill files and store entries on every host, unpersist the anchor."""
+        if self.anchor is None:
+            return
+        self._cleanup_files()
+        _OPEN.discard(self)
+
+    def _cleanup_files(self) -> None:
+        key = self.key
+        try:
+            self.anchor.mapPartitions(_Dropper(key)).collect()
+        except Exception as exc:  # pragma: no cover - executors already gone
+            log.debug("resident %s: executor cleanup failed: %s", key, exc)
+        for info in self.infos:  # files on the driver's host (local mode)
+            if info.host == socket.gethostname():
+                shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
+        _drop_local(key)
+        try:
+            self.anchor.unpersist()
+        except Exception:  # pragma: no cover - context stopped
+            pass
+        self.anchor = None
+
+    def __enter__(self) -> "Resident":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- jobs --------------------------------------------------------------
+    def mapPartitions(self, fn: Callable[[int, Shard], Iterable]):
+        """A lazy RDD running ``fn(index, shard) -> iterable`` on each partition's shard
+        (use it with any action: ``collect``, ``treeAggregate``, ``foreach`` with an
+        accumulator...).  Wrap the action in :meth:`run_action` for lost-state handling."""
+        if self.anchor is None:
+            raise RuntimeError(f"resident state {self.key} is closed")
+        return self.anchor.mapPartitionsWithIndex(_Task(fn, per_partition=True),
+                                                  preservesPartitioning=True)
+
+    def run_action(self, action: Callable[[], Any], retry: bool = True) -> Any:
+        """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs), turning an
+        executor's lost-state error into :class:`ResidentStateLost` or, with
+        ``on_lost="rebuild"``, rebuilding and running ``action()`` once more."""
+        try:
+            return action()
+        except ResidentStateLost:
+            raise
+        except Exception as exc:
+            if LOST_TAG not in str(exc):
+                raise
+            line = next((ln for ln in str(exc).splitlines() if LOST_TAG in ln), LOST_TAG)
+            if self.on_lost == "rebuild" and retry:
+                log.warning("%s; rebuilding", line.strip())
+                self.rebuild()
+                return self.run_action(action, retry=False)
+            raise ResidentStateLost(line.strip().split(f"{LOST_TAG}: ", 1)[-1]) from None
+
+    def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:
+        """Run ``fn(index, shard)`` once per partition and return the results in
+        partition order (a ``collect``; results should be small or param-sized)."""
+        def job():
+            rdd = self.anchor.mapPartitionsWithIndex(_Task(fn, per_partition=False),
+                                                     preservesPartitioning=True)
+            if description:
+                self.sc.setJobDescription(description)
+            try:
+                return rdd.collect()
+            finally:
+                if description:
+                    self.sc.setJobDescription(None)
+        return self.run_action(job)
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - interpreter shutdown
+    for res in list(_OPEN):
+        for info in res.infos:
+            if info.host == socket.gethostname():
+                shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)

@@ -1,0 +1,109 @@
+"""Getting a SparkSession fit for sparknet (and failing clearly when Java is missing)."""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+log = logging.getLogger(__name__)
+
+#: Settings sparknet's jobs rely on; applied when :func:`get_spark` creates a session.
+DEFAULT_CONF = {
+    # keep a resident shard's task on its home executor even when that executor is
+    # briefly busy (Spark's default gives up after 3 s)
+    "spark.locality.wait.process": "30s",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+}
+
+JAVA_MISSING = ("sparknet needs Java 17 or newer for Spark, and no `java` was found on PATH "
+                "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install openjdk-17-jre-headless`)")
+
+
+class JavaNotFoundError(RuntimeError):
+    """Java (needed by Spark) is missing or too old."""
+
+
+def java_version(java: str) -> int | None:
+    """The major version reported by ``java -version`` (None when unreadable)."""
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        return None
+    major = int(m.group(1))
+    return int(m.group(2)) if major == 1 and m.group(2) else major
+
+
+def check_java(min_version: int = 17) -> str:
+    """Return the path of a usable ``java``, or raise :class:`JavaNotFoundError` with a
+    one-line explanation.
+
+    Args:
+        min_version: the lowest Java major version accepted (Spark 4 needs 17).
+
+    Raises:
+        JavaNotFoundError: no ``java`` in ``JAVA_HOME/bin`` or on ``PATH``, or too old.
+    """
+    home = os.environ.get("JAVA_HOME")
+    java = None
+    if home and os.path.isfile(os.path.join(home, "bin", "java")):
+        java = os.path.join(home, "bin", "java")
+    java = java or shutil.which("java")
+    if java is None:
+        raise JavaNotFoundError(JAVA_MISSING)
+    version = java_version(java)
+    if version is not None and version < min_version:
+        raise JavaNotFoundError(f"sparknet needs Java {min_version}+ for Spark, but {java} is Java "
+                                f"{version}: install a JDK {min_version}+ and set JAVA_HOME")
+    return java
+
+
+def get_spark(master: str | None = None, app_name: str = "sparknet", conf: dict | None = None):
+    """The active SparkSession, or a new one (default master ``local[*]``).
+
+    Sets ``PYSPARK_PYTHON`` to this interpreter (so executors import the same
+    sparknet) unless already set, checks for Java first, and applies
+    :data:`DEFAULT_CONF` plus ``conf`` to a new session.  An already running session
+    is returned unchanged (a warning is logged when it keeps Spark's short
+    ``spark.locality.wait.process``).
+
+    Args:
+        master: Spark master URL; ``None`` means ``local[*]`` for a new session.
+        app_name: application name of a new session.
+        conf: extra Spark settings for a new session.
+
+    Returns:
+        a ``pyspark.sql.SparkSession``.
+
+    Raises:
+        JavaNotFoundError: Java 17+ is missing.
+    """
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and master is None:
+        _warn_settings(active)
+        return active
+    check_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
+    for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    _warn_settings(spark)
+    return spark
+
+
+def _warn_settings(spark) -> None:
+    sc = spark.sparkContext
+    wait = sc.getConf().get("spark.locality.wait.process")
+    if wait is None and sc.master and not sc.master.startswith("local"):
+        log.warning("spark.locality.wait.process is not set: resident shards may move between "
+                    "executors when one is busy for 3 s; set it to e.g. 30s")
