@@ -5,6 +5,7 @@ The single-process core: :class:`~sparknet.model.Sequential` over layers from
 :mod:`sparknet.optim`.  Distributed training lives in :mod:`sparknet.cluster`.
 """
 from sparknet.layers import Activation, Dense, Dropout, Flatten, Layer
+from sparknet.layers import AvgPool2D, Conv2D, MaxPool2D
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
 from sparknet.optim import SGD, Optimizer, RMSprop
@@ -13,6 +14,7 @@ from sparknet.io import load_model, save_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "Conv2D", "MaxPool2D", "AvgPool2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD",
     "save_model", "load_model", "__version__",

@@ -3,3 +3,6 @@ from sparknet.layers.base import REGISTRY, Layer, register
 from sparknet.layers.core import Activation, Dense, Dropout, Flatten
 
 __all__ = ["Layer", "register", "REGISTRY", "Dense", "Activation", "Dropout", "Flatten"]
+
+from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D  # noqa: E402
+__all__ += ["Conv2D", "MaxPool2D", "AvgPool2D"]

@@ -1,0 +1,334 @@
+"""Convolutional layers: :class:`Conv2D`, :class:`MaxPool2D`, :class:`AvgPool2D`.
+
+Images are **channels-last**: a batch is ``(N, H, W, C)`` (height, width, channels),
+one sample is ``(H, W, C)``.  Gray-scale images need their channel axis, e.g.
+``X.reshape(-1, 28, 28, 1)``; channels-first ``(N, C, H, W)`` data converts with
+``X.transpose(0, 2, 3, 1)``.  This layout makes a convolution one GEMM of the image
+columns (im2col) with the kernel, and its output is again channels-last.
+
+Padding follows the usual conventions: ``"valid"`` uses no padding (the output is
+``(H - dilation * (k - 1) - 1) // stride + 1`` pixels high); ``"same"`` gives
+``ceil(H / stride)`` pixels and pads with zeros, half before and the rest (one more,
+for an odd total) after.
+
+The paper's CNN (conv 5x5x6, 2x2 mean pool, conv 5x5x12, 2x2 mean pool, conv 4x4x12,
+dense softmax) on 28x28 gray-scale images, in a few lines::
+
+    from sparknet import AvgPool2D, Conv2D, Dense, Flatten, Sequential
+
+    paper_cnn = Sequential([
+        Conv2D(6, 5, activation="relu"), AvgPool2D(2),
+        Conv2D(12, 5, activation="relu"), AvgPool2D(2),
+        Conv2D(12, 4, activation="relu"), Flatten(),
+        Dense(10, activation="softmax"),
+    ], input_shape=(28, 28, 1))
+
+Its feature maps are 24x24x6, 12x12x6, 8x8x12, 4x4x12 and 1x1x12; it trains with
+``paper_cnn.fit(X, y, ...)`` on ``X`` of shape ``(N, 28, 28, 1)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from sparknet import _conv, _pool, initializers
+from sparknet.activations import activation_id, canonical_name
+from sparknet.layers.base import Layer, register
+
+PADDINGS = ("valid", "same")
+
+
+def _pair(value, what: str) -> tuple[int, int]:
+    """An int or a pair of ints, each >= 1, as a tuple of two ints."""
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
+                              for v in items):
+        raise ValueError(f"{what} must be a positive integer or a pair of positive integers, "
+                         f"got {value!r}")
+    return int(items[0]), int(items[1])
+
+
+def _padding(value, what: str) -> str:
+    if not isinstance(value, str) or value.lower() not in PADDINGS:
+        raise ValueError(f"{what} padding must be 'valid' or 'same', got {value!r}")
+    return value.lower()
+
+
+def _out_and_pad(size: int, extent: int, stride: int, padding: str) -> tuple[int, int]:
+    """Output size and leading zero padding of one spatial axis."""
+    if padding == "same":
+        out = -(-size // stride)
+        total = max((out - 1) * stride + extent - size, 0)
+        return out, total // 2
+    return (size - extent) // stride + 1, 0
+
+
+def _image_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ValueError(
+            f"{type(layer).__name__} {layer.name!r} needs images of per-sample shape (H, W, C) "
+            f"(channels last), got per-sample shape {tuple(input_shape)} (rank {len(input_shape)}); "
+            f"give gray-scale images a channel axis, e.g. X.reshape(-1, H, W, 1)")
+    return input_shape  # type: ignore[return-value]
+
+
+def _check_batch(layer: Layer, x: np.ndarray) -> np.ndarray:
+    """Validate a forward input against the built shape; return it C-contiguous."""
+    layer._check_built()
+    x = np.asarray(x)
+    what = f"{type(layer).__name__} {layer.name!r}"
+    H, W, C = layer.input_shape
+    if x.ndim != 4:
+        raise ValueError(f"{what} expects a batch of images (N, H, W, C) = (N, {H}, {W}, {C}), "
+                         f"got an array of rank {x.ndim} with shape {x.shape}")
+    if x.shape[3] != C:
+        hint = ""
+        if x.shape[1] == C:
+            hint = "; the input looks channels-first: convert it with x.transpose(0, 2, 3, 1)"
+        raise ValueError(f"{what} expects {C} channels on the last axis (channels-last "
+                         f"(N, H, W, C)), got {x.shape[3]} (input shape {x.shape}){hint}")
+    if x.shape[1:3] != (H, W):
+        raise ValueError(f"{what} was built for {H}x{W} images, got {x.shape[1]}x{x.shape[2]} "
+                         f"(input shape {x.shape})")
+    return np.ascontiguousarray(x, dtype=layer.dtype)
+
+
+def _writable(a: np.ndarray, dtype) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return a if a.flags.writeable else a.copy()
+
+
+@register
+class Conv2D(Layer):
+    """2-D convolution (cross-correlation, as in every deep learning library), channels-last.
+
+    ``y[n, i, j, f] = act(b[f] + sum_{p, q, c} x[n, i * sh + p * dh - pt, j * sw + q * dw - pl, c]
+    * kernel[p, q, c, f])``, with zeros outside the image.
+
+    Args:
+        filters: number of output channels.
+        kernel_size: window size, an int or ``(kh, kw)``.
+        strides: step between windows, an int or ``(sh, sw)``.
+        padding: ``"valid"`` (no padding) or ``"same"`` (output ``ceil(H / stride)``).
+        dilation: spacing between kernel taps, an int or ``(dh, dw)``.
+        activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
+            ``"softmax"`` (over channels, per pixel); fused into the kernel.
+        use_bias: add one bias per filter.
+        kernel_initializer: ``"auto"`` (He for relu, Glorot otherwise, with fans
+            ``kh * kw * in_channels`` and ``kh * kw * filters``) or a name from
+            :mod:`sparknet.initializers`.
+        name: layer name.
+
+    Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, filters)``.
+
+    Parameters: ``kernel`` of shape ``(kh, kw, C, filters)``, ``bias`` of shape
+    ``(filters,)``.
+
+    Raises:
+        ValueError: on bad constructor arguments; at build time for a per-sample shape
+            that is not ``(H, W, C)`` or a kernel extent larger than the padded input;
+            in :meth:`forward` for a batch of the wrong rank, channel count or size.
+    """
+
+    def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid",
+                 dilation=1, activation: str | None = None, use_bias: bool = True,
+                 kernel_initializer: str = "auto", name: str | None = None) -> None:
+        super().__init__(name)
+        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
+            raise ValueError(f"Conv2D filters must be a positive integer, got {filters!r}")
+        self.filters = int(filters)
+        self.kernel_size = _pair(kernel_size, "Conv2D kernel_size")
+        self.strides = _pair(strides, "Conv2D strides")
+        self.padding = _padding(padding, "Conv2D")
+        self.dilation = _pair(dilation, "Conv2D dilation")
+        self.activation = canonical_name(activation)
+        self._act = activation_id(activation)
+        self.use_bias = bool(use_bias)
+        if kernel_initializer != "auto":
+            initializers.check_name(kernel_initializer)
+        self.kernel_initializer = kernel_initializer
+        #: set by Sequential when a trailing softmax is fused into the loss
+        self.emit_logits = False
+        self._cols: np.ndarray | None = None
+
+    def _build(self, input_shape):
+        H, W, C = _image_shape(self, input_shape)
+        (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.strides, self.dilation
+        eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+        if self.padding == "valid" and (eh > H or ew > W):
+            raise ValueError(
+                f"Conv2D {self.name!r}: kernel extent {eh}x{ew} (kernel {kh}x{kw}, dilation "
+                f"{dh}x{dw}) is larger than the padded input {H}x{W} (padding 'valid')")
+        self.in_channels = int(C)
+        oh, self._pt = _out_and_pad(H, eh, sh, self.padding)
+        ow, self._pl = _out_and_pad(W, ew, sw, self.padding)
+        self._direct = (kh, kw, sh, sw, self._pt, self._pl) == (1, 1, 1, 1, 0, 0)
+        return (oh, ow, self.filters)
+
+    def param_specs(self):
+        kh, kw = self.kernel_size
+        specs = [("kernel", (kh, kw, self.in_channels, self.filters))]
+        if self.use_bias:
+            specs.append(("bias", (self.filters,)))
+        return specs
+
+    def init_params(self, params, rng):
+        init = self.kernel_initializer
+        if init == "auto":
+            init = "he_uniform" if self.activation == "relu" else "glorot_uniform"
+        kh, kw = self.kernel_size
+        initializers.fill(params["kernel"], init, kh * kw * self.in_channels,
+                          kh * kw * self.filters, rng)
+        if self.use_bias:
+            params["bias"][...] = 0
+
+    @property
+    def _kernel_act(self) -> int:
+        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
+
+    def _geometry(self) -> dict:
+        return dict(sh=self.strides[0], sw=self.strides[1], ph=self._pt, pw=self._pl,
+                    dh=self.dilation[0], dw=self.dilation[1])
+
+    def _col_buffer(self, n: int) -> np.ndarray:
+        """The layer's (reused) column matrix for a batch of ``n``."""
+        oh, ow, _ = self.output_shape
+        kh, kw = self.kernel_size
+        shape = (n * oh * ow, kh * kw * self.in_channels)
+        if self._cols is None or self._cols.shape != shape or self._cols.dtype != self.dtype:
+            self._cols = np.empty(shape, dtype=self.dtype)
+        return self._cols
+
+    def forward(self, x, training=False):
+        x = _check_batch(self, x)
+        n = x.shape[0]
+        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
+        cols = None
+        if training and not self._direct:
+            cols = self._col_buffer(n)
+        _conv.forward(x, self.params["kernel"], self.params.get("bias"), y, cols,
+                      act=self._kernel_act, **self._geometry())
+        self._x, self._y, self._cols_ready = x, y, cols is not None
+        return y
+
+    def backward(self, dy):
+        d = _writable(dy, self.dtype)
+        if d.shape != self._y.shape:
+            raise ValueError(f"Conv2D {self.name!r}: gradient has shape {d.shape}, "
+                             f"the output was {self._y.shape}")
+        g = self._geometry()
+        cols = None
+        if not self._direct:
+            cols = self._col_buffer(self._x.shape[0])
+            if not self._cols_ready:  # forward ran in inference mode: rebuild the columns
+                kh, kw = self.kernel_size
+                _conv.im2col(self._x, cols, kh, kw, self.output_shape[0], self.output_shape[1], **g)
+                self._cols_ready = True
+        dx = np.empty_like(self._x)
+        _conv.backward(self._x, self.params["kernel"], self._y, d, cols, dx, self.grads["kernel"],
+                       self.grads.get("bias"), act=self._kernel_act, **g)
+        return dx
+
+    def get_config(self):
+        return {"filters": self.filters, "kernel_size": list(self.kernel_size),
+                "strides": list(self.strides), "padding": self.padding,
+                "dilation": list(self.dilation), "activation": self.activation,
+                "use_bias": self.use_bias, "kernel_initializer": self.kernel_initializer,
+                "name": self.name}
+
+
+class _Pool2D(Layer):
+    """Shared construction and shape logic of the pooling layers."""
+
+    def __init__(self, pool_size=2, strides=None, padding: str = "valid",
+                 name: str | None = None) -> None:
+        super().__init__(name)
+        kind = type(self).__name__
+        self.pool_size = _pair(pool_size, f"{kind} pool_size")
+        self.strides = self.pool_size if strides is None else _pair(strides, f"{kind} strides")
+        self.padding = _padding(padding, kind)
+
+    def _build(self, input_shape):
+        H, W, C = _image_shape(self, input_shape)
+        (ph, pw), (sh, sw) = self.pool_size, self.strides
+        if self.padding == "valid" and (ph > H or pw > W):
+            raise ValueError(f"{type(self).__name__} {self.name!r}: pool window {ph}x{pw} is larger "
+                             f"than the input {H}x{W} (padding 'valid')")
+        oh, self._pt = _out_and_pad(H, ph, sh, self.padding)
+        ow, self._pl = _out_and_pad(W, pw, sw, self.padding)
+        return (oh, ow, C)
+
+    def _geometry(self) -> dict:
+        return dict(sh=self.strides[0], sw=self.strides[1], pt=self._pt, pl=self._pl)
+
+    def get_config(self):
+        return {"pool_size": list(self.pool_size), "strides": list(self.strides),
+                "padding": self.padding, "name": self.name}
+
+
+@register
+class MaxPool2D(_Pool2D):
+    """Max pooling over ``pool_size`` windows, channels-last.
+
+    Args:
+        pool_size: window size, an int or ``(ph, pw)``.
+        strides: step between windows (default: the pool size, non-overlapping).
+            Smaller strides give overlapping windows.
+        padding: ``"valid"`` or ``"same"``; padded taps never win.
+        name: layer name.
+
+    Tie rule: the window is scanned in row-major order and only a strictly greater
+    value replaces the running maximum, so among equal maxima the **first in row-major
+    window order** is the winner, and it alone receives the gradient.
+
+    Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, C)``.
+    """
+
+    def forward(self, x, training=False):
+        x = _check_batch(self, x)
+        n = x.shape[0]
+        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
+        arg = np.empty((n,) + self.output_shape, dtype=np.int32)
+        _pool.max_forward(x, y, arg, self.pool_size[0], self.pool_size[1], **self._geometry())
+        self._arg, self._n = arg, n
+        return y
+
+    def backward(self, dy):
+        d = np.ascontiguousarray(dy, dtype=self.dtype)
+        if d.shape != self._arg.shape:
+            raise ValueError(f"MaxPool2D {self.name!r}: gradient has shape {d.shape}, "
+                             f"the output was {self._arg.shape}")
+        dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
+        _pool.max_backward(d, self._arg, dx)
+        return dx
+
+
+@register
+class AvgPool2D(_Pool2D):
+    """Mean pooling over ``pool_size`` windows, channels-last (the paper's pooling).
+
+    Args:
+        pool_size: window size, an int or ``(ph, pw)``.
+        strides: step between windows (default: the pool size, non-overlapping).
+        padding: ``"valid"`` or ``"same"``; a window's mean is taken over its taps
+            inside the image (padding does not count).
+        name: layer name.
+
+    Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, C)``.
+    """
+
+    def forward(self, x, training=False):
+        x = _check_batch(self, x)
+        n = x.shape[0]
+        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
+        _pool.avg_forward(x, y, self.pool_size[0], self.pool_size[1], **self._geometry())
+        self._n = n
+        return y
+
+    def backward(self, dy):
+        d = np.ascontiguousarray(dy, dtype=self.dtype)
+        if d.shape != (self._n,) + self.output_shape:
+            raise ValueError(f"AvgPool2D {self.name!r}: gradient has shape {d.shape}, "
+                             f"the output was {(self._n,) + self.output_shape}")
+        dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
+        _pool.avg_backward(d, dx, self.pool_size[0], self.pool_size[1], **self._geometry())
+        return dx
