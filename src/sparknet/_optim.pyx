@@ -2,17 +2,21 @@
 """Optimizer updates over one flat parameter buffer, one fused pass, GIL released.
 
 Formulas follow ``torch.optim.RMSprop`` and ``torch.optim.SGD`` exactly
-(weight decay added to the gradient, ``eps`` added after the square root).
+(weight decay added to the gradient, ``eps`` added after the square root).  The
+loops are plain C (``csrc/optim_kernels.h``) so that they vectorise.
 """
 from cython cimport floating
-from libc.math cimport sqrt, sqrtf
 
 
-cdef inline floating _sqrt(floating x) noexcept nogil:
-    if floating is float:
-        return sqrtf(x)
-    else:
-        return sqrt(x)
+cdef extern from "optim_kernels.h" nogil:
+    void sparknet_rmsprop_f(float* p, const float* g, float* v, float* ga, float* buf,
+                            Py_ssize_t n, float lr, float alpha, float eps, float wd, float mu)
+    void sparknet_rmsprop_d(double* p, const double* g, double* v, double* ga, double* buf,
+                            Py_ssize_t n, double lr, double alpha, double eps, double wd, double mu)
+    void sparknet_sgd_f(float* p, const float* g, float* buf, Py_ssize_t n, float lr, float mu,
+                        float damp, float wd, int nesterov, int first)
+    void sparknet_sgd_d(double* p, const double* g, double* buf, Py_ssize_t n, double lr, double mu,
+                        double damp, double wd, int nesterov, int first)
 
 
 def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
@@ -25,35 +29,28 @@ def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
     else den = sqrt(v) + eps;
     momentum > 0 (buf given): buf = momentum buf + g'/den; p -= lr buf;  else p -= lr g'/den.
     """
-    cdef Py_ssize_t i, n = p.shape[0]
+    cdef Py_ssize_t n = p.shape[0]
     cdef bint centered = grad_avg is not None
     cdef bint mom = momentum > 0
-    cdef floating a = <floating>alpha, oma = <floating>(1.0 - alpha)
-    cdef floating e = <floating>eps, wd = <floating>weight_decay, mu = <floating>momentum
-    cdef floating step = <floating>lr
-    cdef floating gi, v, den, ga
+    cdef floating* ga = NULL
+    cdef floating* b = NULL
     if g.shape[0] != n or square_avg.shape[0] != n or (centered and grad_avg.shape[0] != n):
         raise ValueError("rmsprop: buffers differ in length")
     if mom and (buf is None or buf.shape[0] != n):
         raise ValueError("rmsprop: momentum needs a momentum buffer of the parameters' length")
+    if n == 0:
+        return
+    if centered:
+        ga = &grad_avg[0]
+    if mom:
+        b = &buf[0]
     with nogil:
-        for i in range(n):
-            gi = g[i]
-            if wd != 0:
-                gi = gi + wd * p[i]
-            v = a * square_avg[i] + oma * gi * gi
-            square_avg[i] = v
-            if centered:
-                ga = a * grad_avg[i] + oma * gi
-                grad_avg[i] = ga
-                den = _sqrt(v - ga * ga) + e
-            else:
-                den = _sqrt(v) + e
-            if mom:
-                buf[i] = mu * buf[i] + gi / den
-                p[i] = p[i] - step * buf[i]
-            else:
-                p[i] = p[i] - step * gi / den
+        if floating is float:
+            sparknet_rmsprop_f(&p[0], &g[0], &square_avg[0], ga, b, n, <float>lr, <float>alpha,
+                               <float>eps, <float>weight_decay, <float>momentum)
+        else:
+            sparknet_rmsprop_d(&p[0], &g[0], &square_avg[0], ga, b, n, lr, alpha, eps,
+                               weight_decay, momentum)
 
 
 def sgd(floating[::1] p, const floating[::1] g, floating[::1] buf,
@@ -65,28 +62,21 @@ def sgd(floating[::1] p, const floating[::1] g, floating[::1] buf,
     buf = momentum buf + (1 - dampening) g'; d = g' + momentum buf (Nesterov) or buf;
     p -= lr d.
     """
-    cdef Py_ssize_t i, n = p.shape[0]
+    cdef Py_ssize_t n = p.shape[0]
     cdef bint mom = momentum != 0
-    cdef floating mu = <floating>momentum, damp = <floating>(1.0 - dampening)
-    cdef floating wd = <floating>weight_decay, step = <floating>lr
-    cdef floating gi, b
+    cdef floating* b = NULL
     if g.shape[0] != n:
         raise ValueError("sgd: buffers differ in length")
     if mom and (buf is None or buf.shape[0] != n):
         raise ValueError("sgd: momentum needs a momentum buffer of the parameters' length")
+    if n == 0:
+        return
+    if mom:
+        b = &buf[0]
     with nogil:
-        for i in range(n):
-            gi = g[i]
-            if wd != 0:
-                gi = gi + wd * p[i]
-            if mom:
-                if first_step:
-                    b = gi
-                else:
-                    b = mu * buf[i] + damp * gi
-                buf[i] = b
-                if nesterov:
-                    gi = gi + mu * b
-                else:
-                    gi = b
-            p[i] = p[i] - step * gi
+        if floating is float:
+            sparknet_sgd_f(&p[0], &g[0], b, n, <float>lr, <float>momentum, <float>dampening,
+                           <float>weight_decay, nesterov, first_step)
+        else:
+            sparknet_sgd_d(&p[0], &g[0], b, n, lr, momentum, dampening, weight_decay,
+                           nesterov, first_step)

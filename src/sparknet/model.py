@@ -177,12 +177,18 @@ class Sequential:
         self._out_mask = mask
         return x
 
-    def backward(self, dout: np.ndarray) -> np.ndarray:
+    def backward(self, dout: np.ndarray, input_grad: bool = True) -> np.ndarray | None:
         """Backpropagate ``dout`` (gradient w.r.t. the output of :meth:`forward`);
-        fills :attr:`grads` and returns the gradient w.r.t. the input."""
-        for layer in reversed(self.layers):
-            dout = layer.backward(dout)
-        return dout
+        fills :attr:`grads` and returns the gradient w.r.t. the input (``None`` when
+        ``input_grad`` is false: the first layer then skips computing it)."""
+        first = self.layers[0]
+        first.need_input_grad = bool(input_grad)
+        try:
+            for layer in reversed(self.layers):
+                dout = layer.backward(dout)
+        finally:
+            first.need_input_grad = True
+        return dout if input_grad else None
 
     def _prepare_x(self, X, name: str = "X") -> np.ndarray:
         first = self.layers[0] if self.layers else None
@@ -222,7 +228,7 @@ class Sequential:
             if pred is not out:
                 from sparknet.activations import grad as act_grad
                 g = act_grad("softmax", pred, g)
-            self.backward(g)
+            self.backward(g, input_grad=False)
         correct = float("nan")
         if loss.is_classification:
             hit = (out.argmax(axis=-1) == y)

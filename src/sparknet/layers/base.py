@@ -37,6 +37,9 @@ class Layer:
     supports_masking: ClassVar[bool] = False
     #: True for layers that take integer input (token ids)
     accepts_int_input: ClassVar[bool] = False
+    #: Sequential sets this to False on its first layer while training: ``backward`` may
+    #: then skip computing the input gradient (and return None)
+    need_input_grad: bool = True
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name or type(self).__name__.lower()

@@ -89,10 +89,10 @@ class Dense(Layer):
         d = np.ascontiguousarray(dy.reshape(-1, self.units), dtype=self.dtype)
         if not d.flags.writeable:
             d = d.copy()
-        dx = np.empty_like(self._x)
+        dx = np.empty_like(self._x) if self.need_input_grad else None
         _dense.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
                         self.grads.get("bias"), self._kernel_act)
-        return dx.reshape(lead + (self.in_features,))
+        return None if dx is None else dx.reshape(lead + (self.in_features,))
 
     def get_config(self):
         return {"units": self.units, "activation": self.activation, "use_bias": self.use_bias,
