@@ -11,6 +11,7 @@ from sparknet import optim as optim_mod
 from sparknet._validation import check_array, check_labels, check_mask, check_targets
 from sparknet.activations import softmax
 from sparknet.layers.base import REGISTRY, Layer
+from sparknet.threads import blas_threads
 
 
 class History:
@@ -259,7 +260,7 @@ class Sequential:
             validation_data: tuple | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
             loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask=None,
             sample_weight=None, verbose: int = 1,
-            callbacks: Sequence[Callable[[int, dict], Any]] = ()) -> History:
+            callbacks: Sequence[Callable[[int, dict], Any]] = (), num_threads: int | None = 0) -> History:
         """Train with minibatch gradient descent.
 
         Args:
@@ -280,11 +281,19 @@ class Sequential:
             verbose: 0 silent, 1 a progress bar per epoch.
             callbacks: callables ``f(epoch, logs)`` run after each epoch; one returning
                 ``True`` stops training.
+            num_threads: BLAS threads while training (default: :func:`sparknet.threads.get_num_threads`,
+                one unless changed; ``None`` leaves BLAS alone).
 
         Returns:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
             ``val_accuracy`` and ``time`` per epoch.
         """
+        with blas_threads(num_threads):
+            return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
+                             mask, sample_weight, verbose, callbacks)
+
+    def _fit(self, X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle, mask,
+             sample_weight, verbose, callbacks) -> History:
         epochs = _positive(epochs, "epochs")
         batch_size = _positive(batch_size, "batch_size")
         if loss is not None:
@@ -358,9 +367,10 @@ class Sequential:
     # ----------------------------------------------------------- inference
     def _batched_forward(self, X, batch_size: int, mask=None) -> np.ndarray:
         outs = []
-        for i in range(0, X.shape[0], batch_size):
-            mb = None if mask is None else mask[i:i + batch_size]
-            outs.append(np.array(self.forward(X[i:i + batch_size], training=False, mask=mb)))
+        with blas_threads():
+            for i in range(0, X.shape[0], batch_size):
+                mb = None if mask is None else mask[i:i + batch_size]
+                outs.append(np.array(self.forward(X[i:i + batch_size], training=False, mask=mb)))
         return np.concatenate(outs, axis=0)
 
     def _checked_input(self, X, mask=None):
@@ -396,11 +406,12 @@ class Sequential:
             y = self._prepare_y(y, X.shape[0], lo)
         batch_size = _positive(batch_size, "batch_size")
         tot_s = tot_w = tot_c = 0.0
-        for i in range(0, X.shape[0], batch_size):
-            mb = None if mask is None else mask[i:i + batch_size]
-            s, w, c = self.loss_and_grad(X[i:i + batch_size], y[i:i + batch_size], lo, mask=mb,
-                                         need_grad=False, training=False)
-            tot_s, tot_w, tot_c = tot_s + s, tot_w + w, tot_c + c
+        with blas_threads():
+            for i in range(0, X.shape[0], batch_size):
+                mb = None if mask is None else mask[i:i + batch_size]
+                s, w, c = self.loss_and_grad(X[i:i + batch_size], y[i:i + batch_size], lo, mask=mb,
+                                             need_grad=False, training=False)
+                tot_s, tot_w, tot_c = tot_s + s, tot_w + w, tot_c + c
         res = {"loss": tot_s / max(tot_w, 1e-12)}
         if lo.is_classification:
             res["accuracy"] = tot_c / max(tot_w, 1e-12)

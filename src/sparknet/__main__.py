@@ -1,0 +1,136 @@
+"""Command line: ``python -m sparknet demo | train | info``.
+
+- ``demo``: train an MLP on scikit-learn's bundled digits and print the test accuracy
+  (on local Spark through the data-parallel trainer when ``sparknet.cluster`` and Java
+  are available, in one process with ``--local``);
+- ``train``: train an MLP on digits or on MNIST IDX files and save the model file;
+- ``info``: versions and the BLAS the kernels use.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+import time
+
+
+def _digits_mlp(seed: int = 0):
+    from sparknet import Dense, Dropout, Sequential
+    return Sequential([Dense(256, activation="relu"), Dropout(0.2), Dense(128, activation="relu"),
+                       Dropout(0.2), Dense(10, activation="softmax")], seed=seed)
+
+
+def _demo_local(args) -> float:
+    from sparknet import RMSprop
+    from sparknet.datasets import load_digits
+    Xtr, ytr, Xte, yte = load_digits(seed=args.seed)
+    model = _digits_mlp(args.seed)
+    model.fit(Xtr, ytr, epochs=args.epochs, batch_size=32, optimizer=RMSprop(lr=1e-3),
+              validation_data=(Xte, yte), verbose=0 if args.quiet else 1)
+    return model.evaluate(Xte, yte)["accuracy"]
+
+
+def _demo_spark(args) -> float:
+    from sparknet.cluster import demo as cluster_demo  # noqa: F401  (available once the trainer is)
+    return cluster_demo(epochs=args.epochs, seed=args.seed, verbose=not args.quiet)
+
+
+def cmd_demo(args) -> int:
+    t0 = time.perf_counter()
+    mode = "one process"
+    use_spark = not args.local
+    if use_spark:
+        try:
+            import sparknet.cluster as _cluster
+            use_spark = hasattr(_cluster, "demo")
+        except ImportError:
+            use_spark = False
+    if use_spark and shutil.which("java") is None:
+        print("sparknet demo: Spark needs Java 17+, and no `java` is on PATH; install a JDK "
+              "(e.g. apt-get install openjdk-17-jre-headless) or run `python -m sparknet demo --local`",
+              file=sys.stderr)
+        return 2
+    if use_spark:
+        mode = "local Spark"
+        acc = _demo_spark(args)
+    else:
+        acc = _demo_local(args)
+    print(f"digits MLP ({mode}): test accuracy {acc:.4f} in {time.perf_counter() - t0:.1f} s")
+    return 0 if acc >= 0.97 else 1
+
+
+def cmd_train(args) -> int:
+    from sparknet import Dense, RMSprop, Sequential
+    from sparknet.datasets import load_digits, load_mnist
+    if args.data == "digits":
+        Xtr, ytr, Xte, yte = load_digits(seed=args.seed)
+    else:
+        if not args.mnist_dir:
+            print("sparknet train: --data mnist needs --mnist-dir (the folder of IDX files, "
+                  "e.g. ../shared/data/mnist)", file=sys.stderr)
+            return 2
+        Xtr, ytr, Xte, yte = load_mnist(args.mnist_dir)
+    hidden = [int(h) for h in args.hidden.split(",") if h]
+    model = Sequential([Dense(h, activation="relu") for h in hidden] + [Dense(10, activation="softmax")],
+                       seed=args.seed)
+    model.fit(Xtr, ytr, epochs=args.epochs, batch_size=args.batch_size, optimizer=RMSprop(lr=args.lr),
+              validation_data=(Xte, yte), verbose=1)
+    res = model.evaluate(Xte, yte)
+    print(f"test loss {res['loss']:.4f}, test accuracy {res['accuracy']:.4f}")
+    if args.out:
+        model.save(args.out)
+        print(f"saved {args.out}")
+    return 0
+
+
+def cmd_info(args) -> int:
+    import numpy
+    import scipy
+    import sparknet
+    print(f"sparknet {sparknet.__version__}, numpy {numpy.__version__}, scipy {scipy.__version__}, "
+          f"python {sys.version.split()[0]}")
+    try:
+        import pyspark
+        print(f"pyspark {pyspark.__version__}; java: {shutil.which('java') or 'not found'}")
+    except ImportError:
+        print("pyspark: not installed")
+    try:
+        from threadpoolctl import threadpool_info
+        for d in threadpool_info():
+            print(f"BLAS: {d.get('internal_api')} {d.get('version')} ({d.get('architecture')}), "
+                  f"{d.get('num_threads')} threads: {d.get('filepath')}")
+    except ImportError:
+        pass
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sparknet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="train on the bundled digits and print test accuracy")
+    d.add_argument("--epochs", type=int, default=40)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--local", action="store_true", help="train in one process instead of on local Spark")
+    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.set_defaults(func=cmd_demo)
+    t = sub.add_parser("train", help="train an MLP on digits or MNIST and save it")
+    t.add_argument("--data", choices=["digits", "mnist"], default="digits")
+    t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files")
+    t.add_argument("--hidden", default="512,256", help="hidden layer widths, comma separated")
+    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--batch-size", type=int, default=128)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--out", default=None, help="model file to write (.npz)")
+    t.set_defaults(func=cmd_train)
+    i = sub.add_parser("info", help="versions and BLAS")
+    i.set_defaults(func=cmd_info)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
