@@ -6,6 +6,7 @@ The single-process core: :class:`~sparknet.model.Sequential` over layers from
 """
 from sparknet.layers import Activation, Dense, Dropout, Flatten, Layer
 from sparknet.layers import AvgPool2D, Conv2D, MaxPool2D
+from sparknet.layers import LSTM, Embedding, SimpleRNN
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
 from sparknet.optim import SGD, Optimizer, RMSprop
@@ -14,6 +15,7 @@ from sparknet.io import load_model, save_model
 __version__ = "0.1.0"
 
 __all__ = [
+    "SimpleRNN", "LSTM", "Embedding",
     "Conv2D", "MaxPool2D", "AvgPool2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD",

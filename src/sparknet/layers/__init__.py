@@ -6,3 +6,6 @@ __all__ = ["Layer", "register", "REGISTRY", "Dense", "Activation", "Dropout", "F
 
 from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D  # noqa: E402
 __all__ += ["Conv2D", "MaxPool2D", "AvgPool2D"]
+
+from sparknet.layers.recurrent import LSTM, Embedding, SimpleRNN, reset_states  # noqa: E402
+__all__ += ["SimpleRNN", "LSTM", "Embedding", "reset_states"]

@@ -1,0 +1,520 @@
+"""Recurrent layers: SimpleRNN, LSTM and Embedding.
+
+Sequences are batch-major, ``(N, T, features)``.  Variable-length sequences are padded
+(see :func:`sparknet.data.pad_sequences`) and described by an ``(N, T)`` mask, where
+``0`` marks a padded step.  At a masked step the recurrent layers carry their state
+unchanged, output zeros (when ``return_sequences=True``), and add nothing to the loss
+(:class:`~sparknet.model.Sequential` weights the loss by the final mask) or to any
+gradient.  Padding may be on either side: with ``return_sequences=False`` the output is
+the state at each sequence's last valid step.
+
+The math runs in the nogil kernels of :mod:`sparknet._recurrent`: one gemm for the input
+projection of every time step, one gemm on the batch per step for the recurrence, fused
+gate nonlinearities, and backpropagation through time with one gemm for each weight
+gradient over all steps.
+
+Truncated backpropagation through time: with ``stateful=True`` the final state of one
+call is the initial state of the next (no gradient flows into it), until
+:meth:`reset_states`.  Row ``i`` of a batch continues row ``i`` of the previous batch, so
+train with a fixed batch size and in order (``Sequential.fit(..., shuffle=False)``, and a
+number of samples divisible by the batch size); :func:`sparknet.data.bptt_batches` lays
+a token stream out that way.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from sparknet import _recurrent, initializers, threads
+from sparknet.activations import activation_id, canonical_name
+from sparknet.layers.base import Layer, register
+
+__all__ = ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
+
+
+# The per-step products of a recurrent layer are small (batch x 4H x H): a multi-threaded
+# BLAS spends more on synchronisation than it gains there (with 2 threads on 2 busy cores a
+# training step was measured 3x slower than with 1).  So every forward and backward runs
+# with BLAS capped at sparknet.threads.get_num_threads() (one unless changed), also when
+# called from a hand-written loop rather than fit/predict.
+_blas_libs: list | None = None
+
+
+class _BlasThreads:
+    """Context manager: cap the BLAS thread count at ``sparknet.threads.get_num_threads()``
+    (cheap when it already is), then restore it."""
+
+    __slots__ = ("_saved",)
+
+    def __enter__(self):
+        global _blas_libs
+        self._saved = None
+        limit = threads.get_num_threads()
+        if limit is None:
+            return self
+        if _blas_libs is None:
+            try:
+                from threadpoolctl import ThreadpoolController
+                _blas_libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+            except Exception:  # threadpoolctl missing or unable to inspect: leave BLAS alone
+                _blas_libs = []
+        saved = []
+        for lib in _blas_libs:
+            n = lib.num_threads
+            if n > limit:
+                lib.set_num_threads(limit)
+                saved.append((lib, n))
+        self._saved = saved
+        return self
+
+    def __exit__(self, *exc):
+        for lib, n in self._saved or ():
+            lib.set_num_threads(n)
+        return False
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def reset_states(model) -> None:
+    """Call ``reset_states()`` on every stateful layer of ``model`` (start of a new text)."""
+    for layer in getattr(model, "layers", ()):
+        if hasattr(layer, "reset_states"):
+            layer.reset_states()
+
+
+class _Recurrent(Layer):
+    """Shared machinery of :class:`SimpleRNN` and :class:`LSTM`."""
+
+    supports_masking = True
+    _gate_count = 1
+    _n_states = 1
+
+    def __init__(self, units: int, return_sequences: bool = False, stateful: bool = False,
+                 kernel_initializer: str = "glorot_uniform",
+                 recurrent_initializer: str = "orthogonal", name: str | None = None) -> None:
+        super().__init__(name)
+        self.units = _positive_int(units, f"{type(self).__name__} units")
+        self.return_sequences = bool(return_sequences)
+        self.stateful = bool(stateful)
+        self.kernel_initializer = initializers.check_name(kernel_initializer)
+        self.recurrent_initializer = initializers.check_name(recurrent_initializer)
+        self._state: tuple[np.ndarray, ...] | None = None
+        self._last_state: tuple[np.ndarray, ...] | None = None
+        self._bufs: dict[str, np.ndarray] = {}
+        self._buf_key: tuple | None = None
+        self._fwd: dict[str, Any] | None = None
+
+    # -- construction -------------------------------------------------------
+    def _build(self, input_shape):
+        if len(input_shape) != 2:
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r} takes sequences (N, T, features); got per-sample "
+                f"shape {tuple(input_shape)} (add an Embedding for token ids, or reshape to (N, T, F))")
+        self.in_features = int(input_shape[1])
+        self.timesteps = int(input_shape[0])
+        return self._out_shape(self.timesteps)
+
+    def _out_shape(self, T: int) -> tuple[int, ...]:
+        return (T, self.units) if self.return_sequences else (self.units,)
+
+    def param_specs(self):
+        G = self._gate_count * self.units
+        return [("weight_ih", (G, self.in_features)), ("weight_hh", (G, self.units)),
+                ("bias_ih", (G,)), ("bias_hh", (G,))]
+
+    def init_params(self, params, rng):
+        H, k = self.units, self._gate_count
+        # each gate's block is initialised as a layer of its own
+        for g in range(k):
+            initializers.fill(params["weight_ih"][g * H:(g + 1) * H], self.kernel_initializer,
+                              self.in_features, H, rng)
+            initializers.fill(params["weight_hh"][g * H:(g + 1) * H], self.recurrent_initializer,
+                              H, H, rng)
+        params["bias_ih"][...] = 0
+        params["bias_hh"][...] = 0
+
+    # -- state ----------------------------------------------------------------
+    def reset_states(self, states=None) -> None:
+        """Forget the carried state (the next call starts from zeros, any batch size), or
+        set it: ``states`` is ``h`` of shape ``(N, units)`` (SimpleRNN) or ``(h, c)`` (LSTM).
+
+        Raises:
+            ValueError: if ``states`` has the wrong number of arrays or a wrong shape.
+        """
+        if states is None:
+            self._state = None
+            return
+        if isinstance(states, np.ndarray):
+            states = (states,)
+        states = tuple(states)
+        if len(states) != self._n_states:
+            raise ValueError(f"{type(self).__name__} has {self._n_states} state array(s), got {len(states)}")
+        out = []
+        for s in states:
+            a = np.array(s, dtype=self.dtype, order="C", copy=True)
+            if a.ndim != 2 or a.shape[1] != self.units or (out and a.shape != out[0].shape):
+                raise ValueError(f"{type(self).__name__} state must have shape (N, {self.units}), "
+                                 f"got {a.shape}")
+            out.append(a)
+        self._state = tuple(out)
+
+    @property
+    def states(self) -> tuple[np.ndarray, ...] | None:
+        """The final state of the last forward call (copies): ``(h,)`` or ``(h, c)``."""
+        return None if self._last_state is None else tuple(s.copy() for s in self._last_state)
+
+    # -- helpers ----------------------------------------------------------------
+    def _check_input(self, x, mask):
+        self._check_built()
+        x = np.asarray(x)
+        if x.ndim != 3 or x.shape[2] != self.in_features:
+            raise ValueError(f"{type(self).__name__} {self.name!r} expects input of shape "
+                             f"(N, T, {self.in_features}), got {x.shape}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"{type(self).__name__} {self.name!r} got an empty batch {x.shape}")
+        x = np.ascontiguousarray(x, dtype=self.dtype)
+        N, T = x.shape[:2]
+        m = None
+        if mask is not None:
+            mk = np.asarray(mask)
+            if mk.shape != (N, T):
+                raise ValueError(f"mask has shape {mk.shape}; it must be (N, T) = {(N, T)} for "
+                                 f"{type(self).__name__} {self.name!r} input {x.shape}")
+            if mk.dtype.kind not in "biuf":
+                raise ValueError(f"mask has non-numeric dtype {mk.dtype}")
+            mk = mk != 0
+            if not mk.all():
+                m = np.ascontiguousarray(mk).view(np.uint8)
+        return x, m
+
+    def _initial_state(self, N):
+        if not self.stateful or self._state is None:
+            return (None,) * self._n_states
+        if self._state[0].shape[0] != N:
+            raise ValueError(
+                f"stateful {type(self).__name__} {self.name!r} carries a state for batches of "
+                f"{self._state[0].shape[0]} rows but got {N}: use a fixed batch size (a number of "
+                f"samples divisible by it, shuffle=False) or call reset_states() first")
+        return self._state
+
+    def _buffers(self, N: int, T: int, spec: dict[str, tuple]) -> dict[str, np.ndarray]:
+        key = (N, T, self.dtype)
+        if self._buf_key != key:
+            self._bufs = {k: np.empty(s, dtype=self.dtype) for k, s in spec.items()}
+            self._buf_key = key
+        return self._bufs
+
+    def compute_mask(self, mask):
+        return mask if self.return_sequences else None
+
+    def get_config(self):
+        return {"units": self.units, "return_sequences": self.return_sequences,
+                "stateful": self.stateful, "kernel_initializer": self.kernel_initializer,
+                "recurrent_initializer": self.recurrent_initializer, "name": self.name}
+
+
+@register
+class SimpleRNN(_Recurrent):
+    """Fully connected recurrent layer (Elman), as ``torch.nn.RNN``:
+
+    ``h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)``, ``h_0 = 0`` (or the carried state).
+
+    Args:
+        units: size ``H`` of the state.
+        activation: ``"tanh"`` (default), ``"relu"``, ``"sigmoid"`` or ``"identity"``.
+        return_sequences: output every step ``(N, T, H)`` (zeros at masked steps) instead
+            of the final state ``(N, H)`` (the state at each sequence's last valid step).
+        stateful: carry the final state into the next call (truncated BPTT); see
+            :meth:`reset_states`.
+        kernel_initializer: initializer of ``weight_ih`` (default Glorot uniform).
+        recurrent_initializer: initializer of ``weight_hh`` (default orthogonal).
+        name: layer name.
+
+    Input shape: ``(N, T, F)`` (with an optional ``(N, T)`` mask).
+    Output shape: ``(N, T, H)`` or ``(N, H)``.
+
+    Parameters: ``weight_ih (H, F)``, ``weight_hh (H, H)``, ``bias_ih (H,)``,
+    ``bias_hh (H,)``, named and laid out as in ``torch.nn.RNN``.
+    """
+
+    def __init__(self, units: int, activation: str = "tanh", return_sequences: bool = False,
+                 stateful: bool = False, kernel_initializer: str = "glorot_uniform",
+                 recurrent_initializer: str = "orthogonal", name: str | None = None) -> None:
+        super().__init__(units, return_sequences, stateful, kernel_initializer,
+                         recurrent_initializer, name)
+        act = canonical_name(activation)
+        if act == "softmax":
+            raise ValueError("SimpleRNN activation must be tanh, relu, sigmoid or identity, not softmax")
+        self.activation = act
+        self._act = activation_id(act)
+
+    def forward(self, x, training=False, mask=None):
+        x, m = self._check_input(x, mask)
+        N, T, F = x.shape
+        H = self.units
+        b = self._buffers(N, T, {"xt": (T, N, F), "zs": (T, N, H), "hs": (T + 1, N, H),
+                                 "dz": (T, N, H), "dh_a": (N, H), "dh_b": (N, H), "dxt": (T, N, F)})
+        (h0,) = self._initial_state(N)
+        y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
+        p = self.params
+        with _BlasThreads():
+            _recurrent.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
+                                   self._act, b["xt"], b["zs"], b["hs"], y)
+        hT = b["hs"][T].copy()
+        self._last_state = (hT,)
+        if self.stateful:
+            self._state = (hT.copy(),)
+        self._fwd = {"N": N, "T": T, "mask": m}
+        return y if self.return_sequences else hT
+
+    def backward(self, dy):
+        f = self._fwd
+        if f is None:
+            raise RuntimeError(f"SimpleRNN {self.name!r}: backward called before forward")
+        N, T, H, F = f["N"], f["T"], self.units, self.in_features
+        b = self._bufs
+        dy = np.ascontiguousarray(dy, dtype=self.dtype)
+        want = (N, T, H) if self.return_sequences else (N, H)
+        if dy.shape != want:
+            raise ValueError(f"SimpleRNN {self.name!r}: output gradient has shape {dy.shape}, expected {want}")
+        dy_seq, dh_last = (dy, None) if self.return_sequences else (None, dy)
+        need_dx = getattr(self, "need_input_grad", True)
+        dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
+        g, p = self.grads, self.params
+        with _BlasThreads():
+            _recurrent.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
+                                    dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
+                                    b["dxt"] if need_dx else None, dx,
+                                    g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+        return dx
+
+    def get_config(self):
+        cfg = super().get_config()
+        cfg["activation"] = self.activation
+        return cfg
+
+
+@register
+class LSTM(_Recurrent):
+    """Long short-term memory layer (Graves' four-gate cell, no peepholes), equal to
+    ``torch.nn.LSTM`` (gate order i, f, g, o; two biases ``b_ih`` and ``b_hh``)::
+
+        a   = W_ih x_t + b_ih + W_hh h_{t-1} + b_hh     (blocks a_i, a_f, a_g, a_o of H rows)
+        i   = sigmoid(a_i)    f = sigmoid(a_f)    g = tanh(a_g)    o = sigmoid(a_o)
+        c_t = f * c_{t-1} + i * g
+        h_t = o * tanh(c_t)
+
+    with ``h_0 = c_0 = 0`` (or the carried state when ``stateful``).  The two biases are
+    kept so that weights move to and from PyTorch unchanged; only their sum matters and
+    both receive the same gradient.
+
+    Args:
+        units: size ``H`` of the hidden and cell states.
+        return_sequences: output ``h_t`` at every step ``(N, T, H)`` (zeros at masked
+            steps) instead of the final ``h`` ``(N, H)`` (at each sequence's last valid step).
+        return_state: output the final states ``[h, c]`` concatenated, ``(N, 2H)`` (a
+            ``Sequential`` layer has one output; needs ``return_sequences=False``).  The
+            final states are also readable after any call as :attr:`states`.
+        stateful: carry ``(h, c)`` into the next call (truncated BPTT); see :meth:`reset_states`.
+        kernel_initializer: initializer of each gate's block of ``weight_ih`` (Glorot uniform).
+        recurrent_initializer: initializer of each gate's block of ``weight_hh`` (orthogonal).
+        unit_forget_bias: start the forget-gate part of ``bias_ih`` at 1 (Jozefowicz et al.
+            2015); the other biases start at 0.
+        name: layer name.
+
+    Input shape: ``(N, T, F)`` (with an optional ``(N, T)`` mask).
+    Output shape: ``(N, T, H)``, ``(N, H)``, or ``(N, 2H)`` with ``return_state``.
+
+    Parameters: ``weight_ih (4H, F)``, ``weight_hh (4H, H)``, ``bias_ih (4H,)``,
+    ``bias_hh (4H,)``, as ``weight_ih_l0`` etc. of ``torch.nn.LSTM``.
+    """
+
+    _gate_count = 4
+    _n_states = 2
+
+    def __init__(self, units: int, return_sequences: bool = False, return_state: bool = False,
+                 stateful: bool = False, kernel_initializer: str = "glorot_uniform",
+                 recurrent_initializer: str = "orthogonal", unit_forget_bias: bool = True,
+                 name: str | None = None) -> None:
+        super().__init__(units, return_sequences, stateful, kernel_initializer,
+                         recurrent_initializer, name)
+        self.return_state = bool(return_state)
+        if self.return_state and self.return_sequences:
+            raise ValueError("LSTM return_state=True needs return_sequences=False (a layer of a "
+                             "Sequential model has one output); read layer.states after a call instead")
+        self.unit_forget_bias = bool(unit_forget_bias)
+
+    def _out_shape(self, T):
+        if self.return_state:
+            return (2 * self.units,)
+        return super()._out_shape(T)
+
+    def init_params(self, params, rng):
+        super().init_params(params, rng)
+        if self.unit_forget_bias:
+            params["bias_ih"][self.units:2 * self.units] = 1
+
+    def forward(self, x, training=False, mask=None):
+        x, m = self._check_input(x, mask)
+        N, T, F = x.shape
+        H = self.units
+        b = self._buffers(N, T, {"xt": (T, N, F), "gates": (T, N, 4 * H), "hs": (T + 1, N, H),
+                                 "cs": (T + 1, N, H), "tcs": (T, N, H), "dgates": (T, N, 4 * H),
+                                 "dh_a": (N, H), "dh_b": (N, H), "dc": (N, H), "dxt": (T, N, F)})
+        h0, c0 = self._initial_state(N)
+        y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
+        p = self.params
+        with _BlasThreads():
+            _recurrent.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
+                                    m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
+        self._last_state = (b["hs"][T], b["cs"][T])
+        if self.stateful:
+            self._state = (b["hs"][T].copy(), b["cs"][T].copy())
+        self._fwd = {"N": N, "T": T, "mask": m}
+        if self.return_sequences:
+            return y
+        if self.return_state:
+            return np.concatenate([b["hs"][T], b["cs"][T]], axis=1)
+        return b["hs"][T].copy()
+
+    @property
+    def states(self):
+        """The final ``(h, c)`` of the last forward call (copies), or None."""
+        return super().states
+
+    def backward(self, dy):
+        f = self._fwd
+        if f is None:
+            raise RuntimeError(f"LSTM {self.name!r}: backward called before forward")
+        N, T, H, F = f["N"], f["T"], self.units, self.in_features
+        b = self._bufs
+        dy = np.ascontiguousarray(dy, dtype=self.dtype)
+        want = (N,) + self._out_shape(T)
+        if dy.shape != want:
+            raise ValueError(f"LSTM {self.name!r}: output gradient has shape {dy.shape}, expected {want}")
+        dy_seq = dh_last = dc_last = None
+        if self.return_sequences:
+            dy_seq = dy
+        elif self.return_state:
+            dh_last, dc_last = np.ascontiguousarray(dy[:, :H]), np.ascontiguousarray(dy[:, H:])
+        else:
+            dh_last = dy
+        need_dx = getattr(self, "need_input_grad", True)
+        dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
+        g, p = self.grads, self.params
+        with _BlasThreads():
+            _recurrent.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
+                                     b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dgates"], b["dh_a"],
+                                     b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
+                                     g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+        return dx
+
+    def get_config(self):
+        cfg = super().get_config()
+        cfg.update(return_state=self.return_state, unit_forget_bias=self.unit_forget_bias)
+        return cfg
+
+
+@register
+class Embedding(Layer):
+    """Token ids to dense vectors: ``out[..., :] = embeddings[ids[...]]``.
+
+    Args:
+        vocab: number of distinct ids; valid ids are ``0 .. vocab - 1``.
+        dim: size of each vector.
+        mask_zero: treat id 0 as padding: the layer then emits the mask ``ids != 0``
+            (combined with any mask passed in) for the layers after it.
+        embeddings_initializer: ``"normal"`` (standard normal, as ``torch.nn.Embedding``)
+            or ``"uniform"`` (uniform on [-0.05, 0.05]).
+        name: layer name.
+
+    Input shape: integer ids ``(N, T)`` (any shape ``(N, ...)``).  Output shape:
+    ``(N, T, dim)``.  Parameter: ``embeddings (vocab, dim)``.  There is no gradient with
+    respect to the ids: :meth:`backward` returns None.
+
+    Raises:
+        ValueError: (at call time) for ids outside ``[0, vocab)`` or non-integer input.
+    """
+
+    accepts_int_input = True
+
+    def __init__(self, vocab: int, dim: int, mask_zero: bool = False,
+                 embeddings_initializer: str = "normal", name: str | None = None) -> None:
+        super().__init__(name)
+        self.vocab = _positive_int(vocab, "Embedding vocab")
+        self.dim = _positive_int(dim, "Embedding dim")
+        self.mask_zero = bool(mask_zero)
+        if embeddings_initializer not in ("normal", "uniform"):
+            raise ValueError(f"Embedding embeddings_initializer must be 'normal' or 'uniform', "
+                             f"got {embeddings_initializer!r}")
+        self.embeddings_initializer = embeddings_initializer
+        self._ids: np.ndarray | None = None
+
+    def _build(self, input_shape):
+        if len(input_shape) < 1:
+            raise ValueError(f"Embedding {self.name!r} takes ids of shape (N, T), got per-sample "
+                             f"shape {tuple(input_shape)}")
+        return tuple(input_shape) + (self.dim,)
+
+    def param_specs(self):
+        return [("embeddings", (self.vocab, self.dim))]
+
+    def init_params(self, params, rng):
+        if self.embeddings_initializer == "normal":
+            params["embeddings"][...] = rng.standard_normal(params["embeddings"].shape)
+        else:
+            params["embeddings"][...] = rng.uniform(-0.05, 0.05, params["embeddings"].shape)
+
+    def _check_ids(self, x) -> np.ndarray:
+        ids = np.asarray(x)
+        if ids.dtype == object or ids.dtype.kind not in "biuf":
+            raise ValueError(f"Embedding {self.name!r} takes integer token ids, got dtype {ids.dtype} "
+                             f"(ragged lists? pad them with sparknet.data.pad_sequences)")
+        if ids.ndim < 2:
+            raise ValueError(f"Embedding {self.name!r} takes ids of shape (N, T), got {ids.shape}")
+        if ids.dtype.kind == "f":
+            if not (np.isfinite(ids).all() and np.all(ids == np.round(ids))):
+                raise ValueError(f"Embedding {self.name!r} got non-integer token ids")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        if ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= self.vocab:
+                bad = lo if lo < 0 else hi
+                where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
+                raise ValueError(f"Embedding {self.name!r}: token id {bad} at index {where} is outside "
+                                 f"[0, {self.vocab}) (vocab={self.vocab})")
+        return ids
+
+    def forward(self, x, training=False):
+        self._check_built()
+        ids = self._check_ids(x)
+        flat = ids.reshape(-1)
+        out = np.empty((flat.shape[0], self.dim), dtype=self.dtype)
+        _recurrent.embedding_forward(flat, self.params["embeddings"], out)
+        self._ids = ids
+        return out.reshape(ids.shape + (self.dim,))
+
+    def compute_mask(self, mask):
+        if not self.mask_zero or self._ids is None:
+            return mask
+        m = self._ids != 0
+        if m.ndim > 2:
+            m = m.reshape(m.shape[0], m.shape[1], -1).all(axis=2)
+        return m if mask is None else (np.asarray(mask) != 0) & m
+
+    def backward(self, dy):
+        if self._ids is None:
+            raise RuntimeError(f"Embedding {self.name!r}: backward called before forward")
+        flat = self._ids.reshape(-1)
+        d = np.ascontiguousarray(dy, dtype=self.dtype).reshape(flat.shape[0], self.dim)
+        _recurrent.embedding_backward(flat, d, self.grads["embeddings"])
+        return None
+
+    def get_config(self):
+        return {"vocab": self.vocab, "dim": self.dim, "mask_zero": self.mask_zero,
+                "embeddings_initializer": self.embeddings_initializer, "name": self.name}
