@@ -141,6 +141,36 @@ class Shard:
             return cur
         return self.create(name, shape, dtype)
 
+    def get(self, name: str) -> np.ndarray | None:
+        """The resident array ``name``, re-attached from its file when a job in another
+        Python worker created it after this worker attached; ``None`` if it exists nowhere."""
+        cur = self.arrays.get(name)
+        if cur is None:
+            path = os.path.join(self.info.directory, name + ".npy")
+            if os.path.exists(path):
+                probe = np.load(path, mmap_mode="r", allow_pickle=False)
+                cur = (np.load(path, mmap_mode="r+", allow_pickle=False) if probe.size
+                       else np.load(path, allow_pickle=False))
+                self.arrays[name] = cur
+        return cur
+
+    def allocate(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
+        """Like :meth:`create`, but the zero-filled ``.npy`` file is created and mapped
+        directly, without an in-memory array of its size (for blocks close to the
+        worker's memory limit).  Replaces an existing file of that name."""
+        shape = tuple(int(s) for s in shape)
+        if int(np.prod(shape)) == 0:
+            return self.create(name, shape, dtype)
+        os.makedirs(self.info.directory, exist_ok=True)
+        path = os.path.join(self.info.directory, name + ".npy")
+        tmp = f"{path}.{os.getpid()}.tmp.npy"
+        mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
+        del mm
+        os.replace(tmp, path)
+        arr = np.load(path, mmap_mode="r+", allow_pickle=False)
+        self.arrays[name] = arr
+        return arr
+
 
 # --------------------------------------------------------------------------- executor side
 def _spill_base(nbytes: int) -> str:

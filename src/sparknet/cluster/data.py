@@ -1,0 +1,404 @@
+"""Training data onto the executors, once: DataFrames (through Arrow), RDDs of
+``(x, y)`` pairs, or numpy arrays become one contiguous ``(rows, features)`` array and
+one label array per partition, resident for the whole fit (see
+:mod:`sparknet.cluster.resident`).
+
+Every check that can fail runs before any training round: column names and types on
+the driver, then the conversion job reports per partition its row count, vector
+lengths, the first NaN and the label range, and the driver raises a ``ValueError``
+naming the column and value.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from sparknet._validation import check_array, check_labels
+from sparknet.cluster.resident import Resident
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardedData:
+    """Training (or validation) data resident on the executors.
+
+    Attributes:
+        resident: the :class:`~sparknet.cluster.resident.Resident` holding, per
+            partition, ``x`` (rows, features) and ``y`` (rows,) or (rows, targets).
+        rows: rows per partition, in partition order.
+        dim: features per row (flat).
+        source: ``"dataframe"``, ``"rdd"`` or ``"numpy"`` (for messages).
+    """
+
+    resident: Resident
+    rows: list[int]
+    dim: int
+    source: str
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.rows))
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.rows)
+
+    def close(self) -> None:
+        self.resident.close()
+
+
+def split_indices(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
+    """How numpy input is split: a seeded permutation of the ``n`` rows cut into
+    ``num_partitions`` nearly equal, contiguous pieces (``np.array_split``); some pieces
+    are empty when ``num_partitions > n``."""
+    perm = np.random.default_rng([int(seed), 0x5A1D]).permutation(n)
+    return np.array_split(perm, num_partitions)
+
+
+# ----------------------------------------------------------------- executor side builds
+def _summarise(x: np.ndarray | None, y: np.ndarray | None, classification: bool,
+               extra: dict) -> dict:
+    """The per-partition meta the driver turns into errors."""
+    meta = dict(extra)
+    n = 0 if y is None else int(y.shape[0])
+    meta["rows"] = n
+    if x is not None and n:
+        bad = ~np.isfinite(x)
+        if bad.any():
+            r, c = np.argwhere(bad)[0][:2] if x.ndim > 1 else (np.argwhere(bad)[0][0], 0)
+            meta["x_bad"] = (int(r), int(c), float(x[r].reshape(-1)[c]))
+    if y is not None and n:
+        yf = y.reshape(n, -1)
+        bad = ~np.isfinite(yf)
+        if bad.any():
+            meta["y_bad"] = int(np.argwhere(bad)[0][0])
+        elif classification:
+            nonint = yf != np.round(yf)
+            if nonint.any():
+                meta["y_nonint"] = float(yf[np.argwhere(nonint)[0][0], 0])
+            meta["y_min"], meta["y_max"] = float(yf.min()), float(yf.max())
+    return meta
+
+
+def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype, extra: dict):
+    meta = _summarise(x, y, classification, extra)
+    x = np.ascontiguousarray(x, dtype=dtype)
+    if classification:
+        yy = np.asarray(y, dtype=np.float64).reshape(-1)
+        y = np.where(np.isfinite(yy), yy, 0).astype(np.int64)
+    else:
+        y = np.ascontiguousarray(y, dtype=dtype)
+    return {"x": x, "y": y}, meta
+
+
+def _list_column(col, what: str, extra: dict):
+    """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or \
+            pa.types.is_fixed_size_list(col.type):
+        n = len(col)
+        if col.null_count:
+            extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            return np.zeros((n, 0))
+        if pa.types.is_fixed_size_list(col.type):
+            lengths = np.full(n, col.type.list_size)
+        else:
+            offs = np.asarray(col.offsets)
+            lengths = np.diff(offs)
+        vals = col.flatten().to_numpy(zero_copy_only=False)
+        if n and lengths.min() != lengths.max():
+            lo, hi = int(lengths.min()), int(lengths.max())
+            extra[f"{what}_lengths"] = (lo, hi, int(np.flatnonzero(lengths != lengths[0])[0]))
+            return np.zeros((n, 0))
+        d = int(lengths[0]) if n else 0
+        extra[f"{what}_dim"] = d
+        return np.asarray(vals, dtype=np.float64 if vals.dtype.kind != "f" else vals.dtype).reshape(n, d)
+    if col.null_count:
+        extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+    return col.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+class _ArrowBuild:
+    """Executor side: the record batches of one partition -> contiguous x and y."""
+
+    def __init__(self, classification: bool, dtype: str) -> None:
+        self.classification, self.dtype = classification, dtype
+
+    def __call__(self, index: int, batches: Iterator) -> tuple[dict, dict]:
+        import pyarrow as pa
+
+        batches = list(batches)
+        extra: dict[str, Any] = {}
+        if not batches or sum(b.num_rows for b in batches) == 0:
+            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64 if self.classification
+                                                                      else self.dtype)}, {"rows": 0}
+        table = pa.Table.from_batches(batches)
+        x = _list_column(table.column(0), "x", extra)
+        y = _list_column(table.column(1), "y", extra)
+        if "x_null" in extra or "x_lengths" in extra:
+            x = np.zeros((table.num_rows, 0))
+        if "y_null" in extra or "y_lengths" in extra:
+            y = np.zeros(table.num_rows)
+        return _finish(x, y, self.classification, self.dtype, extra)
+
+
+class _PairsBuild:
+    """Executor side: ``(x, y)`` pairs of one RDD partition -> contiguous x and y."""
+
+    def __init__(self, classification: bool, dtype: str) -> None:
+        self.classification, self.dtype = classification, dtype
+
+    def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
+        xs, ys, extra = [], [], {}
+        for k, item in enumerate(it):
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                extra.setdefault("pair_bad", (k, type(item).__name__))
+                continue
+            xs.append(np.asarray(item[0]))
+            ys.append(item[1])
+        if "pair_bad" in extra or not xs:
+            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": 0}
+        shapes = {a.shape for a in xs}
+        if len(shapes) > 1:
+            sizes = sorted(int(np.prod(s)) for s in shapes)
+            first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
+            extra["x_lengths"] = (sizes[0], sizes[-1], first)
+            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": len(xs)}
+        if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
+            extra["dtype_bad"] = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
+            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": len(xs)}
+        x = np.stack(xs).reshape(len(xs), -1)
+        extra["x_dim"] = int(x.shape[1])
+        return _finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
+
+
+class _NumpyBuild:
+    """Executor side: one pre-split numpy shard (already validated on the driver)."""
+
+    def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
+        items = list(it)
+        if not items:
+            return {"x": np.zeros((0, 0), np.float32), "y": np.zeros(0, np.int64)}, {"rows": 0}
+        x, y = items[0]
+        return {"x": x, "y": y}, {"rows": int(y.shape[0]), "x_dim": int(x.shape[1]) if x.shape[0] else 0}
+
+
+# ------------------------------------------------------------------------- driver side
+def _is_dataframe(data) -> bool:
+    try:
+        from pyspark.sql import DataFrame
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(data, DataFrame):
+        return True
+    try:  # Spark Connect DataFrames
+        from pyspark.sql.connect.dataframe import DataFrame as CDF
+        return isinstance(data, CDF)
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _is_rdd(data) -> bool:
+    from pyspark import RDD
+    return isinstance(data, RDD)
+
+
+def _dataframe_columns(df, features_col: str, label_col: str, dtype: str, classification: bool):
+    """Select features and label as Arrow-friendly array/double columns (JVM side)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    names = df.columns
+    for col, role in ((features_col, "features"), (label_col, "label")):
+        if col not in names:
+            raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {names})")
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    ftype = schema[features_col]
+    elem = "float" if dtype == "float32" else "double"
+    if isinstance(ftype, VectorUDT):
+        fcol = vector_to_array(F.col(features_col), dtype=dtype)
+    elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
+        fcol = F.col(features_col).cast(f"array<{elem}>")
+    else:
+        raise ValueError(f"features column {features_col!r} has type {ftype.simpleString()}; "
+                         f"use an ML Vector column or an array of numbers")
+    ltype = schema[label_col]
+    if isinstance(ltype, T.NumericType) or isinstance(ltype, T.BooleanType):
+        lcol = F.col(label_col).cast("double")
+    elif (not classification and isinstance(ltype, T.ArrayType)
+          and isinstance(ltype.elementType, T.NumericType)):
+        lcol = F.col(label_col).cast("array<double>")
+    elif not classification and isinstance(ltype, VectorUDT):
+        lcol = vector_to_array(F.col(label_col), dtype="float64")
+    else:
+        want = "numeric class ids (index strings with StringIndexer)" if classification \
+            else "numbers, arrays of numbers or Vectors"
+        raise ValueError(f"label column {label_col!r} has type {ltype.simpleString()}; use {want}")
+    return df.select(fcol.alias("x"), lcol.alias("y"))
+
+
+def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: str = "features",
+               label_col: str = "label", dtype: Any = np.float32, classification: bool = True,
+               n_classes: int | None = None, sample_shape: tuple | None = None, seed: int = 0,
+               what: str = "training data", name: str = "data") -> ShardedData:
+    """Put training data on the executors, one contiguous shard per partition, checked.
+
+    Args:
+        data: a Spark DataFrame (``features_col`` an ML Vector or array column,
+            ``label_col`` numeric), an RDD of ``(x, y)`` pairs, or a numpy array ``X``
+            (with ``y``).
+        y: labels when ``data`` is a numpy array.
+        sc: the SparkContext.
+        num_partitions: shards wanted; ``None`` keeps the DataFrame's/RDD's partitions
+            (numpy: ``sc.defaultParallelism``).
+        features_col: features column of a DataFrame.
+        label_col: label column of a DataFrame.
+        dtype: float dtype of the features (the model's).
+        classification: labels are class ids (checked integral and in range).
+        n_classes: number of classes (the model's outputs) for the range check.
+        sample_shape: per-sample shape the model expects (its ``input_shape``); the
+            flat feature length must equal its product.
+        seed: seeds the split of numpy input.
+        what: how messages call this data (``"training data"``, ``"validation data"``).
+        name: prefix of the resident state's key.
+
+    Returns:
+        :class:`ShardedData`.
+
+    Raises:
+        ValueError: missing column, unsupported column type, empty data, vectors of
+            different lengths, NaN/infinity/null, non-integer labels or labels outside
+            ``[0, n_classes)``, feature length not matching the model.
+    """
+    dtype = np.dtype(dtype).name
+    if num_partitions is not None and (isinstance(num_partitions, bool) or int(num_partitions) <= 0):
+        raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+    fcol, lcol = features_col, label_col
+    if _is_dataframe(data):
+        if y is not None:
+            raise ValueError("pass labels inside the DataFrame (label_col), not as y")
+        df = _dataframe_columns(data, features_col, label_col, dtype, classification)
+        if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
+            df = df.repartition(int(num_partitions))
+        res = Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name,
+                                      on_lost="rebuild")
+        source = "dataframe"
+    elif _is_rdd(data):
+        if y is not None:
+            raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
+        rdd = data
+        if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
+            rdd = rdd.repartition(int(num_partitions))
+        res = Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
+        source, fcol, lcol = "rdd", "x", "y"
+    else:
+        if y is None:
+            raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
+        X = check_array(data, name="X" if what == "training data" else "X_val", dtype=dtype)
+        yname = "y" if what == "training data" else "y_val"
+        if classification:
+            Y = check_labels(y, X.shape[0], n_classes, name=yname)
+        else:
+            Y = check_array(y, name=yname, dtype=dtype)
+            if Y.shape[0] != X.shape[0]:
+                raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
+        X = X.reshape(X.shape[0], -1)
+        parts = int(num_partitions or sc.defaultParallelism)
+        pieces = [(np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))
+                  for i in split_indices(X.shape[0], parts, seed)]
+        rdd = sc.parallelize(pieces, parts)
+        res = Resident(rdd, _NumpyBuild(), name=name, on_lost="rebuild")
+        source, fcol, lcol = "numpy", "X", "y"
+    try:
+        dim = _check_meta(res, what, source, fcol, lcol, classification, n_classes, sample_shape)
+    except ValueError:
+        res.close()
+        raise
+    return ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source)
+
+
+def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, classification: bool,
+                n_classes: int | None, sample_shape: tuple | None) -> int:
+    infos = res.infos
+    fdesc = f"features column {fcol!r}" if source == "dataframe" else ("x of the (x, y) pairs" if source == "rdd" else fcol)
+    ldesc = f"label column {lcol!r}" if source == "dataframe" else ("y of the (x, y) pairs" if source == "rdd" else lcol)
+    where = lambda info, r: f"partition {info.index}, row {r}"  # noqa: E731
+    for info in infos:
+        m = info.meta
+        if "pair_bad" in m:
+            k, t = m["pair_bad"]
+            raise ValueError(f"{what}: the RDD must hold (x, y) pairs; found a {t} ({where(info, k)})")
+        if "dtype_bad" in m:
+            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes {m['dtype_bad']}")
+        if "x_null" in m:
+            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m['x_null'])})")
+        if "x_lengths" in m:
+            lo, hi, r = m["x_lengths"]
+            raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({lo} and {hi}; "
+                             f"first odd one at {where(info, r)})")
+        if "y_null" in m:
+            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m['y_null'])})")
+        if "y_lengths" in m:
+            lo, hi, r = m["y_lengths"]
+            raise ValueError(f"{what}: {ldesc} holds arrays of different lengths ({lo} and {hi})")
+    total = sum(int(i.meta.get("rows", 0)) for i in infos)
+    if total == 0:
+        kind = {"dataframe": "the DataFrame has no rows", "rdd": "the RDD is empty",
+                "numpy": "no rows"}[source]
+        raise ValueError(f"{what} is empty: {kind}")
+    dims = {int(i.meta["x_dim"]) for i in infos if i.meta.get("rows", 0) and "x_dim" in i.meta}
+    if len(dims) > 1:
+        raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({min(dims)} and "
+                         f"{max(dims)}, in different partitions)")
+    dim = dims.pop() if dims else 0
+    if dim == 0:
+        raise ValueError(f"{what}: {fdesc} holds empty vectors (length 0)")
+    for info in infos:
+        m = info.meta
+        if "x_bad" in m:
+            r, c, v = m["x_bad"]
+            raise ValueError(f"{what}: {fdesc} contains {v} (NaN or infinity) at {where(info, r)}, "
+                             f"element {c}")
+        if "y_bad" in m:
+            raise ValueError(f"{what}: {ldesc} contains NaN or infinity ({where(info, m['y_bad'])})")
+        if classification and "y_nonint" in m:
+            raise ValueError(f"{what}: {ldesc} holds the non-integer label {m['y_nonint']}; "
+                             f"cross-entropy needs class ids")
+    if classification and n_classes is not None:
+        check_label_range(infos, n_classes, what, ldesc)
+    if sample_shape is not None and int(np.prod(sample_shape)) != dim:
+        raise ValueError(f"{what}: {fdesc} has {dim} values per row, the model expects "
+                         f"{int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
+    return dim
+
+
+def label_range(infos) -> tuple[float, float] | None:
+    """Smallest and largest class id over all shards (None without labels)."""
+    los = [i.meta["y_min"] for i in infos if "y_min" in i.meta]
+    his = [i.meta["y_max"] for i in infos if "y_max" in i.meta]
+    return (min(los), max(his)) if los else None
+
+
+def label_desc(source: str, label_col: str) -> str:
+    return {"dataframe": f"label column {label_col!r}", "rdd": "y of the (x, y) pairs"}.get(source, "y")
+
+
+def check_label_range(infos, n_classes: int, what: str, ldesc: str) -> None:
+    """Raise ``ValueError`` when a class id lies outside ``[0, n_classes)``."""
+    rng = label_range(infos)
+    if rng is None:
+        return
+    lo, hi = rng
+    if lo < 0 or hi >= n_classes:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what}: {ldesc} holds the label {bad:g}, outside [0, {n_classes}) "
+                         f"(the model has {n_classes} outputs)")

@@ -1,0 +1,603 @@
+"""Data-parallel training on Spark with synchronous parameter-server rounds.
+
+The training data is split across Spark partitions and stays resident on the
+executors for the whole fit (:mod:`sparknet.cluster.data`,
+:mod:`sparknet.cluster.resident`).  The driver is the parameter server
+(:mod:`sparknet.cluster.params`): each *round* broadcasts the flat parameter vector,
+every partition works on its shard, and one parameter-sized vector per partition comes
+back and is summed.
+
+Two synchronous flavours (``sync=``):
+
+``"gradient"`` -- exact minibatch SGD.
+    Every round is one step on one *global* minibatch of ``batch_size`` rows: each
+    partition computes the gradient of the loss *sum* over its slice of that
+    minibatch, the sums are added, divided by the global row count, and the driver's
+    optimizer takes one step.  This is the same computation as single-process
+    training on the same global minibatches (equal to float rounding).
+``"average"`` -- local steps then average (SparkNet's tau).
+    Every round, each partition starts from the broadcast parameters, runs ``tau``
+    optimizer steps of ``batch_size`` rows on its own shard, and returns its weight
+    delta; the driver adds the row-weighted mean delta to the parameters.  Each
+    partition keeps *its own* optimizer state (RMSprop's running squared-gradient
+    average, momentum buffers, step count) resident next to its shard across rounds
+    and epochs, so the state follows that partition's gradient statistics and is
+    never reset or shipped.  ``tau`` defaults to the smallest number of steps that
+    keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round, measured by a
+    probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`).
+
+The minibatch schedule (documented because it is the contract the exactness test
+checks): in epoch ``e`` (0-based), partition ``p`` with ``n_p`` rows permutes them with
+``numpy.random.default_rng([seed, e, p]).permutation(n_p)`` and cuts the permutation
+into ``R`` consecutive chunks, chunk ``r`` being rows ``[n_p*r//R, n_p*(r+1)//R)``.
+Round ``r`` of the epoch uses chunk ``r`` of every partition.  With
+``sync="gradient"``, ``R = ceil(N / batch_size)`` (``N`` rows in all), so round ``r``'s
+global minibatch is the union of the chunks.  With ``sync="average"``, each chunk is
+processed in local minibatches of ``batch_size`` rows, in order.
+
+Example::
+
+    from sparknet.cluster import DataParallelTrainer
+    trainer = DataParallelTrainer(model, spark, num_partitions=2)
+    model, history = trainer.fit(df, epochs=10, batch_size=64, validation_data=val_df)
+    history["val_accuracy"][-1], history["spark_overhead"]
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from sparknet import losses as losses_mod
+from sparknet import optim as optim_mod
+from sparknet.cluster.cost import RoundCostModel
+from sparknet.cluster.data import ShardedData, check_label_range, label_desc, shard_data
+from sparknet.cluster.params import STATS, ParameterServer, RoundResult
+from sparknet.model import History, Sequential
+
+log = logging.getLogger(__name__)
+
+_SYNC = ("gradient", "average")
+
+# ------------------------------------------------------------------------- executor side
+#: fit key -> the worker's copy of the model (rebuilt from its config once per fit).
+_MODELS: dict[str, Sequential] = {}
+_BLAS_LIMIT: list[int] = []
+
+
+@dataclass
+class _FitSpec:
+    """What every task of a fit needs (small; travels with each task)."""
+
+    key: str
+    config: dict
+    loss: str
+    optimizer: tuple[str, dict]
+    batch_size: int
+    seed: int
+    input_shape: tuple[int, ...]
+    classification: bool
+    int_input: bool
+    y_shape: tuple[int, ...] = ()
+
+
+def _limit_blas(cpus: int) -> None:
+    """Limit BLAS threads in this Python worker to the task's cores (once per worker)."""
+    if _BLAS_LIMIT and _BLAS_LIMIT[0] == cpus:
+        return
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(limits=max(1, int(cpus)))
+    _BLAS_LIMIT[:] = [cpus]
+
+
+def _worker_model(spec: _FitSpec) -> Sequential:
+    model = _MODELS.get(spec.key)
+    if model is None:
+        _MODELS.clear()  # one fit at a time per worker: free the previous fit's model
+        model = Sequential.from_config(spec.config)
+        if not model.built:
+            model.build(spec.input_shape)
+        _MODELS[spec.key] = model
+    return model
+
+
+def _round_rows(n: int, seed: int, epoch: int, index: int, rnd: int, rounds: int) -> np.ndarray:
+    perm = np.random.default_rng([seed, epoch, index]).permutation(n)
+    return perm[n * rnd // rounds: n * (rnd + 1) // rounds]
+
+
+class _RoundTask:
+    """One partition's part of a round.  ``kind`` is ``"gradient"``, ``"average"``,
+    ``"eval"`` or ``"probe"`` (timed local steps, nothing kept)."""
+
+    def __init__(self, spec: _FitSpec, bc, kind: str, epoch: int = 0, rnd: int = 0,
+                 rounds: int = 1, probe_steps: int = 0) -> None:
+        self.spec, self.bc, self.kind = spec, bc, kind
+        self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
+
+    def _batch(self, x, y, rows):
+        spec = self.spec
+        xb = x[rows].reshape((len(rows),) + spec.input_shape)
+        if spec.int_input:
+            xb = xb.astype(np.int64)
+        yb = y[rows]
+        if spec.y_shape:
+            yb = yb.reshape((len(rows),) + spec.y_shape)
+        return xb, yb
+
+    def __call__(self, index: int, shard):
+        from pyspark import TaskContext
+
+        tc = TaskContext.get()
+        _limit_blas(tc.cpus() if tc is not None else 1)
+        spec = self.spec
+        x, y = shard["x"], shard["y"]
+        n = int(y.shape[0])
+        stats = np.zeros(len(STATS))
+        if n == 0:
+            return [RoundResult(None, stats, [0.0])]
+        t0 = time.perf_counter()
+        model = _worker_model(spec)
+        model.set_params(self.bc.value)
+        loss = losses_mod.get(spec.loss)
+        for i, layer in enumerate(model.layers):  # dropout & co: seeded per task
+            layer.rng = np.random.default_rng([spec.seed, self.epoch, self.rnd, index, i, 7])
+        vec = None
+        if self.kind == "eval":
+            for lo in range(0, n, 1024):
+                rows = np.arange(lo, min(n, lo + 1024))
+                xb, yb = self._batch(x, y, rows)
+                s, w, c = model.loss_and_grad(xb, yb, loss, need_grad=False, training=False)
+                stats += (s, w, 0.0 if math.isnan(c) else c, len(rows), 0)
+        elif self.kind == "gradient":
+            rows = _round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)
+            if len(rows) == 0:
+                return [RoundResult(None, stats, [time.perf_counter() - t0])]
+            xb, yb = self._batch(x, y, rows)
+            s, w, c = model.loss_and_grad(xb, yb, loss, scale=1.0)
+            vec = np.array(model.grads, copy=True)
+            stats += (s, w, 0.0 if math.isnan(c) else c, len(rows), 1)
+        else:
+            probe = self.kind == "probe"
+            if probe:
+                rng = np.random.default_rng([spec.seed, 99, index])
+                rows = rng.integers(0, n, size=spec.batch_size * self.probe_steps)
+            else:
+                rows = _round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)
+            if len(rows) == 0:
+                return [RoundResult(None, stats, [time.perf_counter() - t0])]
+            opt = optim_mod.from_config(*spec.optimizer)
+            if not probe:  # this partition's optimizer state, resident across rounds
+                P = model.n_params
+                opt.state = {k: shard.ensure(f"opt_{k}", (P,), model.dtype) for k in opt._needs()}
+                t_arr = shard.ensure("opt_t", (1,), np.int64)
+                opt.t = int(t_arr[0])
+            start = np.array(model.params, copy=True)
+            b = spec.batch_size
+            for lo in range(0, len(rows), b):
+                xb, yb = self._batch(x, y, rows[lo:lo + b])
+                s, w, c = model.loss_and_grad(xb, yb, loss)
+                opt.step(model.params, model.grads)
+                stats += (s, w, 0.0 if math.isnan(c) else c, xb.shape[0], 1)
+            if not probe:
+                t_arr[0] = opt.t
+            # row-weighted delta: the driver divides the sum by the rows of all partitions
+            vec = (model.params - start) * model.dtype.type(len(rows))
+        return [RoundResult(vec, stats, [time.perf_counter() - t0])]
+
+
+# --------------------------------------------------------------------------- driver side
+@dataclass
+class _RoundLog:
+    wall: float = 0.0
+    compute: float = 0.0
+    rounds: int = 0
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
+
+
+#: Extra training modes registered by other modules: name -> ``f(trainer, ctx, epoch)``
+#: running one epoch and returning ``(stats array, wall seconds, compute seconds, rounds)``.
+EPOCH_RUNNERS: dict[str, Callable] = {}
+
+
+def register_mode(name: str, runner: Callable) -> None:
+    """Register an epoch runner for ``DataParallelTrainer(mode=name)`` (e.g. asynchronous rounds)."""
+    EPOCH_RUNNERS[name] = runner
+
+
+class DataParallelTrainer:
+    """Train a :class:`~sparknet.model.Sequential` on Spark by data parallelism.
+
+    Any model whose layers are registered (every layer of :mod:`sparknet.layers`)
+    works: it travels to the executors as its JSON config plus the flat parameter
+    vector.
+
+    Args:
+        model: the model to train (updated in place; built from the data's feature
+            length when not built yet).
+        spark: a ``SparkSession`` (default: the active one, or a new ``local[*]`` one via
+            :func:`sparknet.cluster.session.get_spark`).
+        num_partitions: shards of the training data; default: the DataFrame's/RDD's
+            partitions, or ``defaultParallelism`` for numpy input.
+        mode: ``"sync"`` (synchronous rounds); other modes can be added with
+            :func:`register_mode`.
+        sync: ``"average"`` (default: tau local steps then average the deltas) or
+            ``"gradient"`` (exact minibatch SGD, one global step per round).
+        local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
+            the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
+            round (measured; at most one epoch per round).
+        optimizer: an :class:`~sparknet.optim.Optimizer` or its name (default RMSprop).
+            ``"gradient"``: the driver's optimizer.  ``"average"``: the configuration
+            of each partition's local optimizer (its state stays on the partition).
+        loss: ``"cross_entropy"``, ``"mse"`` or a Loss; default the model's loss.
+        max_overhead: target share of Spark's fixed cost in a round (default 0.1).
+        reduce: how round results come back: ``"tree"`` (``treeAggregate``, default) or
+            ``"accumulator"`` (numpy ``AccumulatorParam``).
+        seed: seeds the data split and the per-epoch shuffles; default the model's seed.
+
+    Raises:
+        ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps`` or
+            ``max_overhead``.
+    """
+
+    def __init__(self, model: Sequential, spark=None, num_partitions: int | None = None,
+                 mode: str = "sync", sync: str = "average", local_steps: "int | str" = "auto",
+                 optimizer: "optim_mod.Optimizer | str | None" = None,
+                 loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
+                 reduce: str = "tree", seed: int | None = None) -> None:
+        if not isinstance(model, Sequential):
+            raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
+        if mode != "sync" and mode not in EPOCH_RUNNERS:
+            raise ValueError(f"mode must be 'sync'{''.join(', ' + repr(m) for m in EPOCH_RUNNERS)}, "
+                             f"got {mode!r}")
+        if sync not in _SYNC:
+            raise ValueError(f"sync must be 'gradient' or 'average', got {sync!r}")
+        if local_steps != "auto" and (isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer))
+                                      or local_steps <= 0):
+            raise ValueError(f"local_steps must be a positive integer or 'auto', got {local_steps!r}")
+        if not 0.0 < float(max_overhead) < 1.0:
+            raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
+        if reduce not in ("tree", "accumulator"):
+            raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
+        if num_partitions is not None and (isinstance(num_partitions, bool) or
+                                           not isinstance(num_partitions, (int, np.integer)) or
+                                           num_partitions <= 0):
+            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+        self.model = model
+        self._spark = spark
+        self.num_partitions = None if num_partitions is None else int(num_partitions)
+        self.mode, self.sync, self.local_steps = mode, sync, local_steps
+        self.optimizer = optim_mod.get(optimizer)
+        if loss is not None:
+            model._loss = losses_mod.get(loss)
+        self.max_overhead = float(max_overhead)
+        self.reduce = reduce
+        self.seed = model.seed if seed is None else int(seed)
+        self.cost: RoundCostModel | None = None
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            from sparknet.cluster.session import get_spark
+            self._spark = get_spark()
+        return self._spark
+
+    # ----------------------------------------------------------------- fit
+    def fit(self, data, y=None, epochs: int = 10, batch_size: int = 32, validation_data=None,
+            features_col: str = "features", label_col: str = "label",
+            verbose: int = 1) -> tuple[Sequential, History]:
+        """Train for ``epochs`` passes over ``data``.
+
+        Args:
+            data: a Spark DataFrame (``features_col``: ML Vector or array column;
+                ``label_col``: class ids, or targets for MSE), an RDD of ``(x, y)``
+                pairs, or a numpy array of inputs (then pass ``y``).
+            y: labels/targets for numpy ``data``.
+            epochs: passes over the training data.
+            batch_size: ``sync="gradient"``: rows of each global minibatch (split over
+                the partitions); ``sync="average"``: rows of each local minibatch.
+            validation_data: held-out data evaluated after every epoch on the
+                executors: a DataFrame (same columns), an RDD of pairs or ``(X, y)``.
+            features_col: features column of DataFrames.
+            label_col: label column of DataFrames.
+            verbose: 1 shows a progress bar on the driver (rounds, running loss); 0 none.
+
+        Returns:
+            ``(model, history)``: the trained model (the object passed in, updated in
+            place) and a :class:`~sparknet.model.History` with, per epoch, ``loss``,
+            ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``time``,
+            ``rounds``, ``local_steps`` and ``spark_overhead`` (the measured share of
+            the epoch's round time not spent computing in the slowest task).
+
+        Raises:
+            ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
+                labels out of range, empty data), always before the first round.
+        """
+        from sparknet.model import _positive
+        from sparknet.progress import progress_bar
+
+        epochs = _positive(epochs, "epochs")
+        batch_size = _positive(batch_size, "batch_size")
+        model = self.model
+        sc = self.spark.sparkContext
+        classification = _is_classifier(model)
+        key = uuid.uuid4().hex[:12]
+
+        # numpy input: build the model from its shape before splitting (labels checked on the driver)
+        if not model.built and isinstance(data, np.ndarray) and data.ndim >= 2:
+            model.build(data.shape[1:])
+        n_classes = model.output_shape[-1] if (model.built and classification) else None
+        sc.setJobDescription("sparknet: loading training data onto the executors")
+        train = val = None
+        ps = None
+        try:
+            train = shard_data(data, y, sc=sc, num_partitions=self.num_partitions,
+                               features_col=features_col, label_col=label_col, dtype=model.dtype,
+                               classification=classification, n_classes=n_classes,
+                               sample_shape=model.input_shape, seed=self.seed,
+                               what="training data", name=f"train-{key}")
+            if not model.built:
+                model.build((train.dim,))
+            loss = model.loss
+            if classification:
+                check_label_range(train.resident.infos, model.output_shape[-1], "training data",
+                                  label_desc(train.source, label_col))
+            if validation_data is not None:
+                vdata, vy = _split_validation(validation_data)
+                sc.setJobDescription("sparknet: loading validation data onto the executors")
+                val = shard_data(vdata, vy, sc=sc, num_partitions=train.num_partitions,
+                                 features_col=features_col, label_col=label_col, dtype=model.dtype,
+                                 classification=classification,
+                                 n_classes=model.output_shape[-1] if classification else None,
+                                 sample_shape=model.input_shape, seed=self.seed,
+                                 what="validation data", name=f"val-{key}")
+                if classification:
+                    check_label_range(val.resident.infos, model.output_shape[-1], "validation data",
+                                      label_desc(val.source, label_col))
+            spec = _FitSpec(
+                key=key, config=model.get_config(), loss=loss.name,
+                optimizer=(self.optimizer.name, self.optimizer.get_config()),
+                batch_size=batch_size, seed=self.seed, input_shape=tuple(model.input_shape),
+                classification=classification,
+                int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
+                y_shape=() if classification else tuple(model.output_shape))
+            ps = ParameterServer(sc, model.params, reduce=self.reduce)
+            ctx = _FitContext(self, spec, train, val, ps, epochs, batch_size)
+            ctx.calibrate()
+            self.cost = ctx.cost
+            history = History()
+            log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
+                     "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
+                     self.sync, ctx.describe_round(), ctx.rounds,
+                     100 * ctx.cost.overhead(ctx.steps_per_round))
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                with progress_bar(total=ctx.rounds, desc=f"epoch {epoch + 1}/{epochs}", unit="round",
+                                  disable=not verbose) as bar:
+                    if self.mode == "sync":
+                        rl = ctx.sync_epoch(epoch, bar)
+                    else:
+                        rl = EPOCH_RUNNERS[self.mode](self, ctx, epoch)
+                st = dict(zip(STATS, rl.stats))
+                w = max(st["weight_sum"], 1e-12)
+                logs = {"loss": st["loss_sum"] / w}
+                if classification:
+                    logs["accuracy"] = st["correct"] / w
+                if val is not None:
+                    logs.update(ctx.evaluate(val, f"sparknet epoch {epoch + 1}/{epochs} validation"))
+                logs["time"] = time.perf_counter() - t0
+                logs["rounds"] = rl.rounds
+                logs["local_steps"] = st["steps"] / max(rl.rounds * max(1, train.num_partitions), 1)
+                logs["spark_overhead"] = 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0
+                history.append(epoch, **logs)
+                log.info("epoch %d/%d: %s", epoch + 1, epochs,
+                         ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+                if not np.isfinite(logs["loss"]):
+                    raise FloatingPointError(f"training loss became {logs['loss']} in epoch {epoch + 1}; "
+                                             f"lower the learning rate (now {self.optimizer.lr})")
+            model.optimizer = self.optimizer
+            return model, history
+        finally:
+            sc.setJobDescription(None)
+            if ps is not None:
+                ps.close()
+            for d in (train, val):
+                if d is not None:
+                    d.close()
+
+    def evaluate(self, data, y=None, features_col: str = "features", label_col: str = "label") -> dict:
+        """Mean loss (and accuracy) of the model on ``data`` (any input :meth:`fit` takes),
+        computed on the executors."""
+        model = self.model
+        if not model.built:
+            raise RuntimeError("the model is not built: fit it first")
+        sc = self.spark.sparkContext
+        classification = model.loss.is_classification
+        key = uuid.uuid4().hex[:12]
+        d = shard_data(data, y, sc=sc, num_partitions=self.num_partitions, features_col=features_col,
+                       label_col=label_col, dtype=model.dtype, classification=classification,
+                       n_classes=model.output_shape[-1] if classification else None,
+                       sample_shape=model.input_shape, seed=self.seed, what="evaluation data",
+                       name=f"eval-{key}")
+        ps = ParameterServer(sc, model.params, reduce=self.reduce)
+        try:
+            if classification:
+                check_label_range(d.resident.infos, model.output_shape[-1], "evaluation data",
+                                  label_desc(d.source, label_col))
+            spec = _FitSpec(key=key, config=model.get_config(), loss=model.loss.name,
+                            optimizer=(self.optimizer.name, self.optimizer.get_config()), batch_size=1,
+                            seed=self.seed, input_shape=tuple(model.input_shape),
+                            classification=classification,
+                            int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
+                            y_shape=() if classification else tuple(model.output_shape))
+            ctx = _FitContext(self, spec, d, None, ps, 1, 1)
+            out = ctx.evaluate(d, "sparknet evaluate")
+            return {k[4:]: v for k, v in out.items()}
+        finally:
+            ps.close()
+            d.close()
+
+
+def _is_classifier(model: Sequential) -> bool:
+    """Whether the model's loss takes class ids (known before the model is built)."""
+    if model.built or model._loss is not None:
+        return model.loss.is_classification
+    last = model.layers[-1] if model.layers else None
+    return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
+
+
+def _split_validation(validation_data):
+    from sparknet.cluster.data import _is_dataframe, _is_rdd
+    if _is_dataframe(validation_data) or _is_rdd(validation_data):
+        return validation_data, None
+    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
+        return validation_data[0], validation_data[1]
+    raise ValueError("validation_data must be a DataFrame, an RDD of (x, y) pairs or a tuple (X_val, y_val)")
+
+
+class _FitContext:
+    """The state of one fit on the driver: rounds, calibration, evaluation."""
+
+    def __init__(self, trainer: DataParallelTrainer, spec: _FitSpec, train: ShardedData,
+                 val: ShardedData | None, ps: ParameterServer, epochs: int, batch_size: int) -> None:
+        self.trainer, self.spec, self.train, self.val, self.ps = trainer, spec, train, val, ps
+        self.epochs, self.batch_size = epochs, batch_size
+        self.model = trainer.model
+        self.sc = ps.sc
+        self.cost: RoundCostModel | None = None
+        self.rounds = 1
+        self.steps_per_round = 1
+
+    def describe_round(self) -> str:
+        if self.trainer.sync == "gradient":
+            return f"1 global step of {self.batch_size} rows"
+        return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
+
+    # -- calibration ------------------------------------------------------
+    def _probe(self, steps: int) -> tuple[float, float]:
+        """One timed round that changes nothing: (wall seconds, slowest task compute)."""
+        t0 = time.perf_counter()
+        bc = self.ps.broadcast()
+        task = _RoundTask(self.spec, bc, "probe", probe_steps=steps)
+        rdd = self.train.resident.mapPartitions(task)
+        self.sc.setJobDescription("sparknet: calibrating the round length")
+        res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
+        return time.perf_counter() - t0, max(res.times) if res.times else 0.0
+
+    def calibrate(self) -> None:
+        """Measure Spark's fixed cost and the compute of a local step; size the rounds."""
+        tr, sync = self.trainer, self.trainer.sync
+        n_max = max(self.train.rows)
+        if sync == "gradient":
+            per_part = math.ceil(self.batch_size * n_max / max(self.train.total, 1))
+            self.rounds = math.ceil(self.train.total / self.batch_size)
+        else:
+            per_part = self.batch_size
+        probe_steps = 4
+        saved = self.spec.batch_size
+        self.spec.batch_size = max(1, per_part)
+        try:
+            self._probe(1)  # warm-up: worker start, model build, attach
+            fixed, step = [], []
+            for k in (1, 1 + probe_steps):
+                wall, comp = self._probe(k)
+                fixed.append(wall - comp)
+                step.append(comp / k)
+        finally:
+            self.spec.batch_size = saved
+        # per-step compute: the difference of the two probes removes per-task setup
+        t_step = max((step[1] * (1 + probe_steps) - step[0]) / probe_steps, 1e-6)
+        t_fixed = max(min(fixed), 1e-4)
+        self.cost = RoundCostModel(t_fixed, t_step, int(self.model.params.nbytes))
+        if sync == "gradient":
+            self.steps_per_round = 1
+            over = self.cost.overhead(1)
+            if over > tr.max_overhead:
+                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
+                            "compute) against %.0f ms of Spark's fixed cost (predicted share %.0f%%); "
+                            "a larger batch_size or sync='average' amortises it", self.batch_size,
+                            1e3 * t_step, 1e3 * t_fixed, 100 * over)
+            return
+        steps_epoch = max(1, math.ceil(n_max / self.batch_size))
+        if tr.local_steps == "auto":
+            tau = self.cost.steps_for(tr.max_overhead)
+            self.rounds = max(1, steps_epoch // tau)
+        else:
+            self.rounds = max(1, math.ceil(steps_epoch / int(tr.local_steps)))
+        self.steps_per_round = math.ceil(steps_epoch / self.rounds)
+        if self.cost.overhead(self.steps_per_round) > tr.max_overhead:
+            log.info("an epoch holds only %d local steps per partition (%.0f ms); Spark's fixed "
+                     "cost of %.0f ms per round stays above %.0f%% of a round", steps_epoch,
+                     1e3 * steps_epoch * t_step, 1e3 * t_fixed, 100 * tr.max_overhead)
+
+    # -- rounds -----------------------------------------------------------
+    def sync_epoch(self, epoch: int, bar) -> _RoundLog:
+        tr, model = self.trainer, self.model
+        rl = _RoundLog()
+        E, R = self.epochs, self.rounds
+        for r in range(R):
+            t0 = time.perf_counter()
+            bc = self.ps.broadcast()
+            task = _RoundTask(self.spec, bc, tr.sync, epoch=epoch, rnd=r, rounds=R)
+            rdd = self.train.resident.mapPartitions(task)
+            self.sc.setJobDescription(f"sparknet epoch {epoch + 1}/{E} round {r + 1}/{R}")
+            res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
+            if res.vec is not None:
+                if tr.sync == "gradient":
+                    w = res.stat("weight_sum")
+                    grad = res.vec / model.dtype.type(w) if w > 0 else res.vec * 0
+                    tr.optimizer.step(model.params, np.ascontiguousarray(grad, dtype=model.dtype))
+                else:
+                    rows = res.stat("samples")
+                    if rows > 0:
+                        model.params += (res.vec / model.dtype.type(rows)).astype(model.dtype, copy=False)
+            rl.wall += time.perf_counter() - t0
+            rl.compute += max(res.times) if res.times else 0.0
+            rl.rounds += 1
+            rl.stats += res.stats
+            bar.update(1)
+            w = max(rl.stats[1], 1e-12)
+            post = {"loss": f"{rl.stats[0] / w:.4f}"}
+            if self.spec.classification:
+                post["acc"] = f"{rl.stats[2] / w:.4f}"
+            bar.set_postfix(post, refresh=False)
+        return rl
+
+    def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:
+        bc = self.ps.broadcast()
+        rdd = data.resident.mapPartitions(_RoundTask(self.spec, bc, "eval"))
+        self.sc.setJobDescription(description)
+        res = data.resident.run_action(lambda: self.ps.gather(rdd))
+        w = max(res.stat("weight_sum"), 1e-12)
+        out = {"val_loss": res.stat("loss_sum") / w}
+        if self.spec.classification:
+            out["val_accuracy"] = res.stat("correct") / w
+        return out
+
+
+def demo(spark=None, epochs: int = 30, num_partitions: int = 2, verbose: int = 1) -> float:
+    """Train a 64-128-10 MLP on scikit-learn's digits on Spark and return its test accuracy.
+
+    Args:
+        spark: a SparkSession (default: the active one or a new ``local[*]`` one).
+        epochs: passes over the training set.
+        num_partitions: data shards.
+        verbose: 1 shows the progress bar.
+
+    Returns:
+        accuracy on the held-out quarter of digits.
+    """
+    from sparknet.datasets import load_digits
+    from sparknet.layers import Dense
+
+    X, y, Xt, yt = load_digits()
+    model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=num_partitions, sync="average",
+                                  optimizer=optim_mod.RMSprop(lr=2e-3))
+    trainer.fit(X, y, epochs=epochs, batch_size=32, validation_data=(Xt, yt), verbose=verbose)
+    return float(model.evaluate(Xt, yt)["accuracy"])
