@@ -294,6 +294,36 @@ def test_float32_agrees_with_float64():
     assert np.linalg.norm(g32 - g64) <= 1e-4 * np.linalg.norm(g64)
 
 
+@pytest.mark.parametrize("shape,filters,k,s,pad,d", [
+    ((13, 11, 3), 45, 3, 1, "same", 1),    # row and column tails in every GEMM
+    ((9, 10, 7), 13, (2, 3), 2, "valid", 1),
+    ((8, 8, 5), 33, 1, 1, "valid", 1),     # 1x1 path
+    ((12, 9, 2), 17, 3, (1, 2), "same", 2),
+])
+def test_float32_avx512_gemm_matches_blas(shape, filters, k, s, pad, d):
+    """float32 convolutions use the AVX-512 GEMM of csrc/sgemm_avx512.h when the CPU has
+    it; it must agree with the BLAS path on forward and backward."""
+    from sparknet import _conv
+    if _conv.set_gemm_backend("auto") != "avx512":
+        pytest.skip("this CPU has no AVX-512: float32 convolutions use BLAS only")
+    model = Sequential([Conv2D(filters, k, strides=s, padding=pad, dilation=d, activation="relu")],
+                       input_shape=shape, seed=1)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((7,) + shape).astype(np.float32)
+    dout = rng.standard_normal((7,) + model.output_shape).astype(np.float32)
+    results = []
+    try:
+        for backend in ("avx512", "blas"):
+            _conv.set_gemm_backend("auto" if backend == "avx512" else "blas")
+            y = model.forward(x, training=True)
+            dx = model.backward(dout.copy())
+            results.append((y, dx, model.grads.copy()))
+    finally:
+        _conv.set_gemm_backend("auto")
+    for a, b in zip(*results):
+        assert np.linalg.norm(a - b) <= 1e-5 * np.linalg.norm(b)
+
+
 # --------------------------------------------------------------- bad input
 def test_bad_constructor_arguments_name_the_problem():
     with pytest.raises(ValueError, match="filters must be a positive integer"):

@@ -25,16 +25,178 @@ never exists whole.  A 1x1 convolution with stride 1 and no padding skips im2col
 """
 from cython cimport floating
 from libc.string cimport memcpy, memset
+from posix.time cimport clock_gettime, timespec, CLOCK_THREAD_CPUTIME_ID
 from sparknet._blas cimport gemm
-from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY
+from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY, ACT_RELU
 
-# Bytes of column buffer processed per chunk (fits the 1-2 MiB L2 of current CPUs with
-# room for the GEMM's own blocks).
-DEF CHUNK_BYTES = 262144
+cdef extern from "conv_kernels.h" nogil:
+    void sn_bias_relu_f(float* y, const float* b, Py_ssize_t rows, Py_ssize_t F, int relu)
+    void sn_bias_relu_d(double* y, const double* b, Py_ssize_t rows, Py_ssize_t F, int relu)
+    void sn_relu_grad_bias_grad_f(const float* y, float* d, float* db, Py_ssize_t rows,
+                                  Py_ssize_t F, int relu)
+    void sn_relu_grad_bias_grad_d(const double* y, double* d, double* db, Py_ssize_t rows,
+                                  Py_ssize_t F, int relu)
+
+
+cdef extern from "sgemm_avx512.h" nogil:
+    int sn_cpu_has_avx512()
+    void sn_sgemm_avx512(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* A,
+                         Py_ssize_t ars, Py_ssize_t aps, const float* B, Py_ssize_t ldb,
+                         float* C, Py_ssize_t ldc, int accumulate, Py_ssize_t kc_max)
+
+# float32 GEMMs go to the AVX-512 kernel of csrc/sgemm_avx512.h when the CPU has AVX-512
+# (it is tuned for these skinny shapes and does not depend on how BLAS was built);
+# float64 and other CPUs use BLAS.
+cdef bint _have_avx512 = sn_cpu_has_avx512() != 0
+cdef bint _own_gemm = _have_avx512
+
+
+def set_gemm_backend(str name):
+    """Choose the float32 GEMM: ``"auto"`` (the AVX-512 kernel when the CPU has it, else
+    BLAS) or ``"blas"``.  Returns the backend now in use (``"avx512"`` or ``"blas"``)."""
+    global _own_gemm
+    if name not in ("auto", "blas"):
+        raise ValueError(f"gemm backend must be 'auto' or 'blas', got {name!r}")
+    _own_gemm = _have_avx512 and name == "auto"
+    return gemm_backend()
+
+
+def gemm_backend():
+    """``"avx512"`` or ``"blas"``: what float32 convolutions use now."""
+    return "avx512" if _own_gemm else "blas"
+
+
+cdef inline void _gemm_nn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
+                          Py_ssize_t ldc) noexcept nogil:
+    """``C = A @ B`` (row-major, overwritten)."""
+    if floating is float:
+        if _own_gemm:
+            sn_sgemm_avx512(M, N, K, A, lda, 1, B, ldb, C, ldc, 0, 1024)
+            return
+    gemm(False, False, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
+         <floating>0, C, <int>ldc)
+
+
+cdef inline void _gemm_tn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
+                          Py_ssize_t ldc) noexcept nogil:
+    """``C = A.T @ B`` with A stored (K, M) (row-major, overwritten)."""
+    if floating is float:
+        if _own_gemm:
+            sn_sgemm_avx512(M, N, K, A, 1, lda, B, ldb, C, ldc, 0, 128)
+            return
+    gemm(True, False, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
+         <floating>0, C, <int>ldc)
+
+
+cdef inline void _gemm_nt(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb,
+                          const floating* BT, floating* C, Py_ssize_t ldc) noexcept nogil:
+    """``C = A @ B.T`` with B stored (N, K); ``BT`` is the same matrix transposed, (K, N)
+    row-major (the AVX-512 kernel reads it)."""
+    if floating is float:
+        if _own_gemm:
+            sn_sgemm_avx512(M, N, K, A, lda, 1, BT, N, C, ldc, 0, 1024)
+            return
+    gemm(False, True, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
+         <floating>0, C, <int>ldc)
+
+
+cdef inline void _bias_act(floating* y, const floating* b, Py_ssize_t rows, Py_ssize_t F,
+                           int act) noexcept nogil:
+    """Rows x F in place: y + b (b may be NULL), then the activation."""
+    cdef Py_ssize_t i, j
+    if act == ACT_IDENTITY or act == ACT_RELU:
+        if floating is float:
+            sn_bias_relu_f(y, b, rows, F, act == ACT_RELU)
+        else:
+            sn_bias_relu_d(y, b, rows, F, act == ACT_RELU)
+        return
+    for i in range(rows):
+        if b != NULL:
+            for j in range(F):
+                y[j] = y[j] + b[j]
+        act_forward_row(act, y, F)
+        y += F
+
+
+cdef inline void _act_grad_bias_grad(const floating* y, floating* d, floating* db,
+                                     Py_ssize_t rows, Py_ssize_t F, int act) noexcept nogil:
+    """``d <- d * act'`` (through the output y), then ``db = d.sum(0)`` if db is not NULL."""
+    cdef Py_ssize_t i, j
+    if act == ACT_IDENTITY or act == ACT_RELU:
+        if floating is float:
+            sn_relu_grad_bias_grad_f(y, d, db, rows, F, act == ACT_RELU)
+        else:
+            sn_relu_grad_bias_grad_d(y, d, db, rows, F, act == ACT_RELU)
+        return
+    if db != NULL:
+        for j in range(F):
+            db[j] = 0
+    for i in range(rows):
+        act_backward_row(act, y + i * F, d + i * F, F)
+        if db != NULL:
+            for j in range(F):
+                db[j] = db[j] + d[i * F + j]
+
+# Bytes of column buffer processed per chunk: small enough to stay in the L2 cache between
+# im2col and GEMM (or GEMM and col2im), large enough for the GEMM to run at full speed.
+cdef Py_ssize_t _chunk_bytes = 1 << 20
+
+
+def set_chunk_bytes(Py_ssize_t nbytes):
+    """Set the column-chunk size in bytes (a tuning knob; returns the previous value)."""
+    global _chunk_bytes
+    old = _chunk_bytes
+    if nbytes < 1:
+        raise ValueError(f"chunk size must be positive, got {nbytes}")
+    _chunk_bytes = nbytes
+    return old
+
+
+# --------------------------------------------------------------------------- profiling
+# CPU seconds of the calling thread spent per phase, accumulated while profiling is on
+# (benchmarks only; thread CPU time is robust to other processes sharing the machine).
+DEF N_PHASES = 7
+PHASES = ("im2col", "gemm_forward", "bias_activation", "activation_grad_bias_grad",
+          "gemm_weight_grad", "gemm_input_grad", "col2im")
+cdef double _prof[N_PHASES]
+cdef bint _profiling = False
+
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts)
+    return ts.tv_sec + 1e-9 * ts.tv_nsec
+
+
+cdef inline double _tick(int phase, double t0) noexcept nogil:
+    """Add the time since ``t0`` to ``phase`` (when profiling); return the current time."""
+    cdef double t
+    if not _profiling:
+        return 0
+    t = _now()
+    _prof[phase] += t - t0
+    return t
+
+
+def set_profiling(bint on):
+    """Turn per-phase timing of the conv kernels on or off (and reset the counters)."""
+    global _profiling
+    cdef int i
+    _profiling = on
+    for i in range(N_PHASES):
+        _prof[i] = 0
+
+
+def profile():
+    """Seconds spent per phase since :func:`set_profiling` (``PHASES`` order, as a dict)."""
+    return {PHASES[i]: _prof[i] for i in range(N_PHASES)}
 
 
 cdef inline Py_ssize_t _chunk_rows(Py_ssize_t K, Py_ssize_t itemsize, Py_ssize_t P) noexcept nogil:
-    cdef Py_ssize_t r = CHUNK_BYTES // (K * itemsize)
+    cdef Py_ssize_t r = _chunk_bytes // (K * itemsize)
     if r < 64:
         r = 64
     if r > P:
@@ -206,6 +368,7 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
     cdef Py_ssize_t r0, r1, i, j
     cdef floating* c
     cdef floating* y
+    cdef double t = _now() if _profiling else 0
     with nogil:
         r0 = 0
         while r0 < P:
@@ -215,15 +378,11 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
             else:
                 c = cbase + (r0 * K if keep else 0)
                 _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, c)
-            gemm(False, False, <int>(r1 - r0), <int>F, <int>K, <floating>1, c, <int>K,
-                 wp, <int>F, <floating>0, yp + r0 * F, <int>F)
-            for i in range(r0, r1):
-                y = yp + i * F
-                if has_b:
-                    for j in range(F):
-                        y[j] = y[j] + bp[j]
-                if act != ACT_IDENTITY:
-                    act_forward_row(act, y, F)
+                t = _tick(0, t)
+            _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F)
+            t = _tick(1, t)
+            _bias_act(yp + r0 * F, bp, r1 - r0, F, act)
+            t = _tick(2, t)
             r0 = r1
 
 
@@ -294,12 +453,19 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
     import numpy as np
     if has_dx and not direct and P > 0:
         scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
+    # the kernel transposed, (F, K), for the AVX-512 GEMM of the input gradient
+    cdef floating[:, ::1] wt_t
+    cdef const floating* wtp = NULL
+    if has_dx and P > 0 and F > 0 and K > 0:
+        wt_t = np.ascontiguousarray(np.asarray(Wt).reshape(K, F).T)
+        wtp = &wt_t[0, 0]
     cdef const floating* cp = (&X[0, 0, 0, 0] if direct else &cols[0, 0]) if P > 0 else NULL
     cdef floating* dzp = &dY[0, 0, 0, 0] if P > 0 and F > 0 else NULL
     cdef Py_ssize_t i, j, r0, r1
     cdef floating* d
+    cdef double t = _now() if _profiling else 0
     with nogil:
-        if has_db:
+        if has_db and (P == 0 or F == 0):
             for j in range(F):
                 db[j] = 0
         if P == 0 or F == 0:
@@ -307,30 +473,27 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
             if has_dx and N * H * W_ * C > 0:
                 memset(&dX[0, 0, 0, 0], 0, N * H * W_ * C * sizeof(floating))
         else:
-            for i in range(P):
-                d = dzp + i * F
-                if act != ACT_IDENTITY:
-                    act_backward_row(act, &Y[0, 0, 0, 0] + i * F, d, F)
-                if has_db:
-                    for j in range(F):
-                        db[j] = db[j] + d[j]
+            _act_grad_bias_grad(&Y[0, 0, 0, 0], dzp, &db[0] if has_db else NULL, P, F, act)
+            t = _tick(3, t)
             # dW (K, F) = cols^T (K, P) @ dZ (P, F)
-            gemm(True, False, <int>K, <int>F, <int>P, <floating>1, cp, <int>K,
-                 dzp, <int>F, <floating>0, &dW[0, 0, 0, 0], <int>F)
+            _gemm_tn(K, F, P, cp, K, dzp, F, &dW[0, 0, 0, 0], F)
+            t = _tick(4, t)
             if has_dx:
                 if direct:
                     # dX (P, C) = dZ (P, F) @ Wt^T (F, C)
-                    gemm(False, True, <int>P, <int>K, <int>F, <floating>1, dzp, <int>F,
-                         &Wt[0, 0, 0, 0], <int>F, <floating>0, &dX[0, 0, 0, 0], <int>K)
+                    _gemm_nt(P, K, F, dzp, F, &Wt[0, 0, 0, 0], F, wtp, &dX[0, 0, 0, 0], K)
+                    t = _tick(5, t)
                 else:
                     memset(&dX[0, 0, 0, 0], 0, N * H * W_ * C * sizeof(floating))
+                    t = _tick(6, t)
                     r0 = 0
                     while r0 < P:
                         r1 = r0 + chunk if r0 + chunk < P else P
                         # dcols chunk (rows, K) = dZ chunk (rows, F) @ Wt^T (F, K)
-                        gemm(False, True, <int>(r1 - r0), <int>K, <int>F, <floating>1,
-                             dzp + r0 * F, <int>F, &Wt[0, 0, 0, 0], <int>F, <floating>0,
-                             &scratch[0, 0], <int>K)
+                        _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, &Wt[0, 0, 0, 0], F, wtp,
+                                 &scratch[0, 0], K)
+                        t = _tick(5, t)
                         _col2im_rows(&dX[0, 0, 0, 0], H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw,
                                      dh, dw, r0, r1, &scratch[0, 0])
+                        t = _tick(6, t)
                         r0 = r1

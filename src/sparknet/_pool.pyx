@@ -18,6 +18,22 @@ backward passes add their contributions.
 from cython cimport floating
 from libc.string cimport memset
 
+cdef extern from "conv_kernels.h" nogil:
+    void sn_maxpool_fwd_f(const float* x, float* y, int* arg, Py_ssize_t H, Py_ssize_t W,
+                          Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t PH,
+                          Py_ssize_t PW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pt,
+                          Py_ssize_t pl)
+    void sn_maxpool_fwd_d(const double* x, double* y, int* arg, Py_ssize_t H, Py_ssize_t W,
+                          Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t PH,
+                          Py_ssize_t PW, Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t pt,
+                          Py_ssize_t pl)
+    void sn_maxpool_bwd_tiled_f(const float* dy, const int* arg, float* dx, Py_ssize_t H,
+                                Py_ssize_t W, Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW,
+                                Py_ssize_t PH, Py_ssize_t PW)
+    void sn_maxpool_bwd_tiled_d(const double* dy, const int* arg, double* dx, Py_ssize_t H,
+                                Py_ssize_t W, Py_ssize_t C, Py_ssize_t OH, Py_ssize_t OW,
+                                Py_ssize_t PH, Py_ssize_t PW)
+
 
 def max_forward(const floating[:, :, :, ::1] X, floating[:, :, :, ::1] Y, int[:, :, :, ::1] arg,
                 int PH, int PW, int sh=0, int sw=0, int pt=0, int pl=0):
@@ -36,67 +52,57 @@ def max_forward(const floating[:, :, :, ::1] X, floating[:, :, :, ::1] Y, int[:,
         raise ValueError("max pool: argmax buffer does not match the output")
     if N * OH * OW * C == 0:
         return
-    cdef Py_ssize_t n, oh, ow, i, j, c, ih, iw, base, ih0, iw0
-    cdef bint first
-    cdef const floating* x
-    cdef const floating* src
-    cdef floating* y
-    cdef int* a
+    cdef Py_ssize_t n, step_x = H * W * C, step_y = OH * OW * C
     with nogil:
         for n in range(N):
-            x = &X[n, 0, 0, 0]
-            for oh in range(OH):
-                ih0 = oh * sh - pt
-                for ow in range(OW):
-                    iw0 = ow * sw - pl
-                    y = &Y[n, oh, ow, 0]
-                    a = &arg[n, oh, ow, 0]
-                    first = True
-                    for i in range(PH):
-                        ih = ih0 + i
-                        if ih < 0 or ih >= H:
-                            continue
-                        for j in range(PW):
-                            iw = iw0 + j
-                            if iw < 0 or iw >= W:
-                                continue
-                            base = (ih * W + iw) * C
-                            src = x + base
-                            if first:
-                                for c in range(C):
-                                    y[c] = src[c]
-                                    a[c] = <int>(base + c)
-                                first = False
-                            else:
-                                for c in range(C):
-                                    if src[c] > y[c]:
-                                        y[c] = src[c]
-                                        a[c] = <int>(base + c)
+            if floating is float:
+                sn_maxpool_fwd_f(&X[n, 0, 0, 0], &Y[n, 0, 0, 0], &arg[n, 0, 0, 0], H, W, C, OH, OW,
+                                 PH, PW, sh, sw, pt, pl)
+            else:
+                sn_maxpool_fwd_d(&X[n, 0, 0, 0], &Y[n, 0, 0, 0], &arg[n, 0, 0, 0], H, W, C, OH, OW,
+                                 PH, PW, sh, sw, pt, pl)
 
 
 def max_backward(const floating[:, :, :, ::1] dY, const int[:, :, :, ::1] arg,
-                 floating[:, :, :, ::1] dX):
-    """``dX[...] = 0``, then each ``dY`` value is added to its window's winner."""
+                 floating[:, :, :, ::1] dX, int PH=0, int PW=0, int sh=0, int sw=0,
+                 int pt=0, int pl=0):
+    """``dX[...] = 0``, then each ``dY`` value is added to its window's winner.
+
+    With the pooling geometry given and windows that tile the image (stride equal to the
+    pool size, no padding), ``dX`` is written in one pass without a zero fill.
+    """
     cdef Py_ssize_t N = dX.shape[0], H = dX.shape[1], W = dX.shape[2], C = dX.shape[3]
-    cdef Py_ssize_t M = dY.shape[1] * dY.shape[2] * dY.shape[3]
+    cdef Py_ssize_t OH = dY.shape[1], OW = dY.shape[2]
+    cdef Py_ssize_t M = OH * OW * dY.shape[3]
     cdef Py_ssize_t n, k
     if dY.shape[0] != N or arg.shape[0] != N or arg.shape[1] != dY.shape[1] \
             or arg.shape[2] != dY.shape[2] or arg.shape[3] != dY.shape[3] or dY.shape[3] != C:
         raise ValueError("max pool backward: dY, argmax and dX do not match")
+    cdef bint tiled = (PH > 0 and PW > 0 and sh == PH and sw == PW and pt == 0 and pl == 0
+                       and OH * PH <= H and OW * PW <= W)
     if N * H * W * C == 0:
         return
     cdef floating* dx
     cdef const floating* dy
     cdef const int* a
     with nogil:
-        memset(&dX[0, 0, 0, 0], 0, N * H * W * C * sizeof(floating))
-        if M > 0:
+        if tiled:
             for n in range(N):
-                dx = &dX[n, 0, 0, 0]
-                dy = &dY[n, 0, 0, 0]
-                a = &arg[n, 0, 0, 0]
-                for k in range(M):
-                    dx[a[k]] += dy[k]
+                if floating is float:
+                    sn_maxpool_bwd_tiled_f(&dY[n, 0, 0, 0], &arg[n, 0, 0, 0], &dX[n, 0, 0, 0],
+                                           H, W, C, OH, OW, PH, PW)
+                else:
+                    sn_maxpool_bwd_tiled_d(&dY[n, 0, 0, 0], &arg[n, 0, 0, 0], &dX[n, 0, 0, 0],
+                                           H, W, C, OH, OW, PH, PW)
+        else:
+            memset(&dX[0, 0, 0, 0], 0, N * H * W * C * sizeof(floating))
+            if M > 0:
+                for n in range(N):
+                    dx = &dX[n, 0, 0, 0]
+                    dy = &dY[n, 0, 0, 0]
+                    a = &arg[n, 0, 0, 0]
+                    for k in range(M):
+                        dx[a[k]] += dy[k]
 
 
 def avg_forward(const floating[:, :, :, ::1] X, floating[:, :, :, ::1] Y,

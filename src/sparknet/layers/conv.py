@@ -298,7 +298,8 @@ class MaxPool2D(_Pool2D):
             raise ValueError(f"MaxPool2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._arg.shape}")
         dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
-        _pool.max_backward(d, self._arg, dx)
+        _pool.max_backward(d, self._arg, dx, self.pool_size[0], self.pool_size[1],
+                           **self._geometry())
         return dx
 
 

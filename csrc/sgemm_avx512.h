@@ -1,0 +1,126 @@
+/* A small single-precision GEMM for the shapes of convolution layers, written with
+ * AVX-512 intrinsics and compiled for AVX-512 whatever the build's target (the caller
+ * checks ``sn_cpu_has_avx512()`` at run time and falls back to BLAS otherwise).
+ *
+ *   C[i, j] = (accumulate ? C[i, j] : 0) + sum_p A(i, p) * B(p, j)
+ *
+ * with A(i, p) = A[i * ars + p * aps] (any strides: a row-major A has ars = lda, aps = 1;
+ * a transposed one ars = 1, aps = lda) and B(p, j) = B[p * ldb + j] (row-major).  No
+ * packing: a 12 x 32 tile of C lives in 24 zmm registers while the kernel streams over
+ * p, broadcasting A and loading one 32-wide row of B per step.  The inner dimension is
+ * split into blocks of ``kc`` so that the slice of B (and of a transposed A) being
+ * reused stays in the L2 cache.
+ */
+#ifndef SPARKNET_SGEMM_AVX512_H
+#define SPARKNET_SGEMM_AVX512_H
+
+#include <stddef.h>
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define SN_HAVE_AVX512_KERNEL 1
+#include <immintrin.h>
+
+#define SN_AVX512 __attribute__((target("avx512f,fma"), unused))
+
+static int sn_cpu_has_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+}
+
+/* Accumulators are named variables (an array of __m512 would be spilled to the stack
+ * on every step by GCC). */
+#define SN_REP1(X) X(0)
+#define SN_REP4(X) X(0) X(1) X(2) X(3)
+#define SN_REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define SN_DECL(r) __m512 c0_##r = _mm512_setzero_ps(), c1_##r = _mm512_setzero_ps();
+#define SN_FMA2(r) { __m512 av = _mm512_set1_ps(a[(r) * ars]);                               \
+                     c0_##r = _mm512_fmadd_ps(av, b0, c0_##r);                              \
+                     c1_##r = _mm512_fmadd_ps(av, b1, c1_##r); }
+#define SN_FMA1(r) c0_##r = _mm512_fmadd_ps(_mm512_set1_ps(a[(r) * ars]), b0, c0_##r);
+#define SN_STORE(r) { float *c = C + (r) * ldc;                                              \
+                      if (accumulate) {                                                     \
+                          c0_##r = _mm512_add_ps(c0_##r, _mm512_maskz_loadu_ps(m0, c));      \
+                          c1_##r = _mm512_add_ps(c1_##r, _mm512_maskz_loadu_ps(m1, c + 16)); \
+                      }                                                                     \
+                      _mm512_mask_storeu_ps(c, m0, c0_##r);                                 \
+                      if (m1) _mm512_mask_storeu_ps(c + 16, m1, c1_##r); }
+
+/* One MR x nc tile of C (nc <= 32 columns, masked) over kc steps of the inner dimension. */
+#define SN_TILE(MR)                                                                           \
+SN_AVX512 static void sn_tile_##MR(ptrdiff_t kc, const float *A, ptrdiff_t ars,              \
+                                   ptrdiff_t aps, const float *B, ptrdiff_t ldb, float *C,    \
+                                   ptrdiff_t ldc, int nc, int accumulate)                     \
+{                                                                                             \
+    __mmask16 m0 = nc >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nc) - 1u);               \
+    __mmask16 m1 = nc >= 32 ? (__mmask16)0xFFFF                                               \
+                 : nc <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nc - 16)) - 1u);             \
+    ptrdiff_t p;                                                                              \
+    SN_REP##MR(SN_DECL)                                                                       \
+    if (m1) {                                                                                 \
+        for (p = 0; p < kc; p++) {                                                            \
+            const float *b = B + p * ldb, *a = A + p * aps;                                   \
+            __m512 b0 = _mm512_maskz_loadu_ps(m0, b);                                         \
+            __m512 b1 = _mm512_maskz_loadu_ps(m1, b + 16);                                    \
+            SN_REP##MR(SN_FMA2)                                                               \
+        }                                                                                     \
+    } else {                                                                                  \
+        for (p = 0; p < kc; p++) {                                                            \
+            const float *a = A + p * aps;                                                     \
+            __m512 b0 = _mm512_maskz_loadu_ps(m0, B + p * ldb);                               \
+            SN_REP##MR(SN_FMA1)                                                               \
+        }                                                                                     \
+    }                                                                                         \
+    SN_REP##MR(SN_STORE)                                                                      \
+}
+
+SN_TILE(12)
+SN_TILE(4)
+SN_TILE(1)
+
+/* C (M x N, row stride ldc) (+)= A(i, p) B(p, j) over p < K; see the file comment. */
+SN_AVX512 static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, const float *A,
+                                      ptrdiff_t ars, ptrdiff_t aps, const float *B,
+                                      ptrdiff_t ldb, float *C, ptrdiff_t ldc, int accumulate,
+                                      ptrdiff_t kc_max)
+{
+    ptrdiff_t pc, jc, ic, kc;
+    int nc, acc;
+    if (K == 0) {
+        if (!accumulate)
+            for (ic = 0; ic < M; ic++)
+                for (jc = 0; jc < N; jc++) C[ic * ldc + jc] = 0.0f;
+        return;
+    }
+    for (pc = 0; pc < K; pc += kc_max) {
+        kc = K - pc < kc_max ? K - pc : kc_max;
+        acc = accumulate || pc > 0;
+        for (jc = 0; jc < N; jc += 32) {
+            const float *b = B + pc * ldb + jc;
+            nc = (int)(N - jc < 32 ? N - jc : 32);
+            for (ic = 0; ic + 12 <= M; ic += 12)
+                sn_tile_12(kc, A + ic * ars + pc * aps, ars, aps, b, ldb, C + ic * ldc + jc, ldc,
+                           nc, acc);
+            for (; ic + 4 <= M; ic += 4)
+                sn_tile_4(kc, A + ic * ars + pc * aps, ars, aps, b, ldb, C + ic * ldc + jc, ldc,
+                          nc, acc);
+            for (; ic < M; ic++)
+                sn_tile_1(kc, A + ic * ars + pc * aps, ars, aps, b, ldb, C + ic * ldc + jc, ldc,
+                          nc, acc);
+        }
+    }
+}
+
+#else
+#define SN_HAVE_AVX512_KERNEL 0
+static int sn_cpu_has_avx512(void) { return 0; }
+static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, const float *A,
+                            ptrdiff_t ars, ptrdiff_t aps, const float *B, ptrdiff_t ldb,
+                            float *C, ptrdiff_t ldc, int accumulate, ptrdiff_t kc_max)
+{
+    (void)M; (void)N; (void)K; (void)A; (void)ars; (void)aps; (void)B; (void)ldb; (void)C;
+    (void)ldc; (void)accumulate; (void)kc_max;
+}
+#endif
+
+#endif
