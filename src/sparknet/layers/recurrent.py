@@ -364,7 +364,7 @@ class LSTM(_Recurrent):
         N, T, F = x.shape
         H = self.units
         b = self._buffers(N, T, {"xt": (T, N, F), "gates": (T, N, 4 * H), "hs": (T + 1, N, H),
-                                 "cs": (T + 1, N, H), "tcs": (T, N, H), "dgates": (T, N, 4 * H),
+                                 "cs": (T + 1, N, H), "tcs": (T, N, H),
                                  "dh_a": (N, H), "dh_b": (N, H), "dc": (N, H), "dxt": (T, N, F)})
         h0, c0 = self._initial_state(N)
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
@@ -409,7 +409,7 @@ class LSTM(_Recurrent):
         g, p = self.grads, self.params
         with _BlasThreads():
             _recurrent.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
-                                     b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dgates"], b["dh_a"],
+                                     b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
                                      b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
                                      g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         return dx
