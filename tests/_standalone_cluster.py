@@ -1,0 +1,122 @@
+"""A Spark standalone cluster on 127.0.0.1 (master + workers from pyspark's own ``bin/spark-class``).
+
+Used by tests that need separate executor processes (memory limits, lost executors).
+Every process runs in its own process group and is killed on :meth:`StandaloneCluster.stop`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spark_class() -> str:
+    import pyspark
+    return os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+
+
+class StandaloneCluster:
+    """Master and ``workers`` workers (``cores`` cores, ``memory`` each) on 127.0.0.1.
+
+    Args:
+        workers: number of worker processes.
+        cores: cores each worker offers.
+        memory: memory each worker offers (Spark's accounting, e.g. ``"3g"``).
+        start_timeout: seconds to wait for the master and all workers.
+    """
+
+    def __init__(self, workers: int = 2, cores: int = 1, memory: str = "3g",
+                 start_timeout: float = 90.0) -> None:
+        self.n_workers, self.cores, self.memory = workers, cores, memory
+        self.start_timeout = start_timeout
+        self.procs: list[subprocess.Popen] = []
+        self.dir = tempfile.mkdtemp(prefix="sparknet-standalone-")
+        self.port, self.ui_port = free_port(), free_port()
+        self.url = f"spark://127.0.0.1:{self.port}"
+
+    def _env(self) -> dict:
+        env = dict(os.environ)
+        env.update({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_DIRS": self.dir,
+                    "SPARK_WORKER_DIR": os.path.join(self.dir, "work"),
+                    "SPARK_LOG_DIR": self.dir, "PYSPARK_PYTHON": sys.executable,
+                    "SPARK_NO_DAEMONIZE": "1"})
+        return env
+
+    def _spawn(self, args: list[str], log: str) -> None:
+        fh = open(os.path.join(self.dir, log), "wb")
+        self.procs.append(subprocess.Popen([spark_class(), *args], stdout=fh, stderr=subprocess.STDOUT,
+                                           env=self._env(), start_new_session=True))
+
+    def alive_workers(self) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=2) as r:
+                state = json.loads(r.read().decode())
+        except (OSError, ValueError):
+            return -1
+        return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+    def start(self) -> "StandaloneCluster":
+        self._spawn(["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                     "--port", str(self.port), "--webui-port", str(self.ui_port)], "master.log")
+        deadline = time.time() + self.start_timeout
+        while self.alive_workers() < 0:
+            self._check(deadline, "master")
+        for i in range(self.n_workers):
+            self._spawn(["org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
+                         "--cores", str(self.cores), "--memory", self.memory,
+                         "--webui-port", str(free_port()),
+                         "--work-dir", os.path.join(self.dir, f"work{i}")], f"worker{i}.log")
+        while self.alive_workers() < self.n_workers:
+            self._check(deadline, "workers")
+        return self
+
+    def _check(self, deadline: float, what: str) -> None:
+        for p in self.procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"a standalone {what} process exited with {p.returncode}; logs in {self.dir}")
+        if time.time() > deadline:
+            raise TimeoutError(f"standalone {what} not up after {self.start_timeout:.0f} s; logs in {self.dir}")
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        t0 = time.time()
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(1.0, 15 - (time.time() - t0)))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
+        self.procs = []
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "StandaloneCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
