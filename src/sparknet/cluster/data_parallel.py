@@ -44,6 +44,7 @@ Example::
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import time
@@ -179,15 +180,18 @@ class _RoundTask:
                 opt.t = int(t_arr[0])
             start = np.array(model.params, copy=True)
             b = spec.batch_size
+            t_loop = time.perf_counter()
             for lo in range(0, len(rows), b):
                 xb, yb = self._batch(x, y, rows[lo:lo + b])
                 s, w, c = model.loss_and_grad(xb, yb, loss)
                 opt.step(model.params, model.grads)
                 stats += (s, w, 0.0 if math.isnan(c) else c, xb.shape[0], 1)
+            step_time = (time.perf_counter() - t_loop) / max(1, math.ceil(len(rows) / b))
             if not probe:
                 t_arr[0] = opt.t
             # row-weighted delta: the driver divides the sum by the rows of all partitions
             vec = (model.params - start) * model.dtype.type(len(rows))
+            return [RoundResult(vec, stats, [time.perf_counter() - t0], step_time)]
         return [RoundResult(vec, stats, [time.perf_counter() - t0])]
 
 
@@ -203,11 +207,23 @@ class _RoundLog:
 #: Extra training modes registered by other modules: name -> ``f(trainer, ctx, epoch)``
 #: running one epoch and returning ``(stats array, wall seconds, compute seconds, rounds)``.
 EPOCH_RUNNERS: dict[str, Callable] = {}
+#: Option validators of registered modes: name -> ``f(trainer, **mode_options) -> options``.
+MODE_OPTIONS: dict[str, Callable] = {}
+#: Modes that register themselves when their module is imported.
+_BUILTIN_MODES = {"async": "sparknet.cluster.async_ps"}
 
 
-def register_mode(name: str, runner: Callable) -> None:
-    """Register an epoch runner for ``DataParallelTrainer(mode=name)`` (e.g. asynchronous rounds)."""
+def register_mode(name: str, runner: Callable, options: Callable | None = None) -> None:
+    """Register an epoch runner for ``DataParallelTrainer(mode=name)`` (e.g. asynchronous rounds).
+
+    The runner may return an object with, besides ``stats``/``wall``/``compute``/``rounds``,
+    a dict ``logs`` (merged into the epoch's history) and ``stop`` (end the fit after this
+    epoch, without validation).  ``options(trainer, **mode_options)`` validates the
+    trainer's extra keyword arguments; its result is ``trainer.mode_options``.
+    """
     EPOCH_RUNNERS[name] = runner
+    if options is not None:
+        MODE_OPTIONS[name] = options
 
 
 class DataParallelTrainer:
@@ -224,8 +240,9 @@ class DataParallelTrainer:
             :func:`sparknet.cluster.session.get_spark`).
         num_partitions: shards of the training data; default: the DataFrame's/RDD's
             partitions, or ``defaultParallelism`` for numpy input.
-        mode: ``"sync"`` (synchronous rounds); other modes can be added with
-            :func:`register_mode`.
+        mode: ``"sync"`` (synchronous rounds) or ``"async"`` (asynchronous Downpour
+            rounds, see :mod:`sparknet.cluster.async_ps`); other modes can be added
+            with :func:`register_mode`.
         sync: ``"average"`` (default: tau local steps then average the deltas) or
             ``"gradient"`` (exact minibatch SGD, one global step per round).
         local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
@@ -239,6 +256,8 @@ class DataParallelTrainer:
         reduce: how round results come back: ``"tree"`` (``treeAggregate``, default) or
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
+        **mode_options: options of a registered mode (``mode="async"``:
+            ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``).
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps`` or
@@ -249,7 +268,9 @@ class DataParallelTrainer:
                  mode: str = "sync", sync: str = "average", local_steps: "int | str" = "auto",
                  optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
-                 reduce: str = "tree", seed: int | None = None) -> None:
+                 reduce: str = "tree", seed: int | None = None, **mode_options: Any) -> None:
+        if mode in _BUILTIN_MODES and mode not in EPOCH_RUNNERS:
+            importlib.import_module(_BUILTIN_MODES[mode])
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
         if mode != "sync" and mode not in EPOCH_RUNNERS:
@@ -279,6 +300,10 @@ class DataParallelTrainer:
         self.reduce = reduce
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
+        if mode in MODE_OPTIONS:
+            self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
+        elif mode_options:
+            raise TypeError(f"mode={mode!r} takes no options {sorted(mode_options)}")
 
     @property
     def spark(self):
@@ -371,6 +396,7 @@ class DataParallelTrainer:
             ctx.calibrate()
             self.cost = ctx.cost
             history = History()
+            ctx.history = history
             log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
                      "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
                      self.sync, ctx.describe_round(), ctx.rounds,
@@ -382,21 +408,26 @@ class DataParallelTrainer:
                     if self.mode == "sync":
                         rl = ctx.sync_epoch(epoch, bar)
                     else:
+                        ctx.bar = bar
                         rl = EPOCH_RUNNERS[self.mode](self, ctx, epoch)
+                stop = bool(getattr(rl, "stop", False))
                 st = dict(zip(STATS, rl.stats))
                 w = max(st["weight_sum"], 1e-12)
                 logs = {"loss": st["loss_sum"] / w}
                 if classification:
                     logs["accuracy"] = st["correct"] / w
-                if val is not None:
+                if val is not None and not stop:
                     logs.update(ctx.evaluate(val, f"sparknet epoch {epoch + 1}/{epochs} validation"))
                 logs["time"] = time.perf_counter() - t0
                 logs["rounds"] = rl.rounds
                 logs["local_steps"] = st["steps"] / max(rl.rounds * max(1, train.num_partitions), 1)
                 logs["spark_overhead"] = 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0
+                logs.update(getattr(rl, "logs", {}))
                 history.append(epoch, **logs)
                 log.info("epoch %d/%d: %s", epoch + 1, epochs,
                          ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+                if stop:
+                    break
                 if not np.isfinite(logs["loss"]):
                     raise FloatingPointError(f"training loss became {logs['loss']} in epoch {epoch + 1}; "
                                              f"lower the learning rate (now {self.optimizer.lr})")
@@ -479,15 +510,16 @@ class _FitContext:
         return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
 
     # -- calibration ------------------------------------------------------
-    def _probe(self, steps: int) -> tuple[float, float]:
-        """One timed round that changes nothing: (wall seconds, slowest task compute)."""
+    def _probe(self, steps: int) -> tuple[float, float, float]:
+        """One timed round that changes nothing: (wall seconds, slowest task's compute,
+        seconds of one local step)."""
         t0 = time.perf_counter()
         bc = self.ps.broadcast()
         task = _RoundTask(self.spec, bc, "probe", probe_steps=steps)
         rdd = self.train.resident.mapPartitions(task)
         self.sc.setJobDescription("sparknet: calibrating the round length")
         res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
-        return time.perf_counter() - t0, max(res.times) if res.times else 0.0
+        return time.perf_counter() - t0, max(res.times) if res.times else 0.0, res.step_time
 
     def calibrate(self) -> None:
         """Measure Spark's fixed cost and the compute of a local step; size the rounds."""
@@ -498,21 +530,15 @@ class _FitContext:
             self.rounds = math.ceil(self.train.total / self.batch_size)
         else:
             per_part = self.batch_size
-        probe_steps = 4
         saved = self.spec.batch_size
         self.spec.batch_size = max(1, per_part)
         try:
-            self._probe(1)  # warm-up: worker start, model build, attach
-            fixed, step = [], []
-            for k in (1, 1 + probe_steps):
-                wall, comp = self._probe(k)
-                fixed.append(wall - comp)
-                step.append(comp / k)
+            self._probe(2)  # warm-up: worker start, model build, attach
+            wall, comp, t_step = self._probe(4)
         finally:
             self.spec.batch_size = saved
-        # per-step compute: the difference of the two probes removes per-task setup
-        t_step = max((step[1] * (1 + probe_steps) - step[0]) / probe_steps, 1e-6)
-        t_fixed = max(min(fixed), 1e-4)
+        t_step = max(t_step, 1e-6)
+        t_fixed = max(wall - comp, 1e-4)
         self.cost = RoundCostModel(t_fixed, t_step, int(self.model.params.nbytes))
         if sync == "gradient":
             self.steps_per_round = 1

@@ -1,0 +1,133 @@
+"""Asynchronous parameter-server rounds (``mode="async"``) on real local Spark."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from sparknet import Dense, RMSprop, Sequential
+from sparknet.cluster.async_ps import AsyncPartitionError, inject_faults
+from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.datasets import load_digits
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_digits()
+
+
+def _mlp(seed=0):
+    return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=seed)
+
+
+def _wait_no_jobs(sc, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    active = sc.statusTracker().getActiveJobsIds()
+    while active and time.monotonic() < deadline:
+        time.sleep(0.1)
+        active = sc.statusTracker().getActiveJobsIds()
+    return active
+
+
+def test_async_matches_sync_accuracy_on_digits(spark, digits):
+    """Same model, optimizer, local steps and budget of samples: async within 1 point of sync."""
+    X, y, Xt, yt = digits
+    epochs, kw = 8, dict(num_partitions=2, local_steps=5, optimizer=RMSprop(lr=2e-3))
+    acc = {}
+    for mode in ("sync", "async"):
+        model = _mlp()
+        trainer = DataParallelTrainer(model, spark, mode=mode, **kw)
+        _, h = trainer.fit(X, y, epochs=epochs, batch_size=32, verbose=0)
+        acc[mode] = float(model.evaluate(Xt, yt)["accuracy"])
+        if mode == "async":
+            # the budget: epochs x rows in all, give or take the last round of each partition
+            chunk = -(-len(y) // (2 * h["rounds_per_pass"][0]))
+            assert 0 <= sum(h["samples"]) - epochs * len(y) <= 2 * chunk
+            assert sum(h["updates"]) == sum(1 for u in h.updates if u["applied"]) > 0
+    print(f"test accuracy: sync {acc['sync']:.4f}, async {acc['async']:.4f}")
+    assert acc["sync"] > 0.9
+    assert acc["async"] >= acc["sync"] - 0.01
+
+
+@pytest.mark.parametrize("stale", ["reject", "downweight"])
+def test_staleness_bound_holds_in_history(spark, digits, stale):
+    """A straggler (0.3 s more per round) makes stale deltas; the bound 1 is enforced."""
+    X, y, _, _ = digits
+    model = _mlp()
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3,
+                                  optimizer=RMSprop(lr=2e-3), max_staleness=1, stale=stale)
+    with inject_faults(delay={1: 0.3}):
+        _, h = trainer.fit(X, y, epochs=1, batch_size=32, verbose=0)
+    ups = h.updates
+    assert len(ups) == sum(h["rounds"]) and all("staleness" in u for u in ups)
+    late = [u for u in ups if u["staleness"] > 1]
+    print(stale, "staleness seen:", np.bincount([u["staleness"] for u in ups]).tolist())
+    assert late, "the straggler never produced a stale delta"
+    assert all(u["partition"] == 1 for u in late)
+    if stale == "reject":
+        assert all(u["staleness"] <= 1 for u in ups if u["applied"])
+        assert all(not u["applied"] and u["weight"] == 0 for u in late)
+        assert sum(h["rejected"]) == len(late)
+        assert sum(h["downweighted"]) == 0
+    else:
+        assert all(u["applied"] for u in ups)
+        for u in late:
+            assert u["weight"] == pytest.approx(2.0 / (1 + u["staleness"]))
+        assert sum(h["downweighted"]) == len(late)
+        assert sum(h["rejected"]) == 0
+    assert sum(h["updates"]) == sum(1 for u in ups if u["applied"])
+    assert max(h["staleness_max"]) <= (1 if stale == "reject" else max(u["staleness"] for u in ups))
+
+
+def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
+    X, y, _, _ = digits
+    model = _mlp()
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3)
+    t0 = time.perf_counter()
+    with inject_faults(fail={1: "disk on fire"}):
+        with pytest.raises(AsyncPartitionError, match=r"partition 1.*RuntimeError: disk on fire") as err:
+            trainer.fit(X, y, epochs=3, batch_size=32, verbose=0)
+    assert err.value.partition == 1
+    assert time.perf_counter() - t0 < 120
+    assert _wait_no_jobs(spark.sparkContext) == []
+
+
+def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, digits):
+    """Interrupt after 3 updates while the straggler's job runs: the fit returns at once
+    with the model of update 3, and no Spark job is left running."""
+    X, y, Xt, yt = digits
+    model = _mlp()
+    seen = {}
+
+    def on_update(info):
+        if info["applied"] and info["update"] == 3:
+            seen["params"] = model.params.copy()
+            seen["t"] = time.perf_counter()
+            raise KeyboardInterrupt
+
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3,
+                                  on_update=on_update)
+    with inject_faults(delay={1: 300.0}):  # partition 1's rounds take minutes
+        out, h = trainer.fit(X, y, epochs=5, batch_size=32, validation_data=(Xt, yt), verbose=0)
+    assert out is model
+    assert time.perf_counter() - seen["t"] < 30, "the interrupt waited for the straggler"
+    np.testing.assert_array_equal(model.params, seen["params"])
+    assert h["interrupted"] == [1.0] and h["updates"] == [3.0]
+    assert "val_accuracy" not in h
+    assert all(u["partition"] == 0 for u in h.updates)
+    assert _wait_no_jobs(spark.sparkContext) == []
+
+
+def test_bad_async_options(spark):
+    with pytest.raises(ValueError, match="max_staleness"):
+        DataParallelTrainer(_mlp(), spark, mode="async", max_staleness=-1)
+    with pytest.raises(ValueError, match="stale"):
+        DataParallelTrainer(_mlp(), spark, mode="async", stale="drop")
+    with pytest.raises(ValueError, match="sync='average'"):
+        DataParallelTrainer(_mlp(), spark, mode="async", sync="gradient")
+    with pytest.raises(TypeError, match="max_staleness"):
+        DataParallelTrainer(_mlp(), spark, mode="sync", max_staleness=2)
+    with pytest.raises(ValueError, match="slow"):
+        with inject_faults(slow={0: -1.0}):
+            pass
