@@ -59,3 +59,114 @@ def test_gradient_sync_equals_single_process_float64(spark, digits):
     assert moved > 0.05, "training did not move the parameters"
     print(f"relative difference {rel:.3e}, moved {moved:.3f}")
     assert rel <= 1e-10, f"distributed and single-process parameters differ: {rel:.3e}"
+
+
+@pytest.mark.parametrize("partitions", [2, 4])
+def test_tau_averaging_reaches_97_percent_on_digits(spark, digits, partitions):
+    X, y, Xt, yt = digits
+    model = _mlp(hidden=128, seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=partitions, sync="average",
+                                  optimizer=RMSprop(lr=3e-3))
+    t0 = time.perf_counter()
+    _, history = trainer.fit(X, y, epochs=35, batch_size=16, verbose=0)
+    elapsed = time.perf_counter() - t0
+    acc = model.evaluate(Xt, yt)["accuracy"]
+    print(f"{partitions} partitions: test accuracy {acc:.4f} in {elapsed:.1f} s, "
+          f"{history['rounds'][-1]:.0f} rounds/epoch, Spark share {history['spark_overhead'][-1]:.2f}")
+    assert acc >= 0.97
+    assert len(history["loss"]) == 35 and history["loss"][-1] < history["loss"][0]
+    assert all(0.0 <= f <= 1.0 for f in history["spark_overhead"])
+    assert trainer.cost is not None and trainer.cost.t_fixed > 0 and trainer.cost.t_step > 0
+
+
+def _vector_df(spark, X, y, partitions, array=False):
+    from pyspark.ml.linalg import Vectors
+    rows = [([float(v) for v in x] if array else Vectors.dense(x), int(t)) for x, t in zip(X, y)]
+    schema = "features array<double>, label long" if array else None
+    df = spark.createDataFrame(rows, schema=schema) if array else spark.createDataFrame(rows, ["features", "label"])
+    return df.repartition(partitions)
+
+
+@pytest.mark.parametrize("kind", ["vector_df", "array_df", "rdd", "numpy"])
+def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
+    X, y, Xt, yt = digits
+    if kind == "vector_df":
+        data, labels, val = _vector_df(spark, X, y, 2), None, _vector_df(spark, Xt, yt, 2)
+    elif kind == "array_df":
+        data, labels, val = _vector_df(spark, X, y, 2, array=True), None, _vector_df(spark, Xt, yt, 2, array=True)
+    elif kind == "rdd":
+        data = spark.sparkContext.parallelize(list(zip(X, y)), 2)
+        labels, val = None, spark.sparkContext.parallelize(list(zip(Xt, yt)), 2)
+    else:
+        data, labels, val = X, y, (Xt, yt)
+    model = _mlp(hidden=64, seed=3)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=3e-3))
+    _, history = trainer.fit(data, labels, epochs=4, batch_size=16, validation_data=val, verbose=0)
+    local = model.evaluate(Xt, yt)
+    # the validation numbers computed on the executors equal the driver's on the same rows
+    assert history["val_accuracy"][-1] == pytest.approx(local["accuracy"], abs=1e-12)
+    assert history["val_loss"][-1] == pytest.approx(local["loss"], rel=1e-5)
+    assert local["accuracy"] >= 0.9, f"{kind}: test accuracy {local['accuracy']:.3f}"
+    # and evaluating the training data on the executors equals evaluating it locally
+    dist = trainer.evaluate(data, labels)
+    assert dist["accuracy"] == pytest.approx(model.evaluate(X, y)["accuracy"], abs=1e-12)
+
+
+def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
+    X, y, _, _ = digits
+    model = _mlp(hidden=16, seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=8, sync="gradient",
+                                  optimizer=RMSprop(lr=1e-2))
+    before = model.params.copy()
+    _, history = trainer.fit(X[:5], y[:5], epochs=2, batch_size=2, verbose=0)
+    assert np.isfinite(history["loss"]).all() and not np.array_equal(before, model.params)
+    assert history["rounds"] == [3, 3]
+    # a DataFrame whose partitions are partly empty (3 rows in 6 partitions)
+    df = _vector_df(spark, X[:3], y[:3], 1).repartition(6)
+    model2 = _mlp(hidden=16, seed=0)
+    trainer2 = DataParallelTrainer(model2, spark, sync="average", optimizer=RMSprop(lr=1e-2))
+    _, h2 = trainer2.fit(df, epochs=1, batch_size=4, verbose=0)
+    assert np.isfinite(h2["loss"]).all()
+    assert trainer2.evaluate(df)["accuracy"] == pytest.approx(model2.evaluate(X[:3], y[:3])["accuracy"])
+
+
+def _bad_fit(spark, data, y=None, match="", **kw):
+    model = _mlp(hidden=8, seed=0, input_shape=(64,))
+    before = model.params.copy()
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=1e-2))
+    with pytest.raises(ValueError, match=match):
+        trainer.fit(data, y, epochs=1, batch_size=8, verbose=0, **kw)
+    # no round ran: no calibration probe, parameters untouched
+    assert trainer.cost is None
+    np.testing.assert_array_equal(model.params, before)
+
+
+def test_bad_input_fails_before_any_round(spark, digits):
+    from pyspark.ml.linalg import Vectors
+    X, y, _, _ = digits
+    good = _vector_df(spark, X[:40], y[:40], 2)
+    _bad_fit(spark, good, match="no label column 'target'", label_col="target")
+    _bad_fit(spark, good, match="no features column 'pixels'", features_col="pixels")
+    ragged = spark.createDataFrame([(Vectors.dense(X[i]), int(y[i])) for i in range(10)]
+                                   + [(Vectors.dense(X[10][:63]), int(y[10]))], ["features", "label"])
+    _bad_fit(spark, ragged, match=r"features column 'features' holds vectors of different lengths \(63 and 64")
+    ragged_arr = spark.createDataFrame([([1.0] * 64, 1), ([1.0] * 60, 2)], "features array<double>, label int")
+    _bad_fit(spark, ragged_arr, match="different lengths")
+    Xn = X[:20].copy()
+    Xn[7, 5] = np.nan
+    nan_df = spark.createDataFrame([(Vectors.dense(a), int(b)) for a, b in zip(Xn, y[:20])], ["features", "label"])
+    _bad_fit(spark, nan_df, match="features column 'features' contains nan")
+    _bad_fit(spark, Xn, y[:20], match="NaN")
+    out = spark.createDataFrame([(Vectors.dense(X[i]), 12 if i == 3 else int(y[i])) for i in range(20)],
+                                ["features", "label"])
+    _bad_fit(spark, out, match=r"label column 'label' holds the label 12, outside \[0, 10\)")
+    _bad_fit(spark, X[:20], np.where(np.arange(20) == 4, -1, y[:20]), match="label -1 outside")
+    frac = spark.createDataFrame([(Vectors.dense(X[0]), 1.5)], ["features", "label"])
+    _bad_fit(spark, frac, match="non-integer label 1.5")
+    empty = spark.createDataFrame([], "features array<double>, label int")
+    _bad_fit(spark, empty, match="training data is empty: the DataFrame has no rows")
+    _bad_fit(spark, spark.createDataFrame([("a", 1)], "features string, label int"),
+             match="features column 'features' has type string")
+    _bad_fit(spark, X[:20, :60], y[:20], match="X has 60 values per row, the model expects 64")
+    _bad_fit(spark, spark.sparkContext.parallelize([(X[0], 1), (X[1][:10], 2)], 1), match="different lengths")
+    _bad_fit(spark, good, validation_data=(X[:5, :10], y[:5]), match="X_val has 10 values per row")

@@ -311,6 +311,10 @@ def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: st
             Y = check_array(y, name=yname, dtype=dtype)
             if Y.shape[0] != X.shape[0]:
                 raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
+        if sample_shape is not None and int(np.prod(X.shape[1:])) != int(np.prod(sample_shape)):
+            xname = "X" if what == "training data" else "X_val"
+            raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the model "
+                             f"expects {int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
         X = X.reshape(X.shape[0], -1)
         parts = int(num_partitions or sc.defaultParallelism)
         pieces = [(np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))

@@ -40,11 +40,13 @@ class RoundResult:
         vec: flat vector in the model's dtype, or ``None`` when the task had no rows.
         stats: float64 array, see :data:`STATS`.
         times: compute seconds of each task (inside the task, excluding Spark's costs).
+        step_time: seconds of one local step (the slowest task's; probe rounds only).
     """
 
     vec: np.ndarray | None = None
     stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
     times: list[float] = field(default_factory=list)
+    step_time: float = 0.0
 
     def add(self, other: "RoundResult | None") -> "RoundResult":
         """In-place sum (vectors and statistics add, times concatenate); returns self."""
@@ -57,6 +59,7 @@ class RoundResult:
                 self.vec += other.vec
         self.stats = self.stats + other.stats
         self.times = self.times + list(other.times)
+        self.step_time = max(self.step_time, other.step_time)
         return self
 
     def stat(self, name: str) -> float:
