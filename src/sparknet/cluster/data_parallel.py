@@ -335,9 +335,13 @@ class DataParallelTrainer:
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
             place) and a :class:`~sparknet.model.History` with, per epoch, ``loss``,
-            ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``time``,
-            ``rounds``, ``local_steps`` and ``spark_overhead`` (the measured share of
-            the epoch's round time not spent computing in the slowest task).
+            ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``val_time``
+            (seconds of the validation job), ``time`` (the epoch's seconds, validation
+            included), ``rounds``, ``local_steps`` (per partition per round) and
+            ``spark_overhead`` (the measured share of the epoch's round time not spent
+            computing in the slowest task).  ``history.setup_time`` holds the seconds
+            spent before the first epoch (loading the data onto the executors, checks,
+            calibration).
 
         Raises:
             ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
@@ -352,6 +356,7 @@ class DataParallelTrainer:
         sc = self.spark.sparkContext
         classification = _is_classifier(model)
         key = uuid.uuid4().hex[:12]
+        t_fit = time.perf_counter()
 
         # numpy input: build the model from its shape before splitting (labels checked on the driver)
         if not model.built and isinstance(data, np.ndarray) and data.ndim >= 2:
@@ -397,6 +402,7 @@ class DataParallelTrainer:
             self.cost = ctx.cost
             history = History()
             ctx.history = history
+            history.setup_time = time.perf_counter() - t_fit
             log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
                      "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
                      self.sync, ctx.describe_round(), ctx.rounds,
@@ -417,7 +423,9 @@ class DataParallelTrainer:
                 if classification:
                     logs["accuracy"] = st["correct"] / w
                 if val is not None and not stop:
+                    tv = time.perf_counter()
                     logs.update(ctx.evaluate(val, f"sparknet epoch {epoch + 1}/{epochs} validation"))
+                    logs["val_time"] = time.perf_counter() - tv
                 logs["time"] = time.perf_counter() - t0
                 logs["rounds"] = rl.rounds
                 logs["local_steps"] = st["steps"] / max(rl.rounds * max(1, train.num_partitions), 1)
@@ -606,24 +614,31 @@ class _FitContext:
         return out
 
 
-def demo(spark=None, epochs: int = 30, num_partitions: int = 2, verbose: int = 1) -> float:
-    """Train a 64-128-10 MLP on scikit-learn's digits on Spark and return its test accuracy.
+def demo(spark=None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,
+         verbose: "int | bool" = 1) -> float:
+    """Train a 64-128-10 MLP on scikit-learn's digits on Spark (tau-averaging rounds) and
+    return its accuracy on the held-out quarter.
 
     Args:
-        spark: a SparkSession (default: the active one or a new ``local[*]`` one).
-        epochs: passes over the training set.
+        spark: a SparkSession (default: the active one, or a new ``local[*]`` one; Java
+            17+ is checked first).
+        epochs: passes over the training set (35 reach 97-98 %).
+        seed: seeds the split, the initial weights and the shuffles.
         num_partitions: data shards.
-        verbose: 1 shows the progress bar.
+        verbose: show the progress bar (and log each epoch at INFO).
 
     Returns:
-        accuracy on the held-out quarter of digits.
+        test accuracy.
+
+    Raises:
+        JavaNotFoundError: no Java 17+ when a new session is needed.
     """
     from sparknet.datasets import load_digits
     from sparknet.layers import Dense
 
-    X, y, Xt, yt = load_digits()
-    model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=0)
+    X, y, Xt, yt = load_digits(seed=seed)
+    model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=seed)
     trainer = DataParallelTrainer(model, spark, num_partitions=num_partitions, sync="average",
-                                  optimizer=optim_mod.RMSprop(lr=2e-3))
-    trainer.fit(X, y, epochs=epochs, batch_size=32, validation_data=(Xt, yt), verbose=verbose)
+                                  optimizer=optim_mod.RMSprop(lr=3e-3))
+    trainer.fit(X, y, epochs=epochs, batch_size=16, verbose=int(bool(verbose)))
     return float(model.evaluate(Xt, yt)["accuracy"])
