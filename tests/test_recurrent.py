@@ -434,3 +434,45 @@ def test_save_and_load_round_trip(tmp_path):
     again = Sequential.load(path)
     assert [type(l).__name__ for l in again.layers] == ["Embedding", "LSTM", "SimpleRNN", "Dense"]
     np.testing.assert_array_equal(again.predict_proba(X), model.predict_proba(X))
+
+
+# --------------------------------------------------------------------------- float32 step kernels
+def _need_avx512():
+    if not _recurrent.step_kernel_available():
+        pytest.skip("this CPU has no AVX-512: the float32 step kernels are not used (BLAS is)")
+
+
+@pytest.mark.parametrize("M,K,Nc", [(1, 1, 1), (3, 7, 5), (8, 128, 512), (9, 33, 17), (17, 512, 128),
+                                    (128, 28, 100), (13, 64, 31)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
+    _need_avx512()
+    rng = np.random.default_rng(M * 1000 + K)
+    A = rng.standard_normal((M, K)).astype(np.float32)
+    At = np.ascontiguousarray(A.T)
+    B = rng.standard_normal((K, Nc)).astype(np.float32)
+    C0 = rng.standard_normal((M, Nc)).astype(np.float32)
+    ref = A.astype(np.float64) @ B + (C0 if accumulate else 0)
+    for fn, a in ((_recurrent.sgemm_step, A), (_recurrent.sgemm_tn_step, At)):
+        C = C0.copy()
+        fn(a, B, C, accumulate)
+        np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+
+
+def test_lstm_float32_step_kernel_equals_blas_path():
+    _need_avx512()
+    model = Sequential([LSTM(40, return_sequences=True), LSTM(24)], input_shape=(9, 6), dtype="float32")
+    x = _x(60, (11, 9, 6)).astype(np.float32)
+    mask = lengths_to_mask(np.array([9, 3, 5, 9, 1, 9, 2, 8, 9, 4, 6]), 9, padding="pre")
+    R = np.random.default_rng(61).standard_normal((11, 24)).astype(np.float32)
+    results = []
+    try:
+        for own in (True, False):
+            _recurrent.use_step_kernel(own)
+            y = model.forward(x, mask=mask)
+            dx = model.backward(R.copy())
+            results.append((y, dx, model.grads.copy()))
+    finally:
+        _recurrent.use_step_kernel(True)
+    for a, b in zip(results[0], results[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

@@ -169,6 +169,158 @@ cdef extern from *:
 
     SN_DEFINE(float, f, SN_CLONES)
     SN_DEFINE(double, d, )
+
+    /* ---- float32 products of the recurrent steps, without packing, for AVX-512 CPUs ----
+       C[M x Nc] (+)= A[M x K] @ B[K x Nc], all row-major with leading dimensions.  The
+       per-step recurrent product re-reads the same weight matrix T times; a BLAS packs it
+       again at every call, this kernel reads it in place (kept in L1/L2 across steps).
+       Register block: 8 rows x 32 columns (16 zmm accumulators); masked edge columns. */
+    #if defined(__GNUC__) && defined(__x86_64__)
+    #include <immintrin.h>
+    #define SN_HAVE_AVX512 1
+    #define SN_ROW_FMA(r) { __m512 a_ = _mm512_set1_ps(A[(r) * lda + k]);                \
+                            c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                    \
+                            c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1); }
+    #define SN_ROW_LOAD(r) { if (acc) { c##r##0 = _mm512_maskz_loadu_ps(m0, C + (r) * ldc);      \
+                                       c##r##1 = _mm512_maskz_loadu_ps(m1, C + (r) * ldc + 16); } \
+                             else { c##r##0 = _mm512_setzero_ps(); c##r##1 = _mm512_setzero_ps(); } }
+    #define SN_ROW_STORE(r) { _mm512_mask_storeu_ps(C + (r) * ldc, m0, c##r##0);               \
+                              _mm512_mask_storeu_ps(C + (r) * ldc + 16, m1, c##r##1); }
+
+    __attribute__((target("avx512f")))
+    static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int ldb,
+                                 float* C, int ldc, int acc, __mmask16 m0, __mmask16 m1) {
+        __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
+        if (acc) {  /* the next row block's C: fetched while this block computes */
+            for (int r = 8; r < 16; r++) {
+                _mm_prefetch((const char*)(C + (size_t)r * ldc), _MM_HINT_T0);
+                _mm_prefetch((const char*)(C + (size_t)r * ldc + 16), _MM_HINT_T0);
+            }
+        }
+        SN_ROW_LOAD(0) SN_ROW_LOAD(1) SN_ROW_LOAD(2) SN_ROW_LOAD(3)
+        SN_ROW_LOAD(4) SN_ROW_LOAD(5) SN_ROW_LOAD(6) SN_ROW_LOAD(7)
+        for (int k = 0; k < K; k++) {
+            const float* bk = B + (size_t)k * ldb;
+            __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+            __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+            SN_ROW_FMA(0) SN_ROW_FMA(1) SN_ROW_FMA(2) SN_ROW_FMA(3)
+            SN_ROW_FMA(4) SN_ROW_FMA(5) SN_ROW_FMA(6) SN_ROW_FMA(7)
+        }
+        SN_ROW_STORE(0) SN_ROW_STORE(1) SN_ROW_STORE(2) SN_ROW_STORE(3)
+        SN_ROW_STORE(4) SN_ROW_STORE(5) SN_ROW_STORE(6) SN_ROW_STORE(7)
+    }
+
+    __attribute__((target("avx512f")))
+    static void sn_block1_avx512(int K, const float* A, const float* B, int ldb, float* C,
+                                 int acc, __mmask16 m0, __mmask16 m1) {
+        __m512 c00, c01;
+        int lda = 0, ldc = 0;
+        (void)lda; (void)ldc;
+        SN_ROW_LOAD(0)
+        for (int k = 0; k < K; k++) {
+            const float* bk = B + (size_t)k * ldb;
+            __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+            __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+            SN_ROW_FMA(0)
+        }
+        SN_ROW_STORE(0)
+    }
+
+    /* B packed in panels of 32 columns: panel p holds B[0:K, 32p:32p+32] as K contiguous rows
+       of 32 floats (zero padded), so a panel is one contiguous block whatever B's row stride
+       (a power-of-two stride would map a panel's rows onto a few L1 sets). */
+    __attribute__((target("avx512f")))
+    static void sn_sgemm_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                float* C, int ldc, int acc) {
+        for (int j = 0; j < Nc; j += 32) {
+            int w = Nc - j;
+            const float* B = Bp + (size_t)(j / 32) * K * 32;
+            __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+            __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
+            int i = 0;
+            for (; i + 8 <= M; i += 8)
+                sn_block8_avx512(K, A + (size_t)i * lda, lda, B, 32, C + (size_t)i * ldc + j, ldc,
+                                 acc, m0, m1);
+            for (; i < M; i++)
+                sn_block1_avx512(K, A + (size_t)i * lda, B, 32, C + (size_t)i * ldc + j, acc, m0, m1);
+        }
+    }
+    /* C[M x Nc] (+)= At^T @ B with At (K x M) row-major (row stride lda): the weight
+       gradients dW = dgates^T @ inputs over all T*N rows.  The 8 rows of a block are 8
+       consecutive entries of one row of At. */
+    #define SN_ROWT_FMA(r) { __m512 a_ = _mm512_set1_ps(ak[r]);                              \
+                             c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                    \
+                             c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1); }
+    __attribute__((target("avx512f")))
+    static void sn_blockt8_avx512(int K, const float* At, int lda, const float* B, float* C,
+                                  int ldc, int acc, __mmask16 m0, __mmask16 m1) {
+        __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
+        SN_ROW_LOAD(0) SN_ROW_LOAD(1) SN_ROW_LOAD(2) SN_ROW_LOAD(3)
+        SN_ROW_LOAD(4) SN_ROW_LOAD(5) SN_ROW_LOAD(6) SN_ROW_LOAD(7)
+        for (int k = 0; k < K; k++) {
+            const float* ak = At + (size_t)k * lda;
+            const float* bk = B + (size_t)k * 32;
+            __m512 b0 = _mm512_loadu_ps(bk);
+            __m512 b1 = _mm512_loadu_ps(bk + 16);
+            SN_ROWT_FMA(0) SN_ROWT_FMA(1) SN_ROWT_FMA(2) SN_ROWT_FMA(3)
+            SN_ROWT_FMA(4) SN_ROWT_FMA(5) SN_ROWT_FMA(6) SN_ROWT_FMA(7)
+        }
+        SN_ROW_STORE(0) SN_ROW_STORE(1) SN_ROW_STORE(2) SN_ROW_STORE(3)
+        SN_ROW_STORE(4) SN_ROW_STORE(5) SN_ROW_STORE(6) SN_ROW_STORE(7)
+    }
+    __attribute__((target("avx512f")))
+    static void sn_blockt1_avx512(int K, const float* At, int lda, const float* B, float* C,
+                                  int acc, __mmask16 m0, __mmask16 m1) {
+        __m512 c00, c01;
+        int ldc = 0;
+        (void)ldc;
+        SN_ROW_LOAD(0)
+        for (int k = 0; k < K; k++) {
+            const float* ak = At + (size_t)k * lda;
+            const float* bk = B + (size_t)k * 32;
+            __m512 b0 = _mm512_loadu_ps(bk);
+            __m512 b1 = _mm512_loadu_ps(bk + 16);
+            SN_ROWT_FMA(0)
+        }
+        SN_ROW_STORE(0)
+    }
+    /* K is cut in chunks so that a chunk of a B panel (Kc x 32 floats) stays in L1/L2 while
+       all row blocks of C accumulate over it. */
+    __attribute__((target("avx512f")))
+    static void sn_sgemm_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+                                   float* C, int ldc, int acc) {
+        const int Kc = 256;
+        for (int j = 0; j < Nc; j += 32) {
+            int w = Nc - j;
+            const float* B = Bp + (size_t)(j / 32) * K * 32;
+            __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+            __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
+            for (int k0 = 0; k0 < K; k0 += Kc) {
+                int kc = K - k0 < Kc ? K - k0 : Kc;
+                int a = acc || k0 > 0;
+                int i = 0;
+                for (; i + 8 <= M; i += 8)
+                    sn_blockt8_avx512(kc, At + (size_t)k0 * lda + i, lda, B + (size_t)k0 * 32,
+                                      C + (size_t)i * ldc + j, ldc, a, m0, m1);
+                for (; i < M; i++)
+                    sn_blockt1_avx512(kc, At + (size_t)k0 * lda + i, lda, B + (size_t)k0 * 32,
+                                      C + (size_t)i * ldc + j, a, m0, m1);
+            }
+        }
+    }
+    static int sn_has_avx512(void) {
+        static int has = -1;
+        if (has < 0) { __builtin_cpu_init(); has = __builtin_cpu_supports("avx512f") ? 1 : 0; }
+        return has;
+    }
+    #else
+    #define SN_HAVE_AVX512 0
+    static void sn_sgemm_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                float* C, int ldc, int acc) { }
+    static int sn_has_avx512(void) { return 0; }
+    static void sn_sgemm_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+                                   float* C, int ldc, int acc) { }
+    #endif
     """
     void sn_lstm_fwd_f(int H, float* a, const float* b, const float* c_prev, float* c,
                        float* tc, float* h) noexcept nogil
@@ -186,9 +338,93 @@ cdef extern from *:
                       double* dz, double* db) noexcept nogil
     float sn_tanh_f(float x) noexcept nogil
     float sn_sigm_f(float x) noexcept nogil
+    void sn_sgemm_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                         float* C, int ldc, int acc) noexcept nogil
+    int sn_has_avx512() noexcept nogil
+    void sn_sgemm_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+                            float* C, int ldc, int acc) noexcept nogil
 
 
 # ---------------------------------------------------------------------------- helpers
+
+cdef bint _own_step_kernel = True
+
+
+def step_kernel_available() -> bool:
+    """True when float32 recurrent steps can use the built-in AVX-512 product (this CPU)."""
+    return bool(sn_has_avx512())
+
+
+def use_step_kernel(bint on=True) -> bool:
+    """Choose the float32 per-step product: the built-in AVX-512 kernel (default, when the
+    CPU has AVX-512) or the BLAS gemm.  Returns whether the built-in kernel is now used."""
+    global _own_step_kernel
+    _own_step_kernel = on
+    return bool(on and sn_has_avx512())
+
+
+cdef float* _pack_panels(const floating* src, Py_ssize_t ld, Py_ssize_t K, Py_ssize_t Nc,
+                         bint transposed) noexcept nogil:
+    """Panels of 32 columns of B (K, Nc) for :c:func:`sn_sgemm_avx512`; B = src (K, Nc) with
+    row stride ``ld``, or B = src^T when ``transposed`` (src is (Nc, K)).  NULL if out of memory."""
+    cdef Py_ssize_t P = (Nc + 31) // 32, p, k, c, col
+    cdef float* out = <float*>malloc(P * K * 32 * sizeof(float))
+    cdef float* dst
+    if out == NULL:
+        return NULL
+    for p in range(P):
+        for k in range(K):
+            dst = out + (p * K + k) * 32
+            for c in range(32):
+                col = p * 32 + c
+                if col >= Nc:
+                    dst[c] = 0
+                elif transposed:
+                    dst[c] = <float>src[col * ld + k]
+                else:
+                    dst[c] = <float>src[k * ld + col]
+    return out
+
+
+def sgemm_step(const float[:, ::1] A, const float[:, ::1] B, float[:, ::1] C, bint accumulate):
+    """``C[...] = A @ B`` (or ``C += A @ B``) with the built-in AVX-512 kernel (for tests)."""
+    cdef float* Bp
+    if not sn_has_avx512():
+        raise RuntimeError("this CPU has no AVX-512")
+    _check(A.shape[1] == B.shape[0] and C.shape[0] == A.shape[0] and C.shape[1] == B.shape[1]
+           and A.shape[1] > 0, "sgemm_step: shape mismatch")
+    if A.shape[0] == 0 or B.shape[1] == 0:
+        return
+    Bp = _pack_panels(&B[0, 0], B.shape[1], B.shape[0], B.shape[1], False)
+    if Bp == NULL:
+        raise MemoryError()
+    with nogil:
+        sn_sgemm_avx512(<int>A.shape[0], <int>B.shape[1], <int>A.shape[1], &A[0, 0], <int>A.shape[1],
+                        Bp, &C[0, 0], <int>C.shape[1], accumulate)
+    free(Bp)
+
+
+def sgemm_tn_step(const float[:, ::1] At, const float[:, ::1] B, float[:, ::1] C, bint accumulate):
+    """``C[...] = At.T @ B`` (or ``C += At.T @ B``) with the built-in AVX-512 kernel (for tests)."""
+    cdef float* Bp
+    if not sn_has_avx512():
+        raise RuntimeError("this CPU has no AVX-512")
+    _check(At.shape[0] == B.shape[0] and C.shape[0] == At.shape[1] and C.shape[1] == B.shape[1]
+           and At.shape[0] > 0, "sgemm_tn_step: shape mismatch")
+    if At.shape[1] == 0 or B.shape[1] == 0:
+        return
+    Bp = _pack_panels(&B[0, 0], B.shape[1], B.shape[0], B.shape[1], False)
+    if Bp == NULL:
+        raise MemoryError()
+    with nogil:
+        sn_sgemm_tn_avx512(<int>At.shape[1], <int>B.shape[1], <int>At.shape[0], &At[0, 0],
+                           <int>At.shape[1], Bp, &C[0, 0], <int>C.shape[1], accumulate)
+    free(Bp)
+
+
+cdef inline bint _own_kernel() noexcept nogil:
+    return _own_step_kernel and sn_has_avx512()
+
 
 cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floating* c_prev,
                                floating* c, floating* tc, floating* h) noexcept nogil:
@@ -307,9 +543,18 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
            "lstm_forward: y shape")
     if N == 0 or H == 0:
         return
+    cdef bint own = floating is float and _own_kernel()
+    cdef float* whT = NULL
+    cdef float* wiT = NULL
     b = <floating*>malloc(G * sizeof(floating))
     if b == NULL:
         raise MemoryError()
+    if own:
+        # W_hh^T (H, 4H) in panels, read in place by every step's product
+        whT = _pack_panels(&w_hh[0, 0], H, H, G, True)
+        if whT == NULL:
+            free(b)
+            raise MemoryError()
     try:
         with nogil:
             for j in range(G):
@@ -326,15 +571,25 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                 # all input projections in one gemm: gates (T*N, 4H) = xt (T*N, F) @ W_ih^T
                 if F > 0:
                     _to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
-                    gemm(False, True, <int>(T * N), <int>G, <int>F, <floating>1, &xt[0, 0, 0],
-                         <int>F, &w_ih[0, 0], <int>F, <floating>0, &gates[0, 0, 0], <int>G)
+                    wiT = _pack_panels(&w_ih[0, 0], F, F, G, True) if own else NULL
+                    if wiT != NULL:
+                        sn_sgemm_avx512(<int>(T * N), <int>G, <int>F, <float*>&xt[0, 0, 0], <int>F,
+                                        wiT, <float*>&gates[0, 0, 0], <int>G, 0)
+                        free(wiT)
+                    else:
+                        gemm(False, True, <int>(T * N), <int>G, <int>F, <floating>1, &xt[0, 0, 0],
+                             <int>F, &w_ih[0, 0], <int>F, <floating>0, &gates[0, 0, 0], <int>G)
                 else:
                     memset(&gates[0, 0, 0], 0, T * N * G * sizeof(floating))
             for t in range(T):
                 if t > 0 or has_h0:
                     # gates[t] (N, 4H) += h_{t-1} (N, H) @ W_hh^T
-                    gemm(False, True, <int>N, <int>G, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
-                         &w_hh[0, 0], <int>H, <floating>1, &gates[t, 0, 0], <int>G)
+                    if own:
+                        sn_sgemm_avx512(<int>N, <int>G, <int>H, <float*>&hs[t, 0, 0], <int>H, whT,
+                                        <float*>&gates[t, 0, 0], <int>G, 1)
+                    else:
+                        gemm(False, True, <int>N, <int>G, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
+                             &w_hh[0, 0], <int>H, <floating>1, &gates[t, 0, 0], <int>G)
                 for n in range(N):
                     if has_mask and mask[n, t] == 0:
                         memcpy(&hs[t + 1, n, 0], &hs[t, n, 0], H * sizeof(floating))
@@ -348,6 +603,7 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                             memcpy(&y[n, t, 0], &hs[t + 1, n, 0], H * sizeof(floating))
     finally:
         free(b)
+        free(whT)
 
 
 def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
@@ -379,6 +635,8 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     cdef floating* DH2
     cdef floating* tmp
     cdef const floating* dyp = NULL
+    cdef bint own = floating is float and _own_kernel() and T > 1 and N > 0 and H > 0
+    cdef float* whp = NULL
     _check(xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == G and w_ih.shape[1] == F
            and w_hh.shape[0] == G and w_hh.shape[1] == H, "lstm_backward: shapes disagree")
     _check(hs.shape[0] == T + 1 and hs.shape[1] == N and hs.shape[2] == H and cs.shape[0] == T + 1
@@ -398,6 +656,37 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
            and dw_hh.shape[1] == H and db_ih.shape[0] == G and db_hh.shape[0] == G,
            "lstm_backward: gradient shapes")
     _check(not has_mask or (mask.shape[0] == N and mask.shape[1] == T), "lstm_backward: mask shape")
+    if own:
+        whp = _pack_panels(&w_hh[0, 0], H, G, H, False)
+        if whp == NULL:
+            raise MemoryError()
+    try:
+        _lstm_backward_loop(xt, w_ih, w_hh, mask, gates, hs, cs, tcs, dy, dh_last, dc_last, dh_a,
+                            dh_b, dc, dxt, dx, dw_ih, dw_hh, db_ih, db_hh, own, whp)
+    finally:
+        free(whp)
+
+
+cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
+                              const floating[:, ::1] w_hh, const unsigned char[:, ::1] mask,
+                              floating[:, :, ::1] gates, const floating[:, :, ::1] hs,
+                              const floating[:, :, ::1] cs, const floating[:, :, ::1] tcs,
+                              const floating[:, :, ::1] dy, const floating[:, ::1] dh_last,
+                              const floating[:, ::1] dc_last, floating[:, ::1] dh_a,
+                              floating[:, ::1] dh_b, floating[:, ::1] dc, floating[:, :, ::1] dxt,
+                              floating[:, :, ::1] dx, floating[:, ::1] dw_ih,
+                              floating[:, ::1] dw_hh, floating[::1] db_ih, floating[::1] db_hh,
+                              bint own, float* whp) noexcept:
+    cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], G = gates.shape[2]
+    cdef Py_ssize_t F = xt.shape[2], H = G // 4
+    cdef bint has_mask = mask is not None, has_dy = dy is not None
+    cdef bint has_dx = dx is not None
+    cdef Py_ssize_t t, n
+    cdef floating* DH
+    cdef floating* DH2
+    cdef floating* tmp
+    cdef const floating* dyp = NULL
+    cdef float* bp = NULL
     with nogil:
         memset(&db_ih[0], 0, G * sizeof(floating))
         if T == 0 or N == 0:
@@ -429,8 +718,12 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                                       DH + n * H, dyp, &dc[n, 0], &db_ih[0])
                 if t > 0:
                     # dh_{t-1} (N, H) = dgates[t] (N, 4H) @ W_hh (4H, H)
-                    gemm(False, False, <int>N, <int>H, <int>G, <floating>1, &gates[t, 0, 0],
-                         <int>G, &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
+                    if own:
+                        sn_sgemm_avx512(<int>N, <int>H, <int>G, <float*>&gates[t, 0, 0], <int>G,
+                                        whp, <float*>DH2, <int>H, 0)
+                    else:
+                        gemm(False, False, <int>N, <int>H, <int>G, <floating>1, &gates[t, 0, 0],
+                             <int>G, &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
                     if has_mask:
                         for n in range(N):
                             if mask[n, t] == 0:
@@ -438,14 +731,26 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                     tmp = DH
                     DH = DH2
                     DH2 = tmp
-            # one gemm each over all T*N rows
+            # one product each over all T*N rows
             # dW_hh (4H, H) = dgates^T (4H, T*N) @ hs[0:T] (T*N, H)
-            gemm(True, False, <int>G, <int>H, <int>(T * N), <floating>1, &gates[0, 0, 0], <int>G,
-                 &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
+            bp = _pack_panels(&hs[0, 0, 0], H, T * N, H, False) if own else NULL
+            if bp != NULL:
+                sn_sgemm_tn_avx512(<int>G, <int>H, <int>(T * N), <float*>&gates[0, 0, 0], <int>G, bp,
+                                   <float*>&dw_hh[0, 0], <int>H, 0)
+                free(bp)
+            else:
+                gemm(True, False, <int>G, <int>H, <int>(T * N), <floating>1, &gates[0, 0, 0], <int>G,
+                     &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
             if F > 0:
                 # dW_ih (4H, F) = dgates^T (4H, T*N) @ xt (T*N, F)
-                gemm(True, False, <int>G, <int>F, <int>(T * N), <floating>1, &gates[0, 0, 0],
-                     <int>G, &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
+                bp = _pack_panels(&xt[0, 0, 0], F, T * N, F, False) if own else NULL
+                if bp != NULL:
+                    sn_sgemm_tn_avx512(<int>G, <int>F, <int>(T * N), <float*>&gates[0, 0, 0], <int>G,
+                                       bp, <float*>&dw_ih[0, 0], <int>F, 0)
+                    free(bp)
+                else:
+                    gemm(True, False, <int>G, <int>F, <int>(T * N), <floating>1, &gates[0, 0, 0],
+                         <int>G, &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
                 if has_dx:
                     # dxt (T*N, F) = dgates (T*N, 4H) @ W_ih (4H, F)
                     gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1,
