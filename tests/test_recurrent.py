@@ -459,9 +459,10 @@ def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
         np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
-def test_lstm_float32_step_kernel_equals_blas_path():
+def test_float32_step_kernel_equals_blas_path():
     _need_avx512()
-    model = Sequential([LSTM(40, return_sequences=True), LSTM(24)], input_shape=(9, 6), dtype="float32")
+    model = Sequential([LSTM(40, return_sequences=True), SimpleRNN(33, return_sequences=True), LSTM(24)],
+                       input_shape=(9, 6), dtype="float32")
     x = _x(60, (11, 9, 6)).astype(np.float32)
     mask = lengths_to_mask(np.array([9, 3, 5, 9, 1, 9, 2, 8, 9, 4, 6]), 9, padding="pre")
     R = np.random.default_rng(61).standard_normal((11, 24)).astype(np.float32)

@@ -793,9 +793,17 @@ def rnn_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
            "rnn_forward: y shape")
     if N == 0 or H == 0:
         return
+    cdef bint own = floating is float and _own_kernel()
+    cdef float* whT = NULL
+    cdef float* wiT = NULL
     b = <floating*>malloc(H * sizeof(floating))
     if b == NULL:
         raise MemoryError()
+    if own:
+        whT = _pack_panels(&w_hh[0, 0], H, H, H, True)
+        if whT == NULL:
+            free(b)
+            raise MemoryError()
     try:
         with nogil:
             for j in range(H):
@@ -807,14 +815,25 @@ def rnn_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
             if T > 0:
                 if F > 0:
                     _to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
-                    gemm(False, True, <int>(T * N), <int>H, <int>F, <floating>1, &xt[0, 0, 0],
-                         <int>F, &w_ih[0, 0], <int>F, <floating>0, &zs[0, 0, 0], <int>H)
+                    wiT = _pack_panels(&w_ih[0, 0], F, F, H, True) if own else NULL
+                    if wiT != NULL:
+                        sn_sgemm_avx512(<int>(T * N), <int>H, <int>F, <float*>&xt[0, 0, 0], <int>F,
+                                        wiT, <float*>&zs[0, 0, 0], <int>H, 0)
+                        free(wiT)
+                    else:
+                        gemm(False, True, <int>(T * N), <int>H, <int>F, <floating>1, &xt[0, 0, 0],
+                             <int>F, &w_ih[0, 0], <int>F, <floating>0, &zs[0, 0, 0], <int>H)
                 else:
                     memset(&zs[0, 0, 0], 0, T * N * H * sizeof(floating))
             for t in range(T):
                 if t > 0 or has_h0:
-                    gemm(False, True, <int>N, <int>H, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
-                         &w_hh[0, 0], <int>H, <floating>1, &zs[t, 0, 0], <int>H)
+                    # zs[t] (N, H) += h_{t-1} (N, H) @ W_hh^T
+                    if own:
+                        sn_sgemm_avx512(<int>N, <int>H, <int>H, <float*>&hs[t, 0, 0], <int>H, whT,
+                                        <float*>&zs[t, 0, 0], <int>H, 1)
+                    else:
+                        gemm(False, True, <int>N, <int>H, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
+                             &w_hh[0, 0], <int>H, <floating>1, &zs[t, 0, 0], <int>H)
                 for n in range(N):
                     if has_mask and mask[n, t] == 0:
                         memcpy(&hs[t + 1, n, 0], &hs[t, n, 0], H * sizeof(floating))
@@ -826,6 +845,7 @@ def rnn_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                             memcpy(&y[n, t, 0], &hs[t + 1, n, 0], H * sizeof(floating))
     finally:
         free(b)
+        free(whT)
 
 
 def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
@@ -850,6 +870,9 @@ def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     cdef floating* DH2
     cdef floating* tmp
     cdef const floating* dyp = NULL
+    cdef bint own = floating is float and _own_kernel() and T > 0 and N > 0 and H > 0
+    cdef float* whp = NULL
+    cdef float* bp = NULL
     _check(xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == H and w_ih.shape[1] == F
            and w_hh.shape[0] == H and w_hh.shape[1] == H, "rnn_backward: shapes disagree")
     _check(hs.shape[0] == T + 1 and hs.shape[1] == N and hs.shape[2] == H, "rnn_backward: hs shape")
@@ -867,6 +890,33 @@ def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
            "rnn_backward: gradient shapes")
     _check(act in (0, 1, 2, 3), "rnn_backward: bad activation id")
     _check(not has_mask or (mask.shape[0] == N and mask.shape[1] == T), "rnn_backward: mask shape")
+    if own:
+        whp = _pack_panels(&w_hh[0, 0], H, H, H, False)
+        if whp == NULL:
+            raise MemoryError()
+    try:
+        _rnn_backward_loop(xt, w_ih, w_hh, mask, act, hs, dy, dh_last, dz, dh_a, dh_b, dxt, dx, dw_ih,
+                           dw_hh, db_ih, db_hh, own, whp)
+    finally:
+        free(whp)
+
+
+cdef void _rnn_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
+                             const floating[:, ::1] w_hh, const unsigned char[:, ::1] mask, int act,
+                             const floating[:, :, ::1] hs, const floating[:, :, ::1] dy,
+                             const floating[:, ::1] dh_last, floating[:, :, ::1] dz,
+                             floating[:, ::1] dh_a, floating[:, ::1] dh_b, floating[:, :, ::1] dxt,
+                             floating[:, :, ::1] dx, floating[:, ::1] dw_ih, floating[:, ::1] dw_hh,
+                             floating[::1] db_ih, floating[::1] db_hh, bint own,
+                             float* whp) noexcept:
+    cdef Py_ssize_t T = dz.shape[0], N = dz.shape[1], H = dz.shape[2], F = xt.shape[2]
+    cdef bint has_mask = mask is not None, has_dy = dy is not None, has_dx = dx is not None
+    cdef Py_ssize_t t, n
+    cdef floating* DH
+    cdef floating* DH2
+    cdef floating* tmp
+    cdef const floating* dyp = NULL
+    cdef float* bp = NULL
     with nogil:
         memset(&db_ih[0], 0, H * sizeof(floating))
         if T == 0 or N == 0:
@@ -893,8 +943,12 @@ def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                                      &db_ih[0])
                 if t > 0:
                     # dh_{t-1} (N, H) = dz[t] (N, H) @ W_hh (H, H)
-                    gemm(False, False, <int>N, <int>H, <int>H, <floating>1, &dz[t, 0, 0], <int>H,
-                         &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
+                    if own:
+                        sn_sgemm_avx512(<int>N, <int>H, <int>H, <float*>&dz[t, 0, 0], <int>H, whp,
+                                        <float*>DH2, <int>H, 0)
+                    else:
+                        gemm(False, False, <int>N, <int>H, <int>H, <floating>1, &dz[t, 0, 0], <int>H,
+                             &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
                     if has_mask:
                         for n in range(N):
                             if mask[n, t] == 0:
@@ -902,11 +956,24 @@ def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                     tmp = DH
                     DH = DH2
                     DH2 = tmp
-            gemm(True, False, <int>H, <int>H, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
-                 &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
+            # dW_hh (H, H) = dz^T (H, T*N) @ hs[0:T] (T*N, H);  dW_ih = dz^T @ xt
+            bp = _pack_panels(&hs[0, 0, 0], H, T * N, H, False) if own else NULL
+            if bp != NULL:
+                sn_sgemm_tn_avx512(<int>H, <int>H, <int>(T * N), <float*>&dz[0, 0, 0], <int>H, bp,
+                                   <float*>&dw_hh[0, 0], <int>H, 0)
+                free(bp)
+            else:
+                gemm(True, False, <int>H, <int>H, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
+                     &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
             if F > 0:
-                gemm(True, False, <int>H, <int>F, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
-                     &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
+                bp = _pack_panels(&xt[0, 0, 0], F, T * N, F, False) if own else NULL
+                if bp != NULL:
+                    sn_sgemm_tn_avx512(<int>H, <int>F, <int>(T * N), <float*>&dz[0, 0, 0], <int>H, bp,
+                                       <float*>&dw_ih[0, 0], <int>F, 0)
+                    free(bp)
+                else:
+                    gemm(True, False, <int>H, <int>F, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
+                         &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
                 if has_dx:
                     gemm(False, False, <int>(T * N), <int>F, <int>H, <floating>1, &dz[0, 0, 0],
                          <int>H, &w_ih[0, 0], <int>F, <floating>0, &dxt[0, 0, 0], <int>F)
