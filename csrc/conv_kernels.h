@@ -28,6 +28,12 @@
 #else
 #  define SN_UNUSED
 #endif
+/* short copies (a few floats for a one-channel image) must stay inline loops, not calls */
+#if defined(__GNUC__) && !defined(__clang__)
+#  define SN_NO_MEMCPY __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#  define SN_NO_MEMCPY
+#endif
 
 #define SN_CONV_DEFINE(T, S)                                                                  \
 /* y[r, :] = y[r, :] + b (b may be NULL), then relu if relu != 0; rows x F, in place. */     \
@@ -127,6 +133,81 @@ SN_CLONES SN_UNUSED static void sn_maxpool_bwd_tiled_##S(const T *restrict dy, c
         }                                                                                     \
     }                                                                                         \
     for (ih = OH * PH; ih < H; ih++) memset(dx + ih * W * C, 0, (size_t)(W * C) * sizeof(T)); \
+}                                                                                             \
+                                                                                              \
+/* im2col of column rows r0 <= r < r1 (r = (n, oh, ow)) into dst (row r0 first, K =       \
+ * KH*KW*C values per row in (kh, kw, c) order, zeros in the padding).  The KW taps of one \
+ * kernel row are one contiguous span of KW*C input values when they are all inside the   \
+ * image and the dilation is 1. */                                                         \
+SN_CLONES SN_UNUSED SN_NO_MEMCPY static void sn_im2col_rows_##S(                                    \
+    const T *restrict X, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C, ptrdiff_t OH, ptrdiff_t OW,   \
+    ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,       \
+    ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0, ptrdiff_t r1, T *restrict dst)                  \
+{                                                                                             \
+    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw, j;                                      \
+    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;                               \
+    for (r = r0; r < r1; r++) {                                                               \
+        const T *restrict xn = X + n * H * W * C;                                             \
+        ptrdiff_t iw0 = ow * sw - pw;                                                         \
+        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;                                    \
+        for (kh = 0; kh < KH; kh++) {                                                         \
+            ptrdiff_t ih = oh * sh - ph + kh * dh;                                            \
+            if (ih < 0 || ih >= H) {                                                          \
+                for (j = 0; j < KWC; j++) dst[j] = 0;                                         \
+            } else if (inside) {                                                              \
+                const T *restrict src = xn + (ih * W + iw0) * C;                              \
+                for (j = 0; j < KWC; j++) dst[j] = src[j];                                    \
+            } else {                                                                          \
+                for (kw = 0; kw < KW; kw++) {                                                 \
+                    ptrdiff_t iw = iw0 + kw * dw;                                             \
+                    T *restrict d = dst + kw * C;                                             \
+                    if (iw < 0 || iw >= W) {                                                  \
+                        for (j = 0; j < C; j++) d[j] = 0;                                     \
+                    } else {                                                                  \
+                        const T *restrict src = xn + (ih * W + iw) * C;                       \
+                        for (j = 0; j < C; j++) d[j] = src[j];                                \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            dst += KWC;                                                                       \
+        }                                                                                     \
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }                          \
+    }                                                                                         \
+}                                                                                             \
+                                                                                              \
+/* col2im: add column rows r0 <= r < r1 (src, row r0 first) into dX. */                       \
+SN_CLONES SN_UNUSED static void sn_col2im_rows_##S(                                           \
+    T *restrict dX, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C, ptrdiff_t OH, ptrdiff_t OW,        \
+    ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,       \
+    ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0, ptrdiff_t r1, const T *restrict src)            \
+{                                                                                             \
+    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw, j;                                      \
+    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;                               \
+    for (r = r0; r < r1; r++) {                                                               \
+        T *restrict xn = dX + n * H * W * C;                                                  \
+        ptrdiff_t iw0 = ow * sw - pw;                                                         \
+        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;                                    \
+        for (kh = 0; kh < KH; kh++) {                                                         \
+            ptrdiff_t ih = oh * sh - ph + kh * dh;                                            \
+            if (ih >= 0 && ih < H) {                                                          \
+                if (inside) {                                                                 \
+                    T *restrict d = xn + (ih * W + iw0) * C;                                  \
+                    for (j = 0; j < KWC; j++) d[j] += src[j];                                 \
+                } else {                                                                      \
+                    for (kw = 0; kw < KW; kw++) {                                             \
+                        ptrdiff_t iw = iw0 + kw * dw;                                         \
+                        if (iw >= 0 && iw < W) {                                              \
+                            T *restrict d = xn + (ih * W + iw) * C;                           \
+                            const T *restrict s = src + kw * C;                               \
+                            for (j = 0; j < C; j++) d[j] += s[j];                             \
+                        }                                                                     \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+            src += KWC;                                                                       \
+        }                                                                                     \
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }                          \
+    }                                                                                         \
 }
 
 SN_CONV_DEFINE(float, f)

@@ -17,11 +17,15 @@ Forward: ``Y = act(cols @ Wt + b)``.  Backward: ``dZ = dY * act'``,
 Input pixel of output ``(oh, ow)`` and tap ``(kh, kw)``:
 ``ih = oh * sh - ph + kh * dh``, ``iw = ow * sw - pw + kw * dw``.
 
-The rows are processed in chunks sized to stay in the L2 cache: a chunk of columns is
-written and immediately multiplied (forward) or produced by GEMM and immediately
-scattered back (backward to the input), so the column matrix for the input gradient
-never exists whole.  A 1x1 convolution with stride 1 and no padding skips im2col:
-``X`` itself is the column matrix.
+The column matrix never exists whole.  Rows are processed in chunks sized for the L2
+cache: the forward pass builds a chunk of columns and multiplies it at once; the
+backward pass builds the same chunk again, adds its share of ``dWt`` and produces and
+scatters back its column gradients while they are hot.  Rebuilding a chunk costs far
+less than writing the whole column matrix to main memory and reading it back.  A 1x1
+convolution with stride 1 and no padding skips im2col: ``X`` itself is the column matrix.
+
+float32 GEMMs run on the AVX-512 kernel of ``csrc/sgemm_avx512.h`` when the CPU has
+AVX-512 (:func:`set_gemm_backend` switches to BLAS); float64 always uses BLAS.
 """
 from cython cimport floating
 from libc.string cimport memcpy, memset
@@ -80,14 +84,14 @@ cdef inline void _gemm_nn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floati
 
 cdef inline void _gemm_tn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
                           Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
-                          Py_ssize_t ldc) noexcept nogil:
-    """``C = A.T @ B`` with A stored (K, M) (row-major, overwritten)."""
+                          Py_ssize_t ldc, bint accumulate) noexcept nogil:
+    """``C = A.T @ B`` (or ``C += A.T @ B``) with A stored (K, M), row-major."""
     if floating is float:
         if _own_gemm:
-            sn_sgemm_avx512(M, N, K, A, 1, lda, B, ldb, C, ldc, 0, 128)
+            sn_sgemm_avx512(M, N, K, A, 1, lda, B, ldb, C, ldc, accumulate, 128)
             return
     gemm(True, False, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
-         <floating>0, C, <int>ldc)
+         <floating>1 if accumulate else <floating>0, C, <int>ldc)
 
 
 cdef inline void _gemm_nt(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
@@ -195,8 +199,10 @@ def profile():
     return {PHASES[i]: _prof[i] for i in range(N_PHASES)}
 
 
-cdef inline Py_ssize_t _chunk_rows(Py_ssize_t K, Py_ssize_t itemsize, Py_ssize_t P) noexcept nogil:
-    cdef Py_ssize_t r = _chunk_bytes // (K * itemsize)
+cdef inline Py_ssize_t _chunk_rows(Py_ssize_t K, Py_ssize_t itemsize, Py_ssize_t P,
+                                   Py_ssize_t buffers) noexcept nogil:
+    """Rows per chunk so that ``buffers`` chunk buffers of K columns fit the budget."""
+    cdef Py_ssize_t r = _chunk_bytes // (buffers * K * itemsize)
     if r < 64:
         r = 64
     if r > P:
@@ -204,92 +210,49 @@ cdef inline Py_ssize_t _chunk_rows(Py_ssize_t K, Py_ssize_t itemsize, Py_ssize_t
     return r
 
 
-cdef void _im2col_rows(const floating* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
-                       Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
-                       Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
-                       Py_ssize_t dh, Py_ssize_t dw,
-                       Py_ssize_t r0, Py_ssize_t r1, floating* dst) noexcept nogil:
+cdef extern from "conv_kernels.h" nogil:
+    void sn_im2col_rows_f(const float* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                          Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                          Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                          Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1, float* dst)
+    void sn_im2col_rows_d(const double* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                          Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                          Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                          Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1, double* dst)
+    void sn_col2im_rows_f(float* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                          Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                          Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                          Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1,
+                          const float* src)
+    void sn_col2im_rows_d(double* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                          Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                          Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                          Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1,
+                          const double* src)
+
+
+cdef inline void _im2col_rows(const floating* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                              Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                              Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                              Py_ssize_t dh, Py_ssize_t dw,
+                              Py_ssize_t r0, Py_ssize_t r1, floating* dst) noexcept nogil:
     """Write column rows ``r0 <= p < r1`` to ``dst`` (row ``r0`` first)."""
-    cdef Py_ssize_t n, oh, ow, kh, kw, ih, iw, iw0, r, j
-    cdef Py_ssize_t KWC = KW * C
-    cdef Py_ssize_t ohw = OH * OW
-    cdef const floating* xn
-    cdef const floating* src
-    n = r0 // ohw
-    oh = (r0 % ohw) // OW
-    ow = r0 % OW
-    for r in range(r0, r1):
-        xn = X + n * H * W * C
-        iw0 = ow * sw - pw
-        for kh in range(KH):
-            ih = oh * sh - ph + kh * dh
-            if ih < 0 or ih >= H:
-                memset(dst, 0, KWC * sizeof(floating))
-            elif dw == 1 and iw0 >= 0 and iw0 + KW <= W:
-                # the KW taps are one contiguous span of KW * C values
-                src = xn + (ih * W + iw0) * C
-                for j in range(KWC):
-                    dst[j] = src[j]
-            else:
-                for kw in range(KW):
-                    iw = iw0 + kw * dw
-                    if iw < 0 or iw >= W:
-                        for j in range(C):
-                            dst[kw * C + j] = 0
-                    else:
-                        src = xn + (ih * W + iw) * C
-                        for j in range(C):
-                            dst[kw * C + j] = src[j]
-            dst += KWC
-        ow += 1
-        if ow == OW:
-            ow = 0
-            oh += 1
-            if oh == OH:
-                oh = 0
-                n += 1
+    if floating is float:
+        sn_im2col_rows_f(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
+    else:
+        sn_im2col_rows_d(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
 
 
-cdef void _col2im_rows(floating* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
-                       Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
-                       Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
-                       Py_ssize_t dh, Py_ssize_t dw,
-                       Py_ssize_t r0, Py_ssize_t r1, const floating* src) noexcept nogil:
+cdef inline void _col2im_rows(floating* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                              Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                              Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                              Py_ssize_t dh, Py_ssize_t dw,
+                              Py_ssize_t r0, Py_ssize_t r1, const floating* src) noexcept nogil:
     """Add column rows ``r0 <= p < r1`` (``src``, row ``r0`` first) into ``dX``."""
-    cdef Py_ssize_t n, oh, ow, kh, kw, ih, iw, iw0, r, j
-    cdef Py_ssize_t KWC = KW * C
-    cdef Py_ssize_t ohw = OH * OW
-    cdef floating* xn
-    cdef floating* d
-    n = r0 // ohw
-    oh = (r0 % ohw) // OW
-    ow = r0 % OW
-    for r in range(r0, r1):
-        xn = dX + n * H * W * C
-        iw0 = ow * sw - pw
-        for kh in range(KH):
-            ih = oh * sh - ph + kh * dh
-            if ih < 0 or ih >= H:
-                pass
-            elif dw == 1 and iw0 >= 0 and iw0 + KW <= W:
-                d = xn + (ih * W + iw0) * C
-                for j in range(KWC):
-                    d[j] += src[j]
-            else:
-                for kw in range(KW):
-                    iw = iw0 + kw * dw
-                    if iw >= 0 and iw < W:
-                        d = xn + (ih * W + iw) * C
-                        for j in range(C):
-                            d[j] += src[kw * C + j]
-            src += KWC
-        ow += 1
-        if ow == OW:
-            ow = 0
-            oh += 1
-            if oh == OH:
-                oh = 0
-                n += 1
+    if floating is float:
+        sn_col2im_rows_f(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
+    else:
+        sn_col2im_rows_d(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
 
 
 cdef inline bint _is_direct(Py_ssize_t KH, Py_ssize_t KW, Py_ssize_t sh, Py_ssize_t sw,
@@ -322,7 +285,7 @@ def _check_shapes(X, Wt, Y, int sh, int sw, int ph, int pw, int dh, int dw):
 
 
 def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
-            const floating[::1] b, floating[:, :, :, ::1] Y, floating[:, ::1] cols,
+            const floating[::1] b, floating[:, :, :, ::1] Y,
             int sh=1, int sw=1, int ph=0, int pw=0, int dh=1, int dw=1,
             int act=ACT_IDENTITY):
     """``Y[...] = act(conv(X, Wt) + b)``.
@@ -332,9 +295,6 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         Wt: kernel ``(KH, KW, C, F)``.
         b: bias ``(F,)`` or None.
         Y: output ``(N, OH, OW, F)``, overwritten.
-        cols: ``(N * OH * OW, KH * KW * C)`` to keep the column matrix for the backward
-            pass, or None to use a small scratch chunk (inference).  Ignored (may be
-            None) for a 1x1, stride-1, unpadded convolution.
         sh, sw, ph, pw, dh, dw: strides, zero paddings (top/left; the bottom/right
             padding is whatever the output size implies) and dilations.
         act: activation id (``sparknet.activations.activation_id``), fused.
@@ -343,31 +303,24 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
     N, H, W_, C, KH, KW, F, OH, OW = _check_shapes(X, Wt, Y, sh, sw, ph, pw, dh, dw)
     cdef Py_ssize_t P = N * OH * OW, K = KH * KW * C
     cdef bint direct = _is_direct(KH, KW, sh, sw, ph, pw)
-    cdef bint keep = cols is not None
     cdef bint has_b = b is not None
     if has_b and b.shape[0] != F:
         raise ValueError(f"conv: bias has {b.shape[0]} entries for {F} filters")
-    if keep and not direct and (cols.shape[0] != P or cols.shape[1] != K):
-        raise ValueError(f"conv: column buffer is {(cols.shape[0], cols.shape[1])}, expected {(P, K)}")
     if P == 0 or F == 0:
         return
-    cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P)
+    cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P, 1)
     cdef floating[:, ::1] scratch
     cdef floating* cbase = NULL
     if not direct:
-        if keep:
-            cbase = &cols[0, 0]
-        else:
-            import numpy as np
-            scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
-            cbase = &scratch[0, 0]
+        import numpy as np
+        scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
+        cbase = &scratch[0, 0]
     cdef const floating* xp = &X[0, 0, 0, 0]
     cdef floating* yp = &Y[0, 0, 0, 0]
     cdef const floating* wp = &Wt[0, 0, 0, 0]
     cdef const floating* bp = &b[0] if has_b else NULL
-    cdef Py_ssize_t r0, r1, i, j
+    cdef Py_ssize_t r0, r1
     cdef floating* c
-    cdef floating* y
     cdef double t = _now() if _profiling else 0
     with nogil:
         r0 = 0
@@ -376,7 +329,7 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
             if direct:
                 c = <floating*>xp + r0 * K
             else:
-                c = cbase + (r0 * K if keep else 0)
+                c = cbase
                 _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, c)
                 t = _tick(0, t)
             _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F)
@@ -419,17 +372,19 @@ def col2im(const floating[:, ::1] cols, floating[:, :, :, ::1] dX, int KH, int K
 
 def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
              const floating[:, :, :, ::1] Y, floating[:, :, :, ::1] dY,
-             const floating[:, ::1] cols, floating[:, :, :, ::1] dX,
-             floating[:, :, :, ::1] dW, floating[::1] db,
+             floating[:, :, :, ::1] dX, floating[:, :, :, ::1] dW, floating[::1] db,
              int sh=1, int sw=1, int ph=0, int pw=0, int dh=1, int dw=1,
              int act=ACT_IDENTITY):
     """Backward pass of :func:`forward`; gradients are overwritten, never accumulated.
 
+    The columns of ``X`` are rebuilt chunk by chunk (as in the forward pass) rather than
+    kept: a chunk is built in the L2 cache, used for its share of the weight gradient,
+    and the same rows' input gradient is produced and scattered back (col2im) while
+    they are hot.  No column matrix of the whole batch ever reaches main memory.
+
     Args:
         X, Wt, Y: the forward input, kernel and output.
         dY: gradient w.r.t. ``Y``; overwritten with ``dZ = dY * act'``.
-        cols: the column matrix of ``X`` kept by :func:`forward` (None for a direct
-            1x1 convolution).
         dX: gradient w.r.t. ``X`` (same shape), or None to skip it.
         dW: gradient w.r.t. ``Wt`` (same shape).
         db: gradient w.r.t. the bias, or None.
@@ -446,54 +401,71 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         raise ValueError("conv backward: dX does not match X")
     if has_db and db.shape[0] != F:
         raise ValueError("conv backward: db does not match the number of filters")
-    if not direct and (cols is None or cols.shape[0] != P or cols.shape[1] != K):
-        raise ValueError(f"conv backward: needs the {(P, K)} column matrix of the forward pass")
-    cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P) if P > 0 else 1
-    cdef floating[:, ::1] scratch
-    import numpy as np
-    if has_dx and not direct and P > 0:
-        scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
-    # the kernel transposed, (F, K), for the AVX-512 GEMM of the input gradient
-    cdef floating[:, ::1] wt_t
-    cdef const floating* wtp = NULL
-    if has_dx and P > 0 and F > 0 and K > 0:
-        wt_t = np.ascontiguousarray(np.asarray(Wt).reshape(K, F).T)
-        wtp = &wt_t[0, 0]
-    cdef const floating* cp = (&X[0, 0, 0, 0] if direct else &cols[0, 0]) if P > 0 else NULL
-    cdef floating* dzp = &dY[0, 0, 0, 0] if P > 0 and F > 0 else NULL
-    cdef Py_ssize_t i, j, r0, r1
-    cdef floating* d
-    cdef double t = _now() if _profiling else 0
-    with nogil:
-        if has_db and (P == 0 or F == 0):
-            for j in range(F):
-                db[j] = 0
-        if P == 0 or F == 0:
-            memset(&dW[0, 0, 0, 0], 0, K * F * sizeof(floating))
+    cdef floating* dwp = &dW[0, 0, 0, 0] if K * F > 0 else NULL
+    cdef Py_ssize_t j
+    if P == 0 or F == 0 or K == 0:
+        with nogil:
+            if has_db:
+                for j in range(F):
+                    db[j] = 0
+            if K * F > 0:
+                memset(dwp, 0, K * F * sizeof(floating))
             if has_dx and N * H * W_ * C > 0:
                 memset(&dX[0, 0, 0, 0], 0, N * H * W_ * C * sizeof(floating))
-        else:
-            _act_grad_bias_grad(&Y[0, 0, 0, 0], dzp, &db[0] if has_db else NULL, P, F, act)
-            t = _tick(3, t)
-            # dW (K, F) = cols^T (K, P) @ dZ (P, F)
-            _gemm_tn(K, F, P, cp, K, dzp, F, &dW[0, 0, 0, 0], F)
+        return
+    import numpy as np
+    dtype = np.float32 if floating is float else np.float64
+    # two chunk buffers (columns, column gradients) share the cache budget
+    cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P, 2)
+    cdef floating[:, ::1] cols_buf, dcols_buf, wt_t
+    cdef floating* cbase = NULL
+    cdef floating* dcbase = NULL
+    if not direct:
+        cols_buf = np.empty((chunk, K), dtype=dtype)
+        cbase = &cols_buf[0, 0]
+        if has_dx:
+            dcols_buf = np.empty((chunk, K), dtype=dtype)
+            dcbase = &dcols_buf[0, 0]
+    # the kernel transposed, (F, K), for the AVX-512 GEMM of the input gradient
+    cdef const floating* wtp = NULL
+    if has_dx:
+        wt_t = np.ascontiguousarray(np.asarray(Wt).reshape(K, F).T)
+        wtp = &wt_t[0, 0]
+    cdef const floating* xp = &X[0, 0, 0, 0]
+    cdef const floating* wp = &Wt[0, 0, 0, 0]
+    cdef floating* dzp = &dY[0, 0, 0, 0]
+    cdef floating* dxp = &dX[0, 0, 0, 0] if has_dx else NULL
+    cdef Py_ssize_t r0, r1
+    cdef const floating* c
+    cdef double t = _now() if _profiling else 0
+    with nogil:
+        _act_grad_bias_grad(&Y[0, 0, 0, 0], dzp, &db[0] if has_db else NULL, P, F, act)
+        t = _tick(3, t)
+        if has_dx and not direct:
+            memset(dxp, 0, N * H * W_ * C * sizeof(floating))
+            t = _tick(6, t)
+        r0 = 0
+        while r0 < P:
+            r1 = r0 + chunk if r0 + chunk < P else P
+            if direct:
+                c = xp + r0 * K
+            else:
+                _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, cbase)
+                c = cbase
+                t = _tick(0, t)
+            # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
+            _gemm_tn(K, F, r1 - r0, c, K, dzp + r0 * F, F, dwp, F, r0 > 0)
             t = _tick(4, t)
             if has_dx:
                 if direct:
-                    # dX (P, C) = dZ (P, F) @ Wt^T (F, C)
-                    _gemm_nt(P, K, F, dzp, F, &Wt[0, 0, 0, 0], F, wtp, &dX[0, 0, 0, 0], K)
+                    # dX rows (rows, C) = dZ (rows, F) @ Wt^T (F, C)
+                    _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dxp + r0 * K, K)
                     t = _tick(5, t)
                 else:
-                    memset(&dX[0, 0, 0, 0], 0, N * H * W_ * C * sizeof(floating))
+                    # dcols (rows, K) = dZ (rows, F) @ Wt^T (F, K), then scattered back
+                    _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dcbase, K)
+                    t = _tick(5, t)
+                    _col2im_rows(dxp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw,
+                                 r0, r1, dcbase)
                     t = _tick(6, t)
-                    r0 = 0
-                    while r0 < P:
-                        r1 = r0 + chunk if r0 + chunk < P else P
-                        # dcols chunk (rows, K) = dZ chunk (rows, F) @ Wt^T (F, K)
-                        _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, &Wt[0, 0, 0, 0], F, wtp,
-                                 &scratch[0, 0], K)
-                        t = _tick(5, t)
-                        _col2im_rows(&dX[0, 0, 0, 0], H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw,
-                                     dh, dw, r0, r1, &scratch[0, 0])
-                        t = _tick(6, t)
-                        r0 = r1
+            r0 = r1

@@ -148,7 +148,6 @@ class Conv2D(Layer):
         self.kernel_initializer = kernel_initializer
         #: set by Sequential when a trailing softmax is fused into the loss
         self.emit_logits = False
-        self._cols: np.ndarray | None = None
 
     def _build(self, input_shape):
         H, W, C = _image_shape(self, input_shape)
@@ -161,7 +160,6 @@ class Conv2D(Layer):
         self.in_channels = int(C)
         oh, self._pt = _out_and_pad(H, eh, sh, self.padding)
         ow, self._pl = _out_and_pad(W, ew, sw, self.padding)
-        self._direct = (kh, kw, sh, sw, self._pt, self._pl) == (1, 1, 1, 1, 0, 0)
         return (oh, ow, self.filters)
 
     def param_specs(self):
@@ -189,25 +187,12 @@ class Conv2D(Layer):
         return dict(sh=self.strides[0], sw=self.strides[1], ph=self._pt, pw=self._pl,
                     dh=self.dilation[0], dw=self.dilation[1])
 
-    def _col_buffer(self, n: int) -> np.ndarray:
-        """The layer's (reused) column matrix for a batch of ``n``."""
-        oh, ow, _ = self.output_shape
-        kh, kw = self.kernel_size
-        shape = (n * oh * ow, kh * kw * self.in_channels)
-        if self._cols is None or self._cols.shape != shape or self._cols.dtype != self.dtype:
-            self._cols = np.empty(shape, dtype=self.dtype)
-        return self._cols
-
     def forward(self, x, training=False):
         x = _check_batch(self, x)
-        n = x.shape[0]
-        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
-        cols = None
-        if training and not self._direct:
-            cols = self._col_buffer(n)
-        _conv.forward(x, self.params["kernel"], self.params.get("bias"), y, cols,
+        y = np.empty((x.shape[0],) + self.output_shape, dtype=self.dtype)
+        _conv.forward(x, self.params["kernel"], self.params.get("bias"), y,
                       act=self._kernel_act, **self._geometry())
-        self._x, self._y, self._cols_ready = x, y, cols is not None
+        self._x, self._y = x, y
         return y
 
     def backward(self, dy):
@@ -215,17 +200,9 @@ class Conv2D(Layer):
         if d.shape != self._y.shape:
             raise ValueError(f"Conv2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._y.shape}")
-        g = self._geometry()
-        cols = None
-        if not self._direct:
-            cols = self._col_buffer(self._x.shape[0])
-            if not self._cols_ready:  # forward ran in inference mode: rebuild the columns
-                kh, kw = self.kernel_size
-                _conv.im2col(self._x, cols, kh, kw, self.output_shape[0], self.output_shape[1], **g)
-                self._cols_ready = True
         dx = np.empty_like(self._x)
-        _conv.backward(self._x, self.params["kernel"], self._y, d, cols, dx, self.grads["kernel"],
-                       self.grads.get("bias"), act=self._kernel_act, **g)
+        _conv.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
+                       self.grads.get("bias"), act=self._kernel_act, **self._geometry())
         return dx
 
     def get_config(self):
