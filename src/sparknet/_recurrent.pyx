@@ -19,6 +19,13 @@ time-major: ``x`` is transposed once into ``xt (T, N, F)`` so that
   step, contiguous, and the backward computes ``dW_hh = dgates^T @ hs[0:T]`` with ONE gemm
   over all steps at the end (likewise ``dW_ih = dgates^T @ xt`` and ``dxt = dgates @ W_ih``).
 
+Float32 on AVX-512 CPUs.  The products above run in the built-in kernels of this module
+(8 x 32 register blocks, 16 zmm accumulators) instead of the BLAS: the recurrent weights are
+packed once per call into 32-column panels and read in place by all ``T`` step products,
+where a BLAS would repack them at every step; the weight gradients use the same kernel
+with ``dgates`` read transposed.  Float64, other CPUs, or :func:`use_step_kernel` (False)
+use the BLAS ``gemm`` for every product.
+
 Masks.  ``mask[n, t] == 0`` marks a padded step: the state is carried unchanged
 (``h[t+1] = h[t]``, ``c[t+1] = c[t]``), the per-step output is zero, and in the backward the
 incoming state gradient passes through unchanged while the step's gate gradients are zero

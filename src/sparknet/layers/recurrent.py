@@ -229,8 +229,10 @@ class SimpleRNN(_Recurrent):
         activation: ``"tanh"`` (default), ``"relu"``, ``"sigmoid"`` or ``"identity"``.
         return_sequences: output every step ``(N, T, H)`` (zeros at masked steps) instead
             of the final state ``(N, H)`` (the state at each sequence's last valid step).
-        stateful: carry the final state into the next call (truncated BPTT); see
-            :meth:`reset_states`.
+        stateful: carry the final state into the next call (truncated BPTT: no gradient
+            flows into the carried state); see :meth:`reset_states`.  Row ``i`` of a batch
+            continues row ``i`` of the previous one: use a fixed batch size and
+            ``fit(..., shuffle=False)`` (or a hand-written loop).
         kernel_initializer: initializer of ``weight_ih`` (default Glorot uniform).
         recurrent_initializer: initializer of ``weight_hh`` (default orthogonal).
         name: layer name.
@@ -320,7 +322,10 @@ class LSTM(_Recurrent):
         return_state: output the final states ``[h, c]`` concatenated, ``(N, 2H)`` (a
             ``Sequential`` layer has one output; needs ``return_sequences=False``).  The
             final states are also readable after any call as :attr:`states`.
-        stateful: carry ``(h, c)`` into the next call (truncated BPTT); see :meth:`reset_states`.
+        stateful: carry ``(h, c)`` into the next call (truncated BPTT: no gradient flows into
+            the carried state); see :meth:`reset_states`.  Row ``i`` of a batch continues row
+            ``i`` of the previous one: use a fixed batch size and ``fit(..., shuffle=False)``
+            (or a hand-written loop); :func:`sparknet.data.bptt_batches` lays out a text.
         kernel_initializer: initializer of each gate's block of ``weight_ih`` (Glorot uniform).
         recurrent_initializer: initializer of each gate's block of ``weight_hh`` (orthogonal).
         unit_forget_bias: start the forget-gate part of ``bias_ih`` at 1 (Jozefowicz et al.
