@@ -73,7 +73,7 @@ def test_staleness_bound_holds_in_history(spark, digits, stale):
     else:
         assert all(u["applied"] for u in ups)
         for u in late:
-            assert u["weight"] == pytest.approx(2.0 / (1 + u["staleness"]))
+            assert u["weight"] == pytest.approx(0.5 * 2.0 / (1 + u["staleness"]))  # 1/P, scaled
         assert sum(h["downweighted"]) == len(late)
         assert sum(h["rejected"]) == 0
     assert sum(h["updates"]) == sum(1 for u in ups if u["applied"])

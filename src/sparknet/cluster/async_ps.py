@@ -132,19 +132,23 @@ class AsyncOptions:
             (``update`` = applied updates so far, ``partition``, ``staleness``,
             ``weight``, ``applied``, ``rows``, ``loss``, ``epoch``, ``time``); raising
             ``KeyboardInterrupt`` from it interrupts the fit like Ctrl-C.
-        delta_weight: weight of an on-time delta (default 1: each partition's delta is
-            applied in full, as in Downpour).
+        delta_weight: weight of an on-time delta; ``None`` (default) is
+            ``1 / num_partitions``, so that one delta from each partition moves the
+            parameters as far as one synchronous averaged round.  ``1.0`` applies every
+            delta in full (DistBelief's Downpour); with RMSprop's normalised steps that
+            multiplies the effective learning rate by the number of partitions (on
+            MNIST, 2 partitions: 95.5% test accuracy after 4 epochs against 97.7%).
     """
 
     max_staleness: int | None = None
     stale: str = "reject"
     on_update: Callable[[dict], Any] | None = None
-    delta_weight: float = 1.0
+    delta_weight: float | None = None
 
 
 def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
              on_update: Callable[[dict], Any] | None = None,
-             delta_weight: float = 1.0) -> AsyncOptions:
+             delta_weight: float | None = None) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
     if max_staleness is not None and (isinstance(max_staleness, bool) or
                                       not isinstance(max_staleness, (int, np.integer)) or
@@ -154,9 +158,9 @@ def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
         raise ValueError(f"stale must be 'reject' or 'downweight', got {stale!r}")
     if on_update is not None and not callable(on_update):
         raise ValueError(f"on_update must be callable, got {type(on_update).__name__}")
-    w = float(delta_weight)
-    if not (math.isfinite(w) and w > 0):
-        raise ValueError(f"delta_weight must be a positive number, got {delta_weight!r}")
+    w = None if delta_weight is None else float(delta_weight)
+    if w is not None and not (math.isfinite(w) and w > 0):
+        raise ValueError(f"delta_weight must be a positive number or None, got {delta_weight!r}")
     if trainer.sync != "average":
         raise ValueError(f"mode='async' runs local steps then pushes deltas; it needs "
                          f"sync='average', got sync={trainer.sync!r}")
@@ -364,6 +368,8 @@ class _AsyncRun:
         self.total = int(sum(self.rows))
         self.max_staleness = (2 * self.P if self.opts.max_staleness is None
                               else int(self.opts.max_staleness))
+        self.delta_weight = (1.0 / self.P if self.opts.delta_weight is None
+                             else float(self.opts.delta_weight))
         self.group = f"sparknet-async-{uuid.uuid4().hex[:8]}"
         self.version = 0            # updates applied so far
         self.dispatched = 0         # rows handed out, all epochs
@@ -475,7 +481,7 @@ class _AsyncRun:
                 wall = time.perf_counter() - job.started
                 self.est[p] = wall if self.est[p] is None else 0.5 * self.est[p] + 0.5 * wall
                 staleness = self.version - job.version
-                weight, ok = opts.delta_weight, True
+                weight, ok = self.delta_weight, True
                 if staleness > self.max_staleness:
                     if opts.stale == "reject":
                         weight, ok = 0.0, False
