@@ -398,8 +398,13 @@ def test_layer_argument_and_shape_errors():
     model = Sequential([LSTM(4)], input_shape=(3, 2))
     with pytest.raises(ValueError, match=r"expects input of shape \(N, T, 2\)"):
         model.layers[0].forward(np.zeros((1, 3, 5)))
+    with pytest.raises(ValueError, match="not stateful"):
+        model.layers[0].reset_states((np.zeros((2, 4)), np.zeros((2, 4))))
+    stateful = Sequential([LSTM(4, stateful=True)], input_shape=(3, 2))
     with pytest.raises(ValueError, match="state must have shape"):
-        model.layers[0].reset_states((np.zeros((2, 4)), np.zeros((2, 5))))
+        stateful.layers[0].reset_states((np.zeros((2, 4)), np.zeros((2, 5))))
+    with pytest.raises(ValueError, match="2 state array"):
+        stateful.layers[0].reset_states(np.zeros((2, 4)))
 
 
 def test_pad_sequences():

@@ -144,11 +144,15 @@ class _Recurrent(Layer):
         set it: ``states`` is ``h`` of shape ``(N, units)`` (SimpleRNN) or ``(h, c)`` (LSTM).
 
         Raises:
-            ValueError: if ``states`` has the wrong number of arrays or a wrong shape.
+            ValueError: if ``states`` is given to a layer that is not stateful, or has the
+                wrong number of arrays or a wrong shape.
         """
         if states is None:
             self._state = None
             return
+        if not self.stateful:
+            raise ValueError(f"{type(self).__name__} {self.name!r} is not stateful (stateful=False): "
+                             f"it always starts from a zero state")
         if isinstance(states, np.ndarray):
             states = (states,)
         states = tuple(states)
