@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -170,3 +171,48 @@ def test_bad_input_fails_before_any_round(spark, digits):
     _bad_fit(spark, X[:20, :60], y[:20], match="X has 60 values per row, the model expects 64")
     _bad_fit(spark, spark.sparkContext.parallelize([(X[0], 1), (X[1][:10], 2)], 1), match="different lengths")
     _bad_fit(spark, good, validation_data=(X[:5, :10], y[:5]), match="X_val has 10 values per row")
+
+
+def test_resident_state_reattaches_and_never_goes_missing(spark):
+    import shutil
+
+    from sparknet.cluster.resident import Resident, ResidentStateLost
+
+    sc = spark.sparkContext
+
+    def _forget_all(_):
+        """Executor side: what a restarted Python worker looks like (empty module store)."""
+        from sparknet.cluster import resident
+        resident._STORE.clear()
+        resident._STORE_DIRS.clear()
+        return 0
+
+    def build(index, rows):
+        return {"x": np.asarray(list(rows), dtype=np.float64)}, {"rows": index}
+
+    def bump(index, shard):  # in-place state that must persist across jobs and workers
+        c = shard.ensure("count", (1,), np.int64)
+        c[0] += 1
+        return (float(shard["x"].sum()), int(c[0]))
+
+    res = Resident(sc.parallelize(range(40), 4), build, name="test")
+    try:
+        assert [i.meta["rows"] for i in res.infos] == [0, 1, 2, 3]
+        sums = [float(sum(range(10 * p, 10 * p + 10))) for p in range(4)]
+        assert res.map(bump) == [(s, 1) for s in sums]
+        sc.parallelize(range(8), 8).map(_forget_all).collect()  # workers "restarted"
+        assert res.map(bump) == [(s, 2) for s in sums]
+        shutil.rmtree(res.infos[2].directory)  # partition 2's files gone
+        sc.parallelize(range(8), 8).map(_forget_all).collect()
+        with pytest.raises(ResidentStateLost, match="partition 2 is gone"):
+            res.map(bump)
+    finally:
+        res.close()
+    assert not any(os.path.exists(i.directory) for i in res.infos)
+    rebuilt = Resident(sc.parallelize(range(40), 4), build, name="test", on_lost="rebuild")
+    try:
+        shutil.rmtree(rebuilt.infos[1].directory)
+        sc.parallelize(range(8), 8).map(_forget_all).collect()
+        assert [v for v, _ in rebuilt.map(bump)] == sums  # rebuilt from the source
+    finally:
+        rebuilt.close()
