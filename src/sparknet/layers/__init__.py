@@ -9,3 +9,6 @@ __all__ += ["Conv2D", "MaxPool2D", "AvgPool2D"]
 
 from sparknet.layers.recurrent import LSTM, Embedding, SimpleRNN, reset_states  # noqa: E402
 __all__ += ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
+
+from sparknet.layers.masking import SequenceMask  # noqa: E402
+__all__ += ["SequenceMask"]

@@ -1,0 +1,35 @@
+"""Spark ML integration: sparknet networks as ``Estimator``/``Model`` stages on DataFrames.
+
+``SparkNetClassifier`` and ``SparkNetRegressor`` are Spark ML Estimators whose
+``fit(df)`` trains a :class:`~sparknet.model.Sequential` on the cluster through
+:class:`~sparknet.cluster.DataParallelTrainer`; the Models they return are
+Transformers that score DataFrames in Arrow batches on the executors.  They follow
+MLlib's conventions (``featuresCol``, ``labelCol``, ``predictionCol``,
+``probabilityCol``, ``rawPredictionCol``, ``seed``; ``prediction`` a double,
+``probability`` and ``rawPrediction`` ML Vectors), so they work inside ``Pipeline``,
+``CrossValidator`` and with MLlib's evaluators, and they save and load with
+``.write().save(path)`` / ``.load(path)`` (weights in sparknet's safe model format,
+no pickle; see :mod:`sparknet.ml._persistence`).
+
+Importing this module imports pyspark; ``import sparknet`` does not.
+
+Example::
+
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler, StandardScaler
+    from sparknet import Sequential, Dense
+    from sparknet.ml import SparkNetClassifier
+
+    net = Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")])
+    pipe = Pipeline(stages=[VectorAssembler(inputCols=cols, outputCol="raw"),
+                            StandardScaler(inputCol="raw", outputCol="features"),
+                            SparkNetClassifier(network=net, epochs=20)])
+    model = pipe.fit(train_df)
+    model.transform(test_df).select("prediction", "probability")
+    model.write().overwrite().save("hdfs:///models/digits")
+"""
+from sparknet.ml._estimators import (SparkNetClassificationModel, SparkNetClassifier,
+                                     SparkNetRegressionModel, SparkNetRegressor)
+
+__all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegressor",
+           "SparkNetRegressionModel"]

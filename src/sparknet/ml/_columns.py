@@ -1,0 +1,155 @@
+"""DataFrame columns -> the flat float arrays the network reads (driver side, JVM work).
+
+Feature columns may be
+
+* an ML ``Vector`` column (from ``VectorAssembler``, ``StandardScaler``, ...),
+* an ``array<number>`` column (reshaped to the declared ``inputShape`` for conv and
+  recurrent nets),
+* an ``array<array<number>>`` column: variable-length sequences of feature vectors.
+  They are padded (after their last step) or cut to ``T`` steps, and every step gets
+  one more value, ``1`` for a real step and ``0`` for padding, which the
+  :class:`~sparknet.layers.SequenceMask` layer put in front of the network turns into
+  the ``(N, T)`` mask the recurrent layers use.
+
+Every conversion here is a Spark SQL expression (no Python row code); the checks that
+need the data run as one aggregation job, before any training round.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class FeatureKind:
+    """What a features column holds.
+
+    Attributes:
+        kind: ``"vector"``, ``"array"`` or ``"sequence"``.
+        size: values per row when known from the schema (Vector metadata), else None.
+    """
+
+    kind: str
+    size: int | None = None
+
+
+def _spark_types():
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+    return VectorUDT, T
+
+
+def feature_kind(df, col: str, role: str = "features") -> FeatureKind:
+    """Classify the features column ``col`` of ``df`` from its schema.
+
+    Raises:
+        ValueError: the column is missing or has a type the network cannot read.
+    """
+    VectorUDT, T = _spark_types()
+    if col not in df.columns:
+        raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {df.columns})")
+    field = df.schema[col]
+    dt = field.dataType
+    if isinstance(dt, VectorUDT):
+        size = None
+        attr = (field.metadata or {}).get("ml_attr") or {}
+        if "num_attrs" in attr:
+            size = int(attr["num_attrs"])
+        elif "attrs" in attr:
+            size = sum(len(v) for v in attr["attrs"].values())
+        return FeatureKind("vector", size)
+    if isinstance(dt, T.ArrayType):
+        el = dt.elementType
+        if isinstance(el, T.NumericType):
+            return FeatureKind("array")
+        if isinstance(el, T.ArrayType) and isinstance(el.elementType, T.NumericType):
+            return FeatureKind("sequence")
+    raise ValueError(f"{role} column {col!r} has type {dt.simpleString()}; use an ML Vector column "
+                     f"(e.g. from VectorAssembler), an array of numbers, or an array of arrays of "
+                     f"numbers (sequences)")
+
+
+def flat_features(df, col: str, kind: FeatureKind, dtype: str, seq_shape: tuple | None = None):
+    """A Column holding ``col`` as a flat ``array<float|double>``.
+
+    Sequences become ``T * (F + 1)`` values per row: each of the first ``T`` steps
+    followed by its mask value (1), padding steps all zero.
+
+    Args:
+        df: the DataFrame.
+        col: features column.
+        kind: from :func:`feature_kind`.
+        dtype: ``"float32"`` or ``"float64"``.
+        seq_shape: ``(T, F)`` for sequences.
+    """
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    elem = "FLOAT" if dtype == "float32" else "DOUBLE"
+    if kind.kind == "vector":
+        return vector_to_array(F.col(col), dtype=dtype)
+    if kind.kind == "array":
+        return F.col(col).cast(f"array<{elem.lower()}>")
+    T_, F_ = seq_shape
+    q = "`" + col.replace("`", "``") + "`"
+    one, zero = f"CAST(1 AS {elem})", f"CAST(0 AS {elem})"
+    # steps past a sequence's end are padding; a null/short step stays short, so the
+    # row's length is wrong and the size checks name it
+    return F.expr(
+        f"flatten(transform(sequence(0, {T_ - 1}), i -> IF(i < size({q}), "
+        f"concat(transform({q}[i], v -> CAST(v AS {elem})), array({one})), "
+        f"array_repeat({zero}, {F_ + 1}))))")
+
+
+def sequence_stats(df, col: str) -> dict:
+    """One aggregation job over a sequence column: row count, null rows, the longest
+    sequence, the smallest and largest step length, and null steps.
+
+    Returns:
+        dict with ``rows``, ``null_rows``, ``max_len``, ``min_step``, ``max_step``,
+        ``null_steps``.
+    """
+    from pyspark.sql import functions as F
+
+    c = F.col(col)
+    step_sizes = F.transform(c, lambda s: F.coalesce(F.size(s), F.lit(-1)))
+    row = df.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(c.isNull(), 1).otherwise(0)).alias("null_rows"),
+        F.max(F.size(c)).alias("max_len"),
+        F.min(F.array_min(step_sizes)).alias("min_step"),
+        F.max(F.array_max(step_sizes)).alias("max_step"),
+    ).collect()[0]
+    return row.asDict()
+
+
+def check_sequences(stats: dict, col: str, features: int | None, what: str) -> tuple[int, int]:
+    """Turn :func:`sequence_stats` into ``(longest sequence, step length)`` or a ValueError."""
+    if not stats["rows"]:
+        raise ValueError(f"{what} is empty: the DataFrame has no rows")
+    if stats["null_rows"]:
+        raise ValueError(f"{what}: sequence column {col!r} has {stats['null_rows']} null rows")
+    lo, hi = stats["min_step"], stats["max_step"]
+    if lo is None or hi is None or (stats["max_len"] or 0) == 0:
+        raise ValueError(f"{what}: sequence column {col!r} holds only empty sequences")
+    if lo == -1:
+        raise ValueError(f"{what}: sequence column {col!r} has a null step")
+    if lo != hi:
+        raise ValueError(f"{what}: sequence column {col!r} has steps of different lengths ({lo} and "
+                         f"{hi}); every step must hold the same number of features")
+    if features is not None and hi != features:
+        raise ValueError(f"{what}: sequence column {col!r} has {hi} features per step, the network "
+                         f"expects {features}")
+    return int(stats["max_len"]), int(hi)
+
+
+def vector_size_check(kind: FeatureKind, col: str, expected: int, what: str) -> None:
+    """Raise early when the schema already tells the vector size and it is wrong."""
+    if kind.kind == "vector" and kind.size is not None and kind.size != expected:
+        raise ValueError(f"{what}: features column {col!r} holds vectors of size {kind.size} "
+                         f"(from its metadata), the network expects {expected} values")
+
+
+def flat_size(shape) -> int:
+    return int(np.prod(shape)) if shape else 0

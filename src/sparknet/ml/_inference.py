@@ -1,0 +1,154 @@
+"""Batch inference on the executors, through Arrow.
+
+The fitted network travels once as a Spark broadcast (its JSON architecture and its
+flat parameter vector); each Python worker rebuilds it on first use and keeps it in a
+module-global cache, so later batches, tasks and ``transform`` calls on that worker
+reuse it.  Rows arrive as Arrow record batches (``spark.sql.execution.arrow.
+maxRecordsPerBatch`` rows, 10,000 by default) of one flat ``array<float>`` column;
+the features of a whole batch become one ``(rows, *input_shape)`` array without a
+Python loop over rows, go through the network in chunks of ``batch_size`` rows, and
+the outputs return as Arrow list arrays built from the flat result buffers.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+#: model key -> the rebuilt network, most recently used last (a few per worker).
+_CACHE: "OrderedDict[str, object]" = OrderedDict()
+_CACHE_SIZE = 4
+_LOCK = threading.Lock()
+
+
+def _cached_model(key: str, bc):
+    with _LOCK:
+        model = _CACHE.get(key)
+        if model is not None:
+            _CACHE.move_to_end(key)
+            return model
+    from sparknet.model import Sequential
+
+    config, params = bc.value
+    model = Sequential.from_config(json.loads(config))
+    model.set_params(params)
+    with _LOCK:
+        _CACHE[key] = model
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return model
+
+
+def _list_array(values: np.ndarray):
+    """``(n, k)`` float64 -> an Arrow ``list<double>`` array without a row loop."""
+    n, k = values.shape
+    offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+
+
+def features_to_numpy(arr, dim: int, column: str) -> np.ndarray:
+    """An Arrow list array of equal-length float rows -> ``(rows, dim)`` numpy (no copy
+    when the values are contiguous), through the trainer's own Arrow reader.
+
+    Raises:
+        ValueError: null rows, rows of another length than ``dim``, NaN or infinity.
+    """
+    from sparknet.cluster.data import _list_column
+
+    info: dict = {}
+    x = _list_column(arr, "x", info)
+    if "x_null" in info:
+        raise ValueError(f"features column {column!r} has a null row (row {info['x_null']} of a "
+                         f"batch); fill or drop it first")
+    if "x_lengths" in info:
+        lo, hi, _ = info["x_lengths"]
+        raise ValueError(f"features column {column!r} holds rows of different lengths ({lo} and "
+                         f"{hi}); the network expects {dim}")
+    if len(x) and x.shape[1] != dim:
+        raise ValueError(f"features column {column!r} has rows of {x.shape[1]} values; the network "
+                         f"expects {dim}")
+    if not np.isfinite(x).all():
+        r = int(np.argwhere(~np.isfinite(x))[0][0])
+        raise ValueError(f"features column {column!r} contains NaN or infinity (row {r} of a batch)")
+    return x
+
+
+class BatchPredictor:
+    """The function of the Arrow UDF: ``Iterator[pa.Array] -> Iterator[pa.StructArray]``.
+
+    Args:
+        key: identifies the fitted network (its cache entry on the workers).
+        bc: broadcast of ``(architecture JSON, flat parameters)``.
+        column: features column name (for messages).
+        classification: emit ``raw``/``prob``/``pred`` (classifier) or ``pred`` (regressor).
+        thresholds: MLlib's per-class thresholds (prediction = argmax of
+            ``probability / threshold``), or None.
+        batch_size: rows per forward pass.
+        vector_out: regressor with several outputs: ``pred`` is a list, not a double.
+    """
+
+    def __init__(self, key: str, bc, column: str, classification: bool,
+                 thresholds: list[float] | None, batch_size: int, vector_out: bool = False) -> None:
+        self.key, self.bc, self.column = key, bc, column
+        self.classification, self.thresholds = classification, thresholds
+        self.batch_size, self.vector_out = int(batch_size), bool(vector_out)
+
+    def forward(self, model, x: np.ndarray) -> np.ndarray:
+        shape = tuple(model.input_shape)
+        int_input = bool(getattr(model.layers[0], "accepts_int_input", False))
+        outs = []
+        for lo in range(0, x.shape[0], self.batch_size):
+            xb = x[lo:lo + self.batch_size].reshape((-1,) + shape)
+            xb = xb.astype(np.int64) if int_input else np.ascontiguousarray(xb, dtype=model.dtype)
+            outs.append(np.asarray(model.forward(xb, training=False), dtype=np.float64))
+        k = int(np.prod(model.output_shape))
+        return np.concatenate(outs, axis=0).reshape(-1, k) if outs else np.zeros((0, k))
+
+    def outputs(self, model, x: np.ndarray):
+        """Output arrays for one batch: a StructArray."""
+        from sparknet.activations import softmax
+
+        out = self.forward(model, x)
+        if not self.classification:
+            if self.vector_out:
+                return pa.StructArray.from_arrays([_list_array(out)], names=["pred"])
+            return pa.StructArray.from_arrays([pa.array(out[:, 0])], names=["pred"])
+        prob = softmax(out) if len(out) else out
+        scores = prob if self.thresholds is None else _threshold_scores(prob, self.thresholds)
+        pred = scores.argmax(axis=1).astype(np.float64)
+        return pa.StructArray.from_arrays([_list_array(out), _list_array(prob), pa.array(pred)],
+                                          names=["raw", "prob", "pred"])
+
+    def __call__(self, batches: Iterator) -> Iterator:
+        from pyspark import TaskContext
+
+        from sparknet.cluster.data_parallel import _limit_blas
+
+        tc = TaskContext.get()
+        _limit_blas(tc.cpus() if tc is not None else 1)
+        model = _cached_model(self.key, self.bc)
+        dim = int(np.prod(model.input_shape))
+        for arr in batches:
+            yield self.outputs(model, features_to_numpy(arr, dim, self.column))
+
+
+def _threshold_scores(prob: np.ndarray, thresholds: list[float]) -> np.ndarray:
+    """MLlib's rule: ``probability / threshold``, a zero threshold winning outright."""
+    t = np.asarray(thresholds, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = prob / t
+    s[:, t == 0] = np.inf
+    return s
+
+
+def arrow_function(predictor: BatchPredictor):
+    """``predictor`` as a type-hinted function, the form ``arrow_udf`` takes for an
+    iterator of batches."""
+    def predict_batches(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:
+        yield from predictor(batches)
+
+    return predict_batches
