@@ -240,13 +240,16 @@ def mnist_cnn(seed: int = 0) -> Sequential:
     ], input_shape=(28, 28, 1), seed=seed)
 
 
-def mnist_run(mnist_dir: str, epochs: int = 6, threads: int = 2) -> dict:
+def mnist_run(mnist_dir: str, epochs: int = 8, threads: int = 1) -> dict:
+    """Train :func:`mnist_cnn` on the 60,000 MNIST training images (batch 64, RMSprop
+    1e-3, then 3e-4 and 1e-4 for the last two epochs) and report the test accuracy
+    after each epoch, the wall time and the CPU time (evaluation included)."""
     from sparknet.datasets import load_mnist
     Xtr, ytr, Xte, yte = load_mnist(mnist_dir, flat=False)
     model = mnist_cnn()
     opt = RMSprop(lr=1e-3)
     lrs = {epochs - 2: 3e-4, epochs - 1: 1e-4}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     accs = []
     with threadpool_limits(threads):
         for ep in range(epochs):
@@ -255,14 +258,16 @@ def mnist_run(mnist_dir: str, epochs: int = 6, threads: int = 2) -> dict:
             acc = model.evaluate(Xte, yte)["accuracy"]
             accs.append(acc)
             print(f"  MNIST epoch {ep + 1}/{epochs}: test accuracy {acc:.4f} at "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+                  f"{time.perf_counter() - t0:.0f} s wall, {time.process_time() - c0:.0f} s CPU",
+                  flush=True)
     return {"mnist_test_accuracy": accs[-1], "mnist_seconds": time.perf_counter() - t0,
+            "mnist_cpu_seconds": time.process_time() - c0,
             "mnist_epochs": epochs, "mnist_blas_threads": threads, "mnist_accuracies": accs}
 
 
 # -------------------------------------------------------------------- run
 def run(batch: int = 64, seconds: float = 12.0, mnist_dir: str | None = None,
-        mnist_epochs: int = 6) -> dict:
+        mnist_epochs: int = 8) -> dict:
     """Measure and return samples/s of the three contenders, their ratios, the conv
     profile and (with ``mnist_dir``) the MNIST accuracy and time."""
     X, y = make_batches(batch)
@@ -313,7 +318,8 @@ def _report(res: dict) -> None:
           f"{100 * (prof['bias_activation'] + prof['activation_grad_bias_grad']) / conv:.0f}%")
     if "mnist_test_accuracy" in res:
         print(f"MNIST: test accuracy {res['mnist_test_accuracy']:.4f} after {res['mnist_epochs']} "
-              f"epochs in {res['mnist_seconds']:.0f} s ({res['mnist_blas_threads']} BLAS threads)")
+              f"epochs in {res['mnist_seconds']:.0f} s wall, {res['mnist_cpu_seconds']:.0f} s CPU "
+              f"({res['mnist_blas_threads']} BLAS threads)")
 
 
 def main(argv=None) -> None:
@@ -322,7 +328,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seconds", type=float, default=12.0,
                     help="measuring time per contender (split into 4 interleaved rounds)")
     ap.add_argument("--mnist", default=None, help="MNIST folder: also train and report accuracy")
-    ap.add_argument("--mnist-epochs", type=int, default=6)
+    ap.add_argument("--mnist-epochs", type=int, default=8)
     args = ap.parse_args(argv)
     _report(run(batch=args.batch, seconds=args.seconds, mnist_dir=args.mnist,
                 mnist_epochs=args.mnist_epochs))

@@ -111,6 +111,103 @@ SN_AVX512 static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, con
     }
 }
 
+/* Copy (add) n floats with 16-wide masked loads and stores: no scalar tail, so the
+ * short spans of few-channel images (5 floats for a 5-wide kernel on one channel) cost
+ * one instruction pair. */
+SN_AVX512 static inline void sn_copy16(float *dst, const float *src, ptrdiff_t n)
+{
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_loadu_ps(src + j));
+    if (j < n) {
+        __mmask16 m = (__mmask16)((1u << (n - j)) - 1u);
+        _mm512_mask_storeu_ps(dst + j, m, _mm512_maskz_loadu_ps(m, src + j));
+    }
+}
+
+SN_AVX512 static inline void sn_zero16(float *dst, ptrdiff_t n)
+{
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(dst + j, _mm512_setzero_ps());
+    if (j < n) _mm512_mask_storeu_ps(dst + j, (__mmask16)((1u << (n - j)) - 1u), _mm512_setzero_ps());
+}
+
+SN_AVX512 static inline void sn_add16(float *dst, const float *src, ptrdiff_t n)
+{
+    ptrdiff_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(dst + j, _mm512_add_ps(_mm512_loadu_ps(dst + j), _mm512_loadu_ps(src + j)));
+    if (j < n) {
+        __mmask16 m = (__mmask16)((1u << (n - j)) - 1u);
+        _mm512_mask_storeu_ps(dst + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + j),
+                                                        _mm512_maskz_loadu_ps(m, src + j)));
+    }
+}
+
+/* im2col / col2im of column rows r0 <= r < r1, float32, AVX-512 (same contract as
+ * sn_im2col_rows_f / sn_col2im_rows_f in conv_kernels.h). */
+SN_AVX512 static void sn_im2col_rows_avx512(const float *X, ptrdiff_t H, ptrdiff_t W,
+                                            ptrdiff_t C, ptrdiff_t OH, ptrdiff_t OW,
+                                            ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t sh,
+                                            ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,
+                                            ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0,
+                                            ptrdiff_t r1, float *dst)
+{
+    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw;
+    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;
+    for (r = r0; r < r1; r++) {
+        const float *xn = X + n * H * W * C;
+        ptrdiff_t iw0 = ow * sw - pw;
+        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
+        for (kh = 0; kh < KH; kh++) {
+            ptrdiff_t ih = oh * sh - ph + kh * dh;
+            if (ih < 0 || ih >= H) {
+                sn_zero16(dst, KWC);
+            } else if (inside) {
+                sn_copy16(dst, xn + (ih * W + iw0) * C, KWC);
+            } else {
+                for (kw = 0; kw < KW; kw++) {
+                    ptrdiff_t iw = iw0 + kw * dw;
+                    if (iw < 0 || iw >= W) sn_zero16(dst + kw * C, C);
+                    else sn_copy16(dst + kw * C, xn + (ih * W + iw) * C, C);
+                }
+            }
+            dst += KWC;
+        }
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
+    }
+}
+
+SN_AVX512 static void sn_col2im_rows_avx512(float *dX, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C,
+                                            ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t KH,
+                                            ptrdiff_t KW, ptrdiff_t sh, ptrdiff_t sw,
+                                            ptrdiff_t ph, ptrdiff_t pw, ptrdiff_t dh,
+                                            ptrdiff_t dw, ptrdiff_t r0, ptrdiff_t r1,
+                                            const float *src)
+{
+    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw;
+    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;
+    for (r = r0; r < r1; r++) {
+        float *xn = dX + n * H * W * C;
+        ptrdiff_t iw0 = ow * sw - pw;
+        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
+        for (kh = 0; kh < KH; kh++) {
+            ptrdiff_t ih = oh * sh - ph + kh * dh;
+            if (ih >= 0 && ih < H) {
+                if (inside) {
+                    sn_add16(xn + (ih * W + iw0) * C, src, KWC);
+                } else {
+                    for (kw = 0; kw < KW; kw++) {
+                        ptrdiff_t iw = iw0 + kw * dw;
+                        if (iw >= 0 && iw < W) sn_add16(xn + (ih * W + iw) * C, src + kw * C, C);
+                    }
+                }
+            }
+            src += KWC;
+        }
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
+    }
+}
+
 #else
 #define SN_HAVE_AVX512_KERNEL 0
 static int sn_cpu_has_avx512(void) { return 0; }
@@ -120,6 +217,24 @@ static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, const float *
 {
     (void)M; (void)N; (void)K; (void)A; (void)ars; (void)aps; (void)B; (void)ldb; (void)C;
     (void)ldc; (void)accumulate; (void)kc_max;
+}
+static void sn_im2col_rows_avx512(const float *X, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C,
+                                  ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t KH, ptrdiff_t KW,
+                                  ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,
+                                  ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0, ptrdiff_t r1,
+                                  float *dst)
+{
+    (void)X; (void)H; (void)W; (void)C; (void)OH; (void)OW; (void)KH; (void)KW; (void)sh;
+    (void)sw; (void)ph; (void)pw; (void)dh; (void)dw; (void)r0; (void)r1; (void)dst;
+}
+static void sn_col2im_rows_avx512(float *dX, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C,
+                                  ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t KH, ptrdiff_t KW,
+                                  ptrdiff_t sh, ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,
+                                  ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0, ptrdiff_t r1,
+                                  const float *src)
+{
+    (void)dX; (void)H; (void)W; (void)C; (void)OH; (void)OW; (void)KH; (void)KW; (void)sh;
+    (void)sw; (void)ph; (void)pw; (void)dh; (void)dw; (void)r0; (void)r1; (void)src;
 }
 #endif
 

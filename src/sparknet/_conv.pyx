@@ -47,6 +47,16 @@ cdef extern from "sgemm_avx512.h" nogil:
     void sn_sgemm_avx512(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* A,
                          Py_ssize_t ars, Py_ssize_t aps, const float* B, Py_ssize_t ldb,
                          float* C, Py_ssize_t ldc, int accumulate, Py_ssize_t kc_max)
+    void sn_im2col_rows_avx512(const float* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                               Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                               Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                               Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1,
+                               float* dst)
+    void sn_col2im_rows_avx512(float* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                               Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                               Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                               Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1,
+                               const float* src)
 
 # float32 GEMMs go to the AVX-512 kernel of csrc/sgemm_avx512.h when the CPU has AVX-512
 # (it is tuned for these skinny shapes and does not depend on how BLAS was built);
@@ -56,8 +66,9 @@ cdef bint _own_gemm = _have_avx512
 
 
 def set_gemm_backend(str name):
-    """Choose the float32 GEMM: ``"auto"`` (the AVX-512 kernel when the CPU has it, else
-    BLAS) or ``"blas"``.  Returns the backend now in use (``"avx512"`` or ``"blas"``)."""
+    """Choose the float32 kernels: ``"auto"`` (the AVX-512 GEMM, im2col and col2im when
+    the CPU has AVX-512, else as ``"blas"``) or ``"blas"`` (BLAS GEMM and portable C
+    loops).  Returns the backend now in use (``"avx512"`` or ``"blas"``)."""
     global _own_gemm
     if name not in ("auto", "blas"):
         raise ValueError(f"gemm backend must be 'auto' or 'blas', got {name!r}")
@@ -238,7 +249,10 @@ cdef inline void _im2col_rows(const floating* X, Py_ssize_t H, Py_ssize_t W, Py_
                               Py_ssize_t r0, Py_ssize_t r1, floating* dst) noexcept nogil:
     """Write column rows ``r0 <= p < r1`` to ``dst`` (row ``r0`` first)."""
     if floating is float:
-        sn_im2col_rows_f(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
+        if _own_gemm:
+            sn_im2col_rows_avx512(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
+        else:
+            sn_im2col_rows_f(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
     else:
         sn_im2col_rows_d(X, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, dst)
 
@@ -250,7 +264,10 @@ cdef inline void _col2im_rows(floating* dX, Py_ssize_t H, Py_ssize_t W, Py_ssize
                               Py_ssize_t r0, Py_ssize_t r1, const floating* src) noexcept nogil:
     """Add column rows ``r0 <= p < r1`` (``src``, row ``r0`` first) into ``dX``."""
     if floating is float:
-        sn_col2im_rows_f(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
+        if _own_gemm:
+            sn_col2im_rows_avx512(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
+        else:
+            sn_col2im_rows_f(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
     else:
         sn_col2im_rows_d(dX, H, W, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, src)
 
