@@ -101,8 +101,9 @@ def _writable(a: np.ndarray, dtype) -> np.ndarray:
 class Conv2D(Layer):
     """2-D convolution (cross-correlation, as in every deep learning library), channels-last.
 
-    ``y[n, i, j, f] = act(b[f] + sum_{p, q, c} x[n, i * sh + p * dh - pt, j * sw + q * dw - pl, c]
-    * kernel[p, q, c, f])``, with zeros outside the image.
+    ``y[n, i, j, f] = act(b[f] + sum over (p, q, c) of kernel[p, q, c, f] *
+    x[n, i * sh + p * dh - pt, j * sw + q * dw - pl, c])``, with ``x`` zero outside the
+    image (``pt``, ``pl``: the leading padding).
 
     Args:
         filters: number of output channels.
