@@ -95,7 +95,7 @@ def _timed(step, n):
 
 
 def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128, classes: int = 10,
-        n_steps: int = 5, rounds: int = 12, torch: bool = True) -> dict:
+        n_steps: int = 5, rounds: int = 12, torch: bool = True, step_kernel: bool = True) -> dict:
     """Training samples/s of sparknet's and PyTorch's LSTM (one thread, float32).
 
     The two alternate in ``rounds`` rounds of ``n_steps`` training steps each, so that
@@ -103,13 +103,19 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     rate is reported, the best round, and the rate by the thread's CPU time (which
     excludes time the thread spent descheduled on a busy machine).
 
+    ``step_kernel=False`` makes sparknet use the BLAS for every product instead of its
+    built-in float32 AVX-512 kernels (an ablation).
+
     Returns:
         ``{"config": ..., "sparknet": {...}, "torch": {...} or None, "ratio_wall": ...,
         "ratio_cpu": ..., "openblas_coretype": ...}`` with rates in samples/s.
     """
+    from sparknet import _recurrent
+
     X, y = _batches(4, batch, steps, features, classes)
+    own = _recurrent.use_step_kernel(step_kernel)
     res = {"config": dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
-                          n_steps=n_steps, rounds=rounds),
+                          n_steps=n_steps, rounds=rounds, avx512_step_kernels=own),
            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
     with threadpool_limits(1):
         steppers = {"sparknet": _make_sparknet(X, y, hidden, classes)}
@@ -124,6 +130,7 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
         for _ in range(rounds):
             for k, st in steppers.items():
                 times[k].append(_timed(st, n_steps))
+    _recurrent.use_step_kernel(True)
     for k, tl in times.items():
         wall = np.array([w for w, _ in tl])
         cpu = np.array([c for _, c in tl])
@@ -171,17 +178,19 @@ def main(argv=None) -> int:
     ap.add_argument("--n-steps", type=int, default=5, help="training steps per round")
     ap.add_argument("--rounds", type=int, default=12, help="alternating timed rounds")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
+    ap.add_argument("--blas", action="store_true",
+                    help="use the BLAS for every product (not the built-in AVX-512 kernels)")
     ap.add_argument("--mnist", metavar="DIR", help="also train on MNIST rows from this folder")
     ap.add_argument("--epochs", type=int, default=12, help="MNIST epochs")
     ap.add_argument("--lr", type=float, default=1e-3, help="MNIST RMSprop learning rate")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args(argv)
     res = run(batch=args.batch, hidden=args.hidden, n_steps=args.n_steps, rounds=args.rounds,
-              torch=not args.no_torch)
+              torch=not args.no_torch, step_kernel=not args.blas)
     c = res["config"]
     print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
-          f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}); "
-          f"training samples/s")
+          f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}, "
+          f"{'AVX-512 step kernels' if c['avx512_step_kernels'] else 'BLAS only'}); training samples/s")
     print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
     for k in ("sparknet", "torch"):
         if res.get(k):
