@@ -116,7 +116,13 @@ def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, d
     assert h["interrupted"] == [1.0] and h["updates"] == [3.0]
     assert "val_accuracy" not in h
     assert all(u["partition"] == 0 for u in h.updates)
-    assert _wait_no_jobs(spark.sparkContext) == []
+    sc = spark.sparkContext
+    assert _wait_no_jobs(sc) == []
+    assert sc.statusTracker().getActiveStageIds() == []
+    # the straggler's task (sleeping for minutes) no longer holds a core: two tasks run now
+    t0 = time.perf_counter()
+    assert sc.parallelize(range(2), 2).map(lambda v: v + 1).collect() == [1, 2]
+    assert time.perf_counter() - t0 < 30
 
 
 def test_bad_async_options(spark):
@@ -131,3 +137,34 @@ def test_bad_async_options(spark):
     with pytest.raises(ValueError, match="slow"):
         with inject_faults(slow={0: -1.0}):
             pass
+
+
+def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
+    """The training shards' spill files vanish mid-fit (as when a worker's host changes):
+    the driver stops the rounds, rebuilds the shards from the source and finishes."""
+    import os
+    import shutil
+
+    from sparknet.cluster import resident
+
+    X, y, Xt, yt = digits
+    model = _mlp()
+    removed = []
+
+    def on_update(info):
+        if info["update"] == 2 and not removed:
+            for res in list(resident._OPEN):
+                if res.key.startswith("train-"):
+                    for shard in res.infos:
+                        shutil.rmtree(shard.directory, ignore_errors=True)
+                        removed.append(shard.directory)
+
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=5,
+                                  optimizer=RMSprop(lr=2e-3), on_update=on_update)
+    _, h = trainer.fit(X, y, epochs=3, batch_size=32, verbose=0)
+    assert removed and not any(os.path.exists(d) for d in removed)
+    assert len(h["updates"]) == 3
+    assert sum(h["samples"]) >= 3 * len(y)
+    acc = float(model.evaluate(Xt, yt)["accuracy"])
+    print(f"accuracy after a rebuild: {acc:.4f}")
+    assert acc > 0.85

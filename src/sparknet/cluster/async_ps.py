@@ -376,6 +376,7 @@ class _AsyncRun:
         self.cursor = {p: [0, 0] for p in range(self.P)}  # partition -> [pass, chunk]
         self.est = {p: None for p in range(self.P)}       # EMA of a round's wall seconds
         self._bcs: dict[int, list] = {}                  # version -> [broadcast, refs]
+        self.rebuilds = 0
         self.results: "queue.Queue[tuple]" = queue.Queue()
         self.t_start = time.perf_counter()
         self.updates: list[dict] = []
@@ -476,6 +477,12 @@ class _AsyncRun:
                 w.busy = None
                 self._release(job.version)
                 if exc is not None:
+                    if LOST_TAG in str(exc) and self._may_rebuild():
+                        self._rebuild(workers, job)
+                        for x in workers:
+                            if x.busy is None and self._may_launch(x, target, last, workers):
+                                self._launch(x)
+                        continue
                     raise self._failure(p, job, exc)
                 res = out[0] if out else None
                 wall = time.perf_counter() - job.started
@@ -568,6 +575,22 @@ class _AsyncRun:
             p, f"asynchronous training failed: partition {p}'s job (pass {job.epoch + 1}, chunk "
                f"{job.chunk + 1}/{self.rounds}, launched at update {job.version}) failed after "
                f"Spark's task retries: {msg}")
+
+    def _may_rebuild(self) -> bool:
+        return self.resident.on_lost == "rebuild" and self.rebuilds < 2
+
+    def _rebuild(self, workers, lost: _Launch) -> None:
+        """A shard's files vanished (its executor's host changed or they were deleted):
+        stop the other rounds, rebuild every shard from the source, as the synchronous
+        rounds do; the rows of the lost and cancelled rounds go back into the budget."""
+        self.rebuilds += 1
+        self.dispatched -= lost.rows
+        back = [w.busy for w in workers if w.busy is not None]
+        self._cancel(workers)
+        self.dispatched -= sum(j.rows for j in back)
+        log.warning("sparknet async: resident training data of partition %d lost; rebuilding all "
+                    "shards (partition optimizer state restarts from zero)", lost.partition)
+        self.resident.rebuild()
 
     def _cancel(self, workers) -> int:
         """Cancel every outstanding job and wait (bounded) until each has ended."""
