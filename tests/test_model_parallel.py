@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tracemalloc
@@ -234,11 +235,18 @@ def test_standalone_two_blocks_fit_where_one_does_not():
     n_in, units, limit_mib, steps = 4096, 65536, 960, 3
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     with StandaloneCluster(workers=2, cores=1, memory="3g") as cluster:
-        proc = subprocess.run([sys.executable, os.path.join(HERE, "_mp_standalone_job.py"), cluster.url,
-                               str(n_in), str(units), str(limit_mib), str(steps)],
-                              capture_output=True, text=True, timeout=240, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{proc.stderr[-4000:]}"
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_standalone_job.py"), cluster.url,
+                                 str(n_in), str(units), str(limit_mib), str(steps)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:           # timed out: kill the driver and its JVM
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(lines[-1][len("RESULT "):])
     print("standalone:", out)
     assert out["layer_mib"] > out["limit_mib"]
@@ -248,4 +256,4 @@ def test_standalone_two_blocks_fit_where_one_does_not():
     err = out["k1_error"]
     assert err is not None, "one block of the whole layer should not fit the executor's memory"
     assert err.startswith("BlockMemoryError") and "spark.executor.pyspark.memory" in err
-    assert "more blocks" in err
+    assert "more blocks" in err and "layer(s) 0" in err

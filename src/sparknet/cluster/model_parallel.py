@@ -227,14 +227,15 @@ def _init_slot(store, slot: int, meta: dict) -> dict:
     arrays = _arrays(store)
     dtype = np.dtype(meta["dtype"])
     okeys = _opt_keys(meta["optimizer"])
-    held = 0
+    held, mine = 0, []
     for spec in meta["layers"]:
         if slot >= spec["blocks"]:
             continue
         shapes = _block_shapes(spec, slot)
-        need = sum(int(np.prod(s)) for s in shapes.values()) * dtype.itemsize * (1 + len(okeys))
-        _check_fits(slot, need, f"block {slot} of layer {spec['index']} (weights and optimizer state)")
-        held += need
+        held += sum(int(np.prod(s)) for s in shapes.values()) * dtype.itemsize * (1 + len(okeys))
+        mine.append(str(spec["index"]))
+    if mine:
+        _check_fits(slot, held, f"its blocks of layer(s) {', '.join(mine)} (weights and optimizer state)")
     for spec in meta["layers"]:
         if slot >= spec["blocks"]:
             continue
@@ -528,7 +529,9 @@ class _SlotTask:
         self.op, self.meta, self.broadcasts = op, meta, broadcasts
 
     def __call__(self, index: int, shard) -> Any:
+        t0 = time.perf_counter()
         data = {k: bc.value for k, bc in self.broadcasts.items()}
+        t1 = time.perf_counter()
         try:
             out = run_op(shard, index, self.op, self.meta, data)
         except MemoryError as exc:
@@ -542,7 +545,7 @@ class _SlotTask:
                 raise MemoryError(f"{MEMORY_TAG}: slot {index} could not map its block in {self.op!r} "
                                   f"(limit {(_mem_limit() or 0) / 2**20:.0f} MiB): {exc}") from None
             raise
-        return (out, os.getppid())
+        return (out, os.getppid(), t1 - t0, time.perf_counter() - t1)
 
 
 def _build_slot(index: int, iterator) -> tuple[dict, dict]:
@@ -564,15 +567,19 @@ class LocalBlocks:
         self.n_slots = int(n_slots)
         self.stores = [_MemStore() for _ in range(self.n_slots)]
         self.jobs = 0
+        self.last_read_s = self.last_compute_s = 0.0
 
     def run(self, op: str, meta: dict, data: dict | None = None) -> list:
         self.jobs += 1
+        t0 = time.perf_counter()
         try:
             return [run_op(self.stores[k], k, op, meta, data or {}) for k in range(self.n_slots)]
         except RuntimeError as exc:
             if LOST_TAG in str(exc):
                 raise BlockStateLost(str(exc).split(f"{LOST_TAG}: ", 1)[-1]) from None
             raise
+        finally:
+            self.last_compute_s = time.perf_counter() - t0
 
     def placement(self) -> list:
         return [os.getppid()] * self.n_slots
@@ -602,6 +609,7 @@ class SparkBlocks:
         self.jobs = 0
         self.tasks = 0
         self.moves = 0
+        self.last_read_s = self.last_compute_s = 0.0
 
     def run(self, op: str, meta: dict, data: dict | None = None) -> list:
         from sparknet.cluster.resident import ResidentStateLost
@@ -625,11 +633,14 @@ class SparkBlocks:
                     pass
         self.jobs += 1
         results = []
-        for k, (res, ppid) in enumerate(out):
+        for k, (res, ppid, t_read, t_op) in enumerate(out):
             self.tasks += 1
             if ppid != self.home[k]:
                 self.moves += 1
             results.append(res)
+        # the slowest slot's time reading its broadcasts and computing: the job's critical path
+        self.last_read_s = max(o[2] for o in out)
+        self.last_compute_s = max(o[3] for o in out)
         return results
 
     def placement(self) -> list:
@@ -863,6 +874,9 @@ class ModelParallel:
         self.generation = int(np.random.default_rng().integers(1, 2**62))
         self.last_step_bytes: dict[str, int] = {}
         self._bytes = {"broadcast": 0, "collected": 0, "moved": 0, "jobs": 0}
+        self._times = {"executor_read_s": 0.0, "executor_compute_s": 0.0}
+        #: per step: the critical path's broadcast reading and block compute time (slowest slot per job)
+        self.last_step_times: dict[str, float] = {}
         self.step_times: list[float] = []
         #: how many times lost blocks were restored from a checkpoint
         self.restores = 0
@@ -905,6 +919,8 @@ class ModelParallel:
         self._bytes["moved"] += sent * meta["specs"][0]["blocks"] + sum(_nbytes(v) for v in out)
         self._bytes["collected"] += sum(_nbytes(v) for v in out)
         self._bytes["jobs"] += 1
+        self._times["executor_read_s"] += self.backend.last_read_s
+        self._times["executor_compute_s"] += self.backend.last_compute_s
         return out
 
     @property
@@ -944,6 +960,7 @@ class ModelParallel:
         from sparknet.activations import grad as act_grad, softmax
 
         before = dict(self._bytes)
+        before_t = dict(self._times)
         t0 = time.perf_counter()
         self.t += 1
         out = self.forward(xb, training=True)
@@ -961,6 +978,8 @@ class ModelParallel:
             correct = float((out.argmax(axis=-1) == yb).sum())
         self.step_times.append(time.perf_counter() - t0)
         self.last_step_bytes = {k: self._bytes[k] - before[k] for k in self._bytes}
+        self.last_step_times = {k: self._times[k] - before_t[k] for k in self._times}
+        self.last_step_times["step_s"] = self.step_times[-1]
         return float(s), float(w), correct
 
     def train_on_batch(self, x, y) -> tuple[float, float]:
