@@ -53,6 +53,18 @@ class SparknetStep:
         self.opt.step(self.model.params, self.model.grads)
 
 
+class SparknetBlasStep(SparknetStep):
+    """sparknet with its float32 conv GEMMs on BLAS instead of the AVX-512 kernel."""
+    name = "sparknet_blas"
+
+    def __call__(self, i):
+        _conv.set_gemm_backend("blas")
+        try:
+            super().__call__(i)
+        finally:
+            _conv.set_gemm_backend("auto")
+
+
 class TorchStep:
     name = "torch"
 
@@ -275,6 +287,8 @@ def run(batch: int = 64, seconds: float = 12.0, mnist_dir: str | None = None,
     with threadpool_limits(1):
         res["sgemm_gflops_machine"] = sgemm_gflops()
         steps = [SparknetStep(X, y), NumpyCNN(X, y)]
+        if _conv.gemm_backend() == "avx512":
+            steps.insert(1, SparknetBlasStep(X, y))
         try:
             steps.append(TorchStep(X, y))
         except ImportError:
@@ -284,6 +298,8 @@ def run(batch: int = 64, seconds: float = 12.0, mnist_dir: str | None = None,
     res["step_gemm_gflops"] = step_gemm_flops(batch) * res["sparknet"] / batch / 1e9
     if "torch" in res:
         res["sparknet/torch"] = res["sparknet"] / res["torch"]
+        if "sparknet_blas" in res:
+            res["sparknet_blas/torch"] = res["sparknet_blas"] / res["torch"]
         res["numpy/torch"] = res["numpy"] / res["torch"]
     res["sparknet/numpy"] = res["sparknet"] / res["numpy"]
     if mnist_dir:
@@ -295,16 +311,17 @@ def _report(res: dict) -> None:
     print(f"CNN c5x5x32-p2-c5x5x64-p2-d128-d10, 28x28x1, batch {res['batch']}, float32, "
           f"1 BLAS thread (machine sgemm {res['sgemm_gflops_machine']:.0f} GFLOP/s; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')})")
-    print(f"float32 conv GEMM: {res['gemm_backend']}")
-    print(f"{'':10}{'samples/s':>11}{'vs torch':>10}{'wall s/s':>10}{'cpu/wall':>10}")
-    for k in ("sparknet", "torch", "numpy"):
+    print(f"float32 conv GEMM: {res['gemm_backend']} (sparknet_blas: the same with BLAS GEMMs "
+          f"and portable loops)")
+    print(f"{'':14}{'samples/s':>11}{'vs torch':>10}{'wall s/s':>10}{'cpu/wall':>10}")
+    for k in ("sparknet", "sparknet_blas", "torch", "numpy"):
         if k in res:
             ratio = f"{res[k] / res['torch']:.2f}x" if "torch" in res else "-"
-            print(f"{k:10}{res[k]:11.0f}{ratio:>10}{res[k + '_wall']:10.0f}"
+            print(f"{k:14}{res[k]:11.0f}{ratio:>10}{res[k + '_wall']:10.0f}"
                   f"{res[k + '_cpu_per_wall']:10.2f}")
     print("(samples/s = per second of CPU time, one thread; wall s/s = per wall-clock second)")
-    print(f"sparknet/numpy {res['sparknet/numpy']:.2f}x; the step runs its GEMMs at "
-          f"{res['step_gemm_gflops']:.1f} GFLOP/s overall")
+    print(f"sparknet/numpy {res['sparknet/numpy']:.2f}x; the step's GEMM flops over the whole "
+          f"step time: {res['step_gemm_gflops']:.1f} GFLOP/s")
     prof = res["profile"]
     tot = prof["step_total"]
     conv = sum(v for k, v in prof.items() if k != "step_total")

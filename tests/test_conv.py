@@ -124,6 +124,28 @@ def test_conv_forward_matches_naive_reference(case):
     np.testing.assert_allclose(model.forward(x, training=True), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_im2col_matches_naive_and_col2im_is_its_adjoint(dtype):
+    from sparknet import _conv
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 6, 7, 3)).astype(dtype)
+    KH, KW, sh, sw, ph, pw, dh, dw = 3, 2, 2, 1, 1, 1, 1, 2
+    OH, OW = (6 + 2 * ph - dh * (KH - 1) - 1) // sh + 1, (7 + 2 * pw - dw * (KW - 1) - 1) // sw + 1
+    cols = np.empty((2 * OH * OW, KH * KW * 3), dtype)
+    _conv.im2col(x, cols, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw)
+    xp = np.zeros((2, 6 + 2 * ph + 2, 7 + 2 * pw + 2, 3), dtype)
+    xp[:, ph:ph + 6, pw:pw + 7] = x
+    want = np.stack([xp[n, i * sh + p * dh, j * sw + q * dw]
+                     for n in range(2) for i in range(OH) for j in range(OW)
+                     for p in range(KH) for q in range(KW)]).reshape(cols.shape)
+    np.testing.assert_array_equal(cols, want)
+    c = rng.standard_normal(cols.shape).astype(dtype)
+    back = np.empty_like(x)
+    _conv.col2im(c, back, KH, KW, OH, OW, sh, sw, ph, pw, dh, dw)
+    # <im2col(x), c> == <x, col2im(c)>
+    np.testing.assert_allclose((cols * c).sum(), (x * back).sum(), rtol=1e-5)
+
+
 def test_same_padding_sizes():
     # stride 1: output keeps the size; stride 2: ceil(size / 2); odd total padding goes after
     assert Sequential([Conv2D(2, 3, padding="same")], input_shape=(7, 6, 1)).output_shape == (7, 6, 2)

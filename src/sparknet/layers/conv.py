@@ -231,6 +231,9 @@ class _Pool2D(Layer):
         if self.padding == "valid" and (ph > H or pw > W):
             raise ValueError(f"{type(self).__name__} {self.name!r}: pool window {ph}x{pw} is larger "
                              f"than the input {H}x{W} (padding 'valid')")
+        if H * W * C >= 2 ** 31:
+            raise ValueError(f"{type(self).__name__} {self.name!r}: images of {H}x{W}x{C} values "
+                             f"are too large (the pooling kernels index a sample with int32)")
         oh, self._pt = _out_and_pad(H, ph, sh, self.padding)
         ow, self._pl = _out_and_pad(W, pw, sw, self.padding)
         return (oh, ow, C)
