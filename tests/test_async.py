@@ -93,18 +93,28 @@ def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
     assert _wait_no_jobs(spark.sparkContext) == []
 
 
-def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, digits):
-    """Interrupt after 3 updates while the straggler's job runs: the fit returns at once
-    with the model of update 3, and no Spark job is left running."""
+@pytest.mark.parametrize("how", ["callback", "sigint"])
+def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, digits, how):
+    """Interrupt after 3 updates while the straggler's job runs -- raised by the progress
+    callback, or a real SIGINT (Ctrl-C) sent to the driver from another thread: the fit
+    returns at once with the model of the last applied update, and no Spark job is left
+    running."""
+    import os
+    import signal
+    import threading
+
     X, y, Xt, yt = digits
     model = _mlp()
     seen = {}
+    snapshots = {}
 
     def on_update(info):
-        if info["applied"] and info["update"] == 3:
-            seen["params"] = model.params.copy()
+        snapshots[info["update"]] = model.params.copy()
+        if info["applied"] and info["update"] == 3 and "t" not in seen:
             seen["t"] = time.perf_counter()
-            raise KeyboardInterrupt
+            if how == "callback":
+                raise KeyboardInterrupt
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
 
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3,
                                   on_update=on_update)
@@ -112,8 +122,9 @@ def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, d
         out, h = trainer.fit(X, y, epochs=5, batch_size=32, validation_data=(Xt, yt), verbose=0)
     assert out is model
     assert time.perf_counter() - seen["t"] < 30, "the interrupt waited for the straggler"
-    np.testing.assert_array_equal(model.params, seen["params"])
-    assert h["interrupted"] == [1.0] and h["updates"] == [3.0]
+    last = h.updates[-1]["update"]
+    np.testing.assert_array_equal(model.params, snapshots[last])
+    assert h["interrupted"] == [1.0] and h["updates"] == [float(last)] and last >= 3
     assert "val_accuracy" not in h
     assert all(u["partition"] == 0 for u in h.updates)
     sc = spark.sparkContext

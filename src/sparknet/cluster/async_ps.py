@@ -281,11 +281,6 @@ def _executor_message(exc: BaseException) -> str:
     return line[:1000]
 
 
-def _is_cancelled(exc: BaseException) -> bool:
-    text = str(exc)
-    return "cancelled" in text or "canceled" in text or "SparkContext was shut down" in text
-
-
 @dataclass
 class _Launch:
     """One asynchronous round of one partition."""
