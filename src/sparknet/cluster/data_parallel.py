@@ -24,7 +24,8 @@ Two synchronous flavours (``sync=``):
     and epochs, so the state follows that partition's gradient statistics and is
     never reset or shipped.  ``tau`` defaults to the smallest number of steps that
     keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round, measured by a
-    probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`).
+    probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`) and
+    re-measured from the rounds of every epoch (the next epoch is re-sized from them).
 
 The minibatch schedule (documented because it is the contract the exactness test
 checks): in epoch ``e`` (0-based), partition ``p`` with ``n_p`` rows permutes them with
@@ -413,6 +414,7 @@ class DataParallelTrainer:
                                   disable=not verbose) as bar:
                     if self.mode == "sync":
                         rl = ctx.sync_epoch(epoch, bar)
+                        ctx.resize(rl)
                     else:
                         ctx.bar = bar
                         rl = EPOCH_RUNNERS[self.mode](self, ctx, epoch)
@@ -568,6 +570,27 @@ class _FitContext:
             log.info("an epoch holds only %d local steps per partition (%.0f ms); Spark's fixed "
                      "cost of %.0f ms per round stays above %.0f%% of a round", steps_epoch,
                      1e3 * steps_epoch * t_step, 1e3 * t_fixed, 100 * tr.max_overhead)
+
+    def resize(self, rl: _RoundLog) -> None:
+        """Re-size the next epoch's rounds from this epoch's measured ones (``sync="average"``
+        with ``local_steps="auto"``): the probe only sees a few steps, an epoch sees them all."""
+        tr = self.trainer
+        if tr.sync != "average" or tr.local_steps != "auto" or rl.rounds == 0 or rl.wall <= 0:
+            return
+        steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
+        per_round = math.ceil(steps_epoch / self.rounds)
+        t_step = rl.compute / (rl.rounds * per_round)
+        t_fixed = max(rl.wall - rl.compute, 0.0) / rl.rounds
+        if t_step <= 0:
+            return
+        self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
+        tr.cost = self.cost
+        rounds = max(1, steps_epoch // self.cost.steps_for(tr.max_overhead))
+        if rounds != self.rounds:
+            log.info("measured round: %.0f ms fixed, %.2f ms per local step: %d rounds per epoch "
+                     "from now on (was %d)", 1e3 * t_fixed, 1e3 * t_step, rounds, self.rounds)
+            self.rounds = rounds
+            self.steps_per_round = math.ceil(steps_epoch / rounds)
 
     # -- rounds -----------------------------------------------------------
     def sync_epoch(self, epoch: int, bar) -> _RoundLog:
