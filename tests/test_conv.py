@@ -216,6 +216,26 @@ def test_backward_after_inference_forward_equals_training_forward():
     np.testing.assert_array_equal(dx1, dx2)
 
 
+def test_first_layer_skips_input_gradient_with_identical_parameter_gradients():
+    model = Sequential([Conv2D(4, 3, padding="same", activation="relu"), MaxPool2D(2),
+                        Conv2D(3, 2, activation="tanh"), Flatten(), Dense(3)],
+                       input_shape=(8, 8, 2), dtype="float64", seed=6)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 8, 8, 2))
+    dout = rng.standard_normal((4, 3))
+    model.forward(x, training=True)
+    dx = model.backward(dout.copy())
+    g = model.grads.copy()
+    model.forward(x, training=True)
+    assert model.backward(dout.copy(), input_grad=False) is None
+    np.testing.assert_array_equal(model.grads, g)
+    assert dx.shape == x.shape and model.layers[0].need_input_grad
+    for first in (MaxPool2D(2), AvgPool2D(2)):
+        m = Sequential([first, Flatten(), Dense(2)], input_shape=(4, 4, 1), dtype="float64")
+        m.forward(x[:, :4, :4, :1], training=True)
+        assert m.backward(np.ones((4, 2)), input_grad=False) is None
+
+
 # -------------------------------------------------------------------- pooling
 POOL_CASES = [
     ("max", 2, None, "valid", (6, 6, 3)),

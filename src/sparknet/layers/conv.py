@@ -201,7 +201,8 @@ class Conv2D(Layer):
         if d.shape != self._y.shape:
             raise ValueError(f"Conv2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._y.shape}")
-        dx = np.empty_like(self._x)
+        # the model's first layer is told to skip its input gradient during training
+        dx = np.empty_like(self._x) if self.need_input_grad else None
         _conv.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
                        self.grads.get("bias"), act=self._kernel_act, **self._geometry())
         return dx
@@ -278,6 +279,8 @@ class MaxPool2D(_Pool2D):
         if d.shape != self._arg.shape:
             raise ValueError(f"MaxPool2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._arg.shape}")
+        if not self.need_input_grad:
+            return None
         dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
         _pool.max_backward(d, self._arg, dx, self.pool_size[0], self.pool_size[1],
                            **self._geometry())
@@ -311,6 +314,8 @@ class AvgPool2D(_Pool2D):
         if d.shape != (self._n,) + self.output_shape:
             raise ValueError(f"AvgPool2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {(self._n,) + self.output_shape}")
+        if not self.need_input_grad:
+            return None
         dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
         _pool.avg_backward(d, dx, self.pool_size[0], self.pool_size[1], **self._geometry())
         return dx
