@@ -109,7 +109,8 @@ def run_spark(spark, df, dft, partitions: int, args):
     from sparknet.cluster import DataParallelTrainer
     model = make_model(args.seed)
     trainer = DataParallelTrainer(model, spark, num_partitions=partitions, sync="average",
-                                  optimizer=RMSprop(lr=args.lr), local_steps=args.local_steps)
+                                  optimizer=RMSprop(lr=args.lr), local_steps=args.local_steps,
+                                  max_overhead=args.max_overhead)
     t0 = time.perf_counter()
     _, h = trainer.fit(df, epochs=args.epochs, batch_size=args.batch_size, validation_data=dft,
                        verbose=0)
@@ -144,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--local-steps", default="auto", help="tau for (b) and (c): 'auto' or an int")
+    ap.add_argument("--max-overhead", type=float, default=0.1,
+                    help="target Spark share of a round for local_steps='auto' (trainer default 0.1)")
     ap.add_argument("--mllib-iters", type=int, default=20, help="L-BFGS iterations of MLlib (d)")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: a,b,c,d")
     ap.add_argument("--primitives", action="store_true", help="also time treeAggregate vs accumulator")

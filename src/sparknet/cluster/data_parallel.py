@@ -586,6 +586,8 @@ class _FitContext:
         self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
         tr.cost = self.cost
         rounds = max(1, steps_epoch // self.cost.steps_for(tr.max_overhead))
+        if rounds > self.rounds and self.cost.overhead(math.ceil(steps_epoch / rounds)) > 0.7 * tr.max_overhead:
+            rounds = self.rounds  # more rounds only with a margin: no flip-flopping on noise
         if rounds != self.rounds:
             log.info("measured round: %.0f ms fixed, %.2f ms per local step: %d rounds per epoch "
                      "from now on (was %d)", 1e3 * t_fixed, 1e3 * t_step, rounds, self.rounds)
