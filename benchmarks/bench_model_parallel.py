@@ -7,7 +7,9 @@ For each width and batch it measures the training step time of
 * ``single``: :class:`sparknet.Sequential` + RMSprop in this process, one BLAS thread
   (its steps alternate with the K = 2 steps on the same batches, so both see the same load);
 * ``local``: K = 2 blocks on ``local[2]`` (each block one Python worker, one BLAS thread),
-  unpaired (4 exchanges per step) and paired (Megatron-style, 2 exchanges per step);
+  unpaired (4 exchanges per step) and paired (Megatron-style, 2 exchanges per step); by
+  default the next batch's first forward pass rides in the backward job (lookahead), which
+  makes that 3 and 1 jobs per step (``--no-lookahead`` turns it off);
 * ``standalone``: the same on a standalone cluster on 127.0.0.1 with two one-core executors
   (started and stopped here, from pyspark's own ``bin/spark-class``);
 
@@ -72,7 +74,7 @@ class Single:
 
 
 def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: int, pair: bool,
-                  single: Single) -> tuple[dict, dict]:
+                  single: Single, lookahead: bool = True) -> tuple[dict, dict]:
     """Alternate single-process and K = 2 steps on the same batches (so both see the same
     machine load); returns (single row, model-parallel row)."""
     from sparknet import RMSprop
@@ -86,10 +88,12 @@ def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: 
     init_s = time.perf_counter() - t0
     single_t, comp, read = [], [], []
     try:
+        xs = [X[s * batch:(s + 1) * batch] for s in range(steps + warmup)]
         for s in range(steps + warmup):
-            xb, yb = X[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch]
+            xb, yb = xs[s], y[s * batch:(s + 1) * batch]
             single_t.append(single.step(xb, yb))
-            mp.train_on_batch(xb, yb)
+            # with lookahead: the next batch's first forward rides in this step's backward job
+            mp.train_on_batch(xb, yb, next_x=xs[s + 1] if (lookahead and s + 1 < len(xs)) else None)
             comp.append(mp.last_step_times["executor_compute_s"])
             read.append(mp.last_step_times["executor_read_s"])
         times = mp.step_times[warmup:]
@@ -164,6 +168,8 @@ def main() -> None:
     ap.add_argument("--modes", nargs="+", default=["local", "standalone"], choices=["local", "standalone"],
                     help="K = 2 on local[2] and/or on a standalone cluster (each unpaired and paired, "
                          "its steps alternated with single-process steps)")
+    ap.add_argument("--no-lookahead", action="store_true",
+                    help="do not run the next batch's first forward pass inside the backward job")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = ap.parse_args()
     ins = args.in_features or [1024 if w <= 2048 else 4096 for w in args.widths]
@@ -184,7 +190,8 @@ def main() -> None:
         for n_in, w, b in grid:
             single = Single(n_in, w)
             for pair in (False, True):
-                srow, mrow = bench_pair_of(spark, n_in, w, b, args.steps, args.warmup, pair, single)
+                srow, mrow = bench_pair_of(spark, n_in, w, b, args.steps, args.warmup, pair, single,
+                                           lookahead=not args.no_lookahead)
                 m = f"{tag}-paired" if pair else tag
                 mrow["single_s"] = srow["step_s"]
                 mrow["load1"] = os.getloadavg()[0]

@@ -119,6 +119,28 @@ def test_blocked_layer_between_driver_layers(spark, digits):
         mp.close()
 
 
+def test_fit_with_lookahead_one_exchange_per_step(spark, digits):
+    """fit() runs the paired first stage's next forward pass inside the backward job: one
+    Spark job per step, and still exactly single-process training (Sequential.fit)."""
+    X, y = digits
+    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64",
+                       seed=4, optimizer=RMSprop(lr=2e-3), name="lookahead")
+    try:
+        ref = mp.to_sequential()
+        jobs0 = mp._bytes["jobs"]
+        hist = mp.fit(X[:320], y[:320], epochs=2, batch_size=64, shuffle=False)
+        ref_hist = ref.fit(X[:320], y[:320], epochs=2, batch_size=64, shuffle=False,
+                           optimizer=RMSprop(lr=2e-3), verbose=0)
+        assert mp.t == 10
+        # per epoch: one forward job, then one backward (+ next forward) job per step
+        # (the softmax head runs on the driver)
+        assert mp._bytes["jobs"] - jobs0 == 2 * (1 + 5)
+        np.testing.assert_allclose(hist["loss"], ref_hist["loss"], rtol=1e-12)
+        assert rel(mp.to_sequential().params, ref.params) <= 1e-10
+    finally:
+        mp.close()
+
+
 # ------------------------------------------------------------------- bytes per step
 def test_bytes_per_step_scale_with_batch_and_width_not_weights(spark):
     rng = np.random.default_rng(0)
