@@ -286,6 +286,11 @@ def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: st
     if _is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
+            raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
+                              "pip install 'sparknet[arrow]'") from exc
         df = _dataframe_columns(data, features_col, label_col, dtype, classification)
         if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
             df = df.repartition(int(num_partitions))
