@@ -11,6 +11,10 @@
 #include <stddef.h>
 #include <string.h>
 
+#if defined(_MSC_VER) && !defined(restrict)
+#  define restrict __restrict
+#endif
+
 /* The wheel is built for baseline x86-64 (SSE2), where these loops vectorise poorly;
  * GCC's function multi-versioning compiles AVX-512 and AVX2 clones as well and picks one
  * at load time from the CPU it runs on. */
