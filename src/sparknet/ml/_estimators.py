@@ -19,7 +19,7 @@ from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.ml.base import PredictionModel, Predictor
 
 from sparknet.ml import _columns
-from sparknet.ml._inference import BatchPredictor, arrow_function
+from sparknet.ml._inference import BatchPredictor, arrow_function, output_type
 from sparknet.ml._persistence import SparkNetReader, SparkNetWriter
 from sparknet.model import Sequential
 
@@ -441,15 +441,11 @@ class _ModelMixin:
 
 def _output_columns(dataset, tmp: str, specs: list[tuple[str, str, dict]]):
     """``dataset``'s columns plus one column per ``(name, struct field, metadata)``."""
-    from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
     cols = [F.col("`" + c.replace("`", "``") + "`") for c in dataset.columns if c != tmp]
     for name, fieldname, meta in specs:
-        c = F.col(f"{tmp}.{fieldname}")
-        if fieldname in ("raw", "prob") or meta.get("vector"):
-            c = array_to_vector(c)
-        cols.append(c.alias(name, metadata=meta.get("ml", {})))
+        cols.append(F.col(f"{tmp}.{fieldname}").alias(name, metadata=meta))
     return cols
 
 
@@ -598,18 +594,17 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
             raise ValueError(f"thresholds has {len(thresholds)} values, the model has {k} classes")
         feats = self._features(dataset)
         fn = self._predictor(dataset.sparkSession, True, thresholds)
-        udf = arrow_udf(fn, "raw array<double>, prob array<double>, pred double")
+        udf = arrow_udf(fn, output_type(True))
         tmp = f"__sparknet_{self._key[:8]}"
         out = dataset.withColumn(tmp, udf(feats))
         specs = []
-        size_meta = {"ml": {"ml_attr": {"num_attrs": k}}}
+        size_meta = {"ml_attr": {"num_attrs": k}}
         if self.getRawPredictionCol():
             specs.append((self.getRawPredictionCol(), "raw", size_meta))
         if self.getProbabilityCol():
             specs.append((self.getProbabilityCol(), "prob", size_meta))
         if self.getPredictionCol():
-            specs.append((self.getPredictionCol(), "pred",
-                          {"ml": {"ml_attr": {"type": "nominal", "num_vals": k}}}))
+            specs.append((self.getPredictionCol(), "pred", {"ml_attr": {"type": "nominal", "num_vals": k}}))
         return out.select(*_output_columns(out, tmp, specs))
 
 
@@ -688,10 +683,10 @@ class SparkNetRegressionModel(_ModelMixin, PredictionModel, _SparkNetParams, MLR
         k = int(np.prod(self.network.output_shape))
         feats = self._features(dataset)
         fn = self._predictor(dataset.sparkSession, False, vector_out=k > 1)
-        udf = arrow_udf(fn, "pred array<double>" if k > 1 else "pred double")
+        udf = arrow_udf(fn, output_type(False, k > 1))
         tmp = f"__sparknet_{self._key[:8]}"
         out = dataset.withColumn(tmp, udf(feats))
-        specs = [(self.getPredictionCol(), "pred", {"vector": k > 1})] if self.getPredictionCol() else []
+        specs = [(self.getPredictionCol(), "pred", {})] if self.getPredictionCol() else []
         return out.select(*_output_columns(out, tmp, specs))
 
 

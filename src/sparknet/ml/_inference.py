@@ -50,6 +50,29 @@ def _list_array(values: np.ndarray):
     return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
 
 
+def dense_vectors(values: np.ndarray):
+    """``(n, k)`` float64 -> Arrow in the layout of Spark ML's ``VectorUDT``
+    (``struct<type: tinyint, size: int, indices: array<int>, values: array<double>>``,
+    type 1 = dense), so the JVM reads the column as ML Vectors without a conversion
+    function per row."""
+    n = values.shape[0]
+    return pa.StructArray.from_arrays(
+        [pa.array(np.ones(n, dtype=np.int8)), pa.nulls(n, pa.int32()),
+         pa.nulls(n, pa.list_(pa.int32())), _list_array(values)],
+        names=["type", "size", "indices", "values"])
+
+
+def output_type(classification: bool, vector_out: bool = False):
+    """The Spark type of :class:`BatchPredictor`'s output struct."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    if classification:
+        return T.StructType([T.StructField("raw", VectorUDT()), T.StructField("prob", VectorUDT()),
+                             T.StructField("pred", T.DoubleType())])
+    return T.StructType([T.StructField("pred", VectorUDT() if vector_out else T.DoubleType())])
+
+
 def features_to_numpy(arr, dim: int, column: str) -> np.ndarray:
     """An Arrow list array of equal-length float rows -> ``(rows, dim)`` numpy (no copy
     when the values are contiguous), through the trainer's own Arrow reader.
@@ -115,12 +138,12 @@ class BatchPredictor:
         out = self.forward(model, x)
         if not self.classification:
             if self.vector_out:
-                return pa.StructArray.from_arrays([_list_array(out)], names=["pred"])
+                return pa.StructArray.from_arrays([dense_vectors(out)], names=["pred"])
             return pa.StructArray.from_arrays([pa.array(out[:, 0])], names=["pred"])
         prob = softmax(out) if len(out) else out
         scores = prob if self.thresholds is None else _threshold_scores(prob, self.thresholds)
         pred = scores.argmax(axis=1).astype(np.float64)
-        return pa.StructArray.from_arrays([_list_array(out), _list_array(prob), pa.array(pred)],
+        return pa.StructArray.from_arrays([dense_vectors(out), dense_vectors(prob), pa.array(pred)],
                                           names=["raw", "prob", "pred"])
 
     def __call__(self, batches: Iterator) -> Iterator:
