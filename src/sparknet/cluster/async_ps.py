@@ -17,7 +17,9 @@ longer wait for each other:
   (``params += weight * delta``), counts one update, and **relaunches that partition
   immediately** with the newest parameters.  Fast partitions thus do more of the work
   and nobody waits for a straggler (DistBelief's Downpour SGD, with Spark's scheduler
-  in the role of the parameter-server shards' network).
+  in the role of the parameter-server shards' network).  ``weight`` defaults to
+  ``1 / num_partitions`` (``delta_weight=``): one delta from every partition then moves
+  the parameters as far as one synchronous averaged round.
 
 Staleness
 ---------
@@ -61,6 +63,9 @@ A partition's job that fails (after Spark's own task retries,
 ``local[N,F]``) cancels the other partitions' jobs and raises
 :class:`AsyncPartitionError` naming the partition and the executor's exception; the
 driver never waits on a dead job (it polls its result queue and checks its threads).
+A shard whose resident files vanished (``SPARKNET_RESIDENT_LOST``) is handled as in the
+synchronous rounds: the driver cancels the other rounds, rebuilds the shards from the
+source (twice per fit at most) and goes on; their rows return to the budget.
 ``KeyboardInterrupt`` on the driver (Ctrl-C, or raised by the ``on_update`` callback)
 cancels every outstanding job (``SparkContext.cancelJobGroup`` with
 ``interruptOnCancel``), waits for the cancellations, and ``fit`` returns the model as
@@ -71,7 +76,7 @@ Testing and benchmark hooks
 ---------------------------
 :func:`inject_faults` makes a partition slower (it sleeps ``factor`` times its compute
 time after each training round: ``factor=1`` is half speed, as a busy or older machine
-would be) or makes its training task raise.  It applies to synchronous and
+would be; or a fixed number of seconds) or makes its training task raise.  It applies to synchronous and
 asynchronous training alike, so both are compared on the same straggler.
 
 Example::
