@@ -307,7 +307,8 @@ def run(batch: int = 64, seconds: float = 12.0, mnist_dir: str | None = None,
     return res
 
 
-def _report(res: dict) -> None:
+def report(res: dict) -> None:
+    """Print the table of samples/s and ratios, the conv profile and the MNIST result."""
     print(f"CNN c5x5x32-p2-c5x5x64-p2-d128-d10, 28x28x1, batch {res['batch']}, float32, "
           f"1 BLAS thread (machine sgemm {res['sgemm_gflops_machine']:.0f} GFLOP/s; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')})")
@@ -347,7 +348,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mnist", default=None, help="MNIST folder: also train and report accuracy")
     ap.add_argument("--mnist-epochs", type=int, default=8)
     args = ap.parse_args(argv)
-    _report(run(batch=args.batch, seconds=args.seconds, mnist_dir=args.mnist,
+    report(run(batch=args.batch, seconds=args.seconds, mnist_dir=args.mnist,
                 mnist_epochs=args.mnist_epochs))
 
 
