@@ -86,7 +86,7 @@ def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: 
     mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark,
                        seed=0, optimizer=RMSprop(lr=1e-4), name="bench")
     init_s = time.perf_counter() - t0
-    single_t, comp, read = [], [], []
+    single_t, comp, read, per_step = [], [], [], []
     try:
         xs = [X[s * batch:(s + 1) * batch] for s in range(steps + warmup)]
         for s in range(steps + warmup):
@@ -96,8 +96,9 @@ def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: 
             mp.train_on_batch(xb, yb, next_x=xs[s + 1] if (lookahead and s + 1 < len(xs)) else None)
             comp.append(mp.last_step_times["executor_compute_s"])
             read.append(mp.last_step_times["executor_read_s"])
+            per_step.append(dict(mp.last_step_bytes))
         times = mp.step_times[warmup:]
-        b = mp.last_step_bytes
+        b = per_step[-2] if len(per_step) > 1 else per_step[-1]    # a step in steady state
         moves, tasks = getattr(mp.backend, "moves", 0), getattr(mp.backend, "tasks", 0)
     finally:
         mp.close()
