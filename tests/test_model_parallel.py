@@ -141,6 +141,34 @@ def test_fit_with_lookahead_one_exchange_per_step(spark, digits):
         mp.close()
 
 
+@pytest.mark.parametrize("make_opt", [lambda: SGD(lr=0.1, momentum=0.9, nesterov=True),
+                                      lambda: RMSprop(lr=1e-3, momentum=0.5, centered=True, weight_decay=1e-3)],
+                         ids=["sgd-nesterov", "rmsprop-centered-momentum"])
+def test_optimizer_variants_in_process_blocks(digits, make_opt):
+    """The executor code run in this process (spark=None): every optimizer state a block
+    keeps (momentum, centred average, weight decay) matches single-process training."""
+    X, y = digits
+    mp = ModelParallel([Dense(40, activation="sigmoid"), Dense(24, activation="relu"),
+                        Dense(10, activation="softmax")], BlockPlan({0: 3, 1: 3, 2: 2}, pair=True), (64,),
+                       dtype="float64", seed=3, optimizer=make_opt())
+    ref = mp.to_sequential()
+    mp.fit(X[:300], y[:300], epochs=2, batch_size=64, shuffle=False)
+    ref.fit(X[:300], y[:300], epochs=2, batch_size=64, shuffle=False, optimizer=make_opt(), verbose=0)
+    assert rel(mp.to_sequential().params, ref.params) <= 1e-10
+
+
+def test_time_distributed_blocks_with_mse_in_process():
+    rng = np.random.default_rng(0)
+    X, Y = rng.standard_normal((40, 5, 8)), rng.standard_normal((40, 5, 3))
+    mp = ModelParallel([Dense(16, activation="tanh"), Dense(3)], BlockPlan({0: 2, 1: 2}, pair=True), (5, 8),
+                       dtype="float64", optimizer=RMSprop(lr=1e-2))
+    ref = mp.to_sequential()
+    mp.fit(X, Y, epochs=2, batch_size=10, shuffle=False)
+    ref.fit(X, Y, epochs=2, batch_size=10, shuffle=False, optimizer=RMSprop(lr=1e-2), verbose=0)
+    assert rel(mp.to_sequential().params, ref.params) <= 1e-10
+    assert mp.evaluate(X, Y)["loss"] == pytest.approx(ref.evaluate(X, Y)["loss"], rel=1e-12)
+
+
 # ------------------------------------------------------------------- bytes per step
 def test_bytes_per_step_scale_with_batch_and_width_not_weights(spark):
     rng = np.random.default_rng(0)
