@@ -160,6 +160,16 @@ def main(argv=None):
                 eratio = f"{ep['sync'] / ep['async']:.2f}x"
             ttt = "not reached" if med[mode] is None else f"{med[mode]:.1f}"
             print(f"| {scen} | {mode} | {ttt} | {acc:.4f} | {ep[mode]:.1f} | {wall:.1f} | {ratio} | {eratio} |")
+    print("paired ratios (sync / async, same repeat, runs back to back):")
+    for scen in args.scenarios:
+        pairs = []
+        for rep in sorted({r["repeat"] for r in results}):
+            rr = {r["mode"]: r for r in results if r["scenario"] == scen and r["repeat"] == rep}
+            if "sync" in rr and "async" in rr and rr["sync"]["ttt"] and rr["async"]["ttt"]:
+                pairs.append(rr["sync"]["ttt"] / rr["async"]["ttt"])
+        if pairs:
+            print(f"  {scen}: time to target " + ", ".join(f"{x:.2f}x" for x in pairs) +
+                  f" (median {np.median(pairs):.2f}x, min {min(pairs):.2f}x)")
     st = collections.Counter()
     for r in results:
         for k, v in r.get("staleness", {}).items():
