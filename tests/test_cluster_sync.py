@@ -24,41 +24,57 @@ def _mlp(dtype="float32", hidden=32, seed=0, input_shape=None):
                       input_shape=input_shape, dtype=dtype, seed=seed)
 
 
-def test_gradient_sync_equals_single_process_float64(spark, digits):
-    """sync='gradient' = single-process RMSprop on the same global minibatches (float64)."""
+def _conv(seed):
+    from sparknet.layers import Conv2D, Flatten, MaxPool2D
+    return Sequential([Conv2D(4, 3, activation="relu"), MaxPool2D(2), Flatten(),
+                       Dense(10, activation="softmax")], input_shape=(8, 8, 1), dtype="float64", seed=seed)
+
+
+def _lstm(seed):
+    from sparknet.layers import LSTM
+    return Sequential([LSTM(12), Dense(10, activation="softmax")], input_shape=(8, 8),
+                      dtype="float64", seed=seed)
+
+
+@pytest.mark.parametrize("kind,rows,epochs", [("dense", 600, 2), ("conv", 300, 1), ("lstm", 300, 1)])
+def test_gradient_sync_equals_single_process_float64(spark, digits, kind, rows, epochs):
+    """sync='gradient' = single-process RMSprop on the same global minibatches (float64),
+    for dense, convolutional and recurrent models alike (flat rows reshaped to the input)."""
     X, y, _, _ = digits
-    X = X[:600].astype(np.float64)
-    y = y[:600]
-    P, B, epochs, seed = 3, 100, 2, 5
-    model = _mlp("float64", seed=1, input_shape=(64,))
+    X = X[:rows].astype(np.float64)
+    y = y[:rows]
+    P, B, seed = 3, 100, 5
+    make = {"dense": lambda s: _mlp("float64", seed=s, input_shape=(64,)), "conv": _conv, "lstm": _lstm}[kind]
+    model = make(1)
     start = model.params.copy()
     trainer = DataParallelTrainer(model, spark, num_partitions=P, sync="gradient",
                                   optimizer=RMSprop(lr=1e-2), seed=seed)
     trained, history = trainer.fit(X, y, epochs=epochs, batch_size=B, verbose=0)
     assert trained is model
-    assert history["rounds"] == [math.ceil(600 / B)] * epochs
+    R = math.ceil(rows / B)
+    assert history["rounds"] == [R] * epochs
 
     # the reference: one process, the documented schedule, no Spark
-    ref = _mlp("float64", seed=1, input_shape=(64,))
+    ref = make(1)
     np.testing.assert_array_equal(ref.params, start)
     opt = RMSprop(lr=1e-2)
-    shards = [(X[i], y[i]) for i in split_indices(600, P, seed)]
-    R = math.ceil(600 / B)
+    shards = [(X[i], y[i]) for i in split_indices(rows, P, seed)]
     for e in range(epochs):
         perms = [np.random.default_rng([seed, e, p]).permutation(len(sy)) for p, (_, sy) in enumerate(shards)]
         for r in range(R):
             xs, ys = [], []
             for (sx, sy), perm in zip(shards, perms):
                 n = len(sy)
-                rows = perm[n * r // R: n * (r + 1) // R]
-                xs.append(sx[rows])
-                ys.append(sy[rows])
-            ref.loss_and_grad(np.concatenate(xs), np.concatenate(ys), ref.loss)
+                sel = perm[n * r // R: n * (r + 1) // R]
+                xs.append(sx[sel])
+                ys.append(sy[sel])
+            xb = np.concatenate(xs).reshape((-1,) + ref.input_shape)
+            ref.loss_and_grad(xb, np.concatenate(ys), ref.loss)
             opt.step(ref.params, ref.grads)
     rel = np.linalg.norm(model.params - ref.params) / np.linalg.norm(ref.params)
     moved = np.linalg.norm(ref.params - start) / np.linalg.norm(start)
-    assert moved > 0.05, "training did not move the parameters"
-    print(f"relative difference {rel:.3e}, moved {moved:.3f}")
+    print(f"{kind}: relative difference {rel:.3e}, moved {moved:.3f}")
+    assert moved > 0.01, "training did not move the parameters"
     assert rel <= 1e-10, f"distributed and single-process parameters differ: {rel:.3e}"
 
 
