@@ -361,23 +361,22 @@ def _clf(**kw):
 
 
 def test_bad_columns(spark, small):
+    """Missing or wrongly typed columns: a ValueError naming the column, before any
+    training round."""
     X, y = small
     df = _vector_df(spark, X, y)
-    with pytest.raises(ValueError, match="no features column 'pixels'"):
-        _clf(featuresCol="pixels").fit(df)
-    with pytest.raises(ValueError, match="no label column 'digit'"):
-        _clf(labelCol="digit").fit(df)
+    _fit_error(spark, _clf(featuresCol="pixels"), df, "no features column 'pixels'")
+    _fit_error(spark, _clf(labelCol="digit"), df, "no label column 'digit'")
     strs = spark.createDataFrame([("a", 1.0)], ["features", "label"])
-    with pytest.raises(ValueError, match="features column 'features' has type string"):
-        _clf().fit(strs)
+    _fit_error(spark, _clf(), strs, "features column 'features' has type string")
     lab = df.withColumn("label", df["label"].cast("string"))
-    with pytest.raises(ValueError, match="label column 'label' has type string"):
-        _clf().fit(lab)
+    _fit_error(spark, _clf(), lab, "label column 'label' has type string")
     with pytest.raises(ValueError, match="features column 'features' has type string"):
-        _fitted_tiny(spark, X, y).transform(strs)
+        _untrained_model().transform(strs)
 
 
-def _fitted_tiny(spark, X, y):
+def _untrained_model():
+    """A Model holding an untrained 64-8-10 network (transform checks need no training)."""
     m = SparkNetClassificationModel()
     net = _mlp(8)
     net.build((64,))
@@ -385,30 +384,47 @@ def _fitted_tiny(spark, X, y):
     return m
 
 
+def _fit_error(spark, clf, df, match):
+    """``clf.fit(df)`` raises a ValueError matching ``match`` after at most the jobs that
+    load (and check) the data: a fit runs 3 calibration probes and then its rounds after
+    loading, so 2 jobs or fewer means no probe and no training round ran."""
+    sc = spark.sparkContext
+    group = f"bad-input-{time.monotonic_ns()}"
+    sc.setJobGroup(group, "bad input")
+    try:
+        with pytest.raises(ValueError, match=match):
+            clf.fit(df)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setLocalProperty("spark.job.description", None)
+    jobs = sc.statusTracker().getJobIdsForGroup(group)
+    assert len(jobs) <= 2, f"{len(jobs)} Spark jobs ran before the error"
+
+
 def test_bad_values(spark, small):
+    """Wrong feature size, NaN, labels outside the classes: a ValueError naming the
+    column, raised after the data-loading job and before any training round."""
     X, y = small
     # feature size differs from the network's declared input
-    with pytest.raises(ValueError, match=r"features column 'features' has 64 values per row, "
-                                         r"the model expects 65"):
-        _clf(inputShape=[65]).fit(_vector_df(spark, X, y))
+    _fit_error(spark, _clf(inputShape=[65]), _vector_df(spark, X, y),
+               r"features column 'features' has 64 values per row, the model expects 65")
     Xn = X.copy()
     Xn[7, 3] = np.nan
     rows = [(Vectors.dense(x), float(t)) for x, t in zip(Xn, y)]  # (pandas would make NaN null)
-    with pytest.raises(ValueError, match=r"features column 'features' contains nan"):
-        _clf().fit(spark.createDataFrame(rows, ["features", "label"]))
+    _fit_error(spark, _clf(), spark.createDataFrame(rows, ["features", "label"]),
+               r"features column 'features' contains nan")
     yb = y.copy()
     yb[5] = 10
-    with pytest.raises(ValueError, match=r"label column 'label' holds the label 10, outside \[0, 10\)"):
-        _clf().fit(_vector_df(spark, X, yb))
+    _fit_error(spark, _clf(), _vector_df(spark, X, yb),
+               r"label column 'label' holds the label 10, outside \[0, 10\)")
     yb[5] = -1
-    with pytest.raises(ValueError, match=r"label column 'label' holds the label -1"):
-        _clf().fit(_vector_df(spark, X, yb))
+    _fit_error(spark, _clf(), _vector_df(spark, X, yb), r"label column 'label' holds the label -1")
     # VectorAssembler metadata gives the size before any job
     df = spark.createDataFrame([tuple(map(float, r[:10])) + (float(t),) for r, t in zip(X[:5], y)],
                                [f"c{i}" for i in range(10)] + ["label"])
     va = VectorAssembler(inputCols=[f"c{i}" for i in range(10)], outputCol="features").transform(df)
     with pytest.raises(ValueError, match="vectors of size 10 .* the network expects 64"):
-        _fitted_tiny(spark, X, y).transform(va)
+        _untrained_model().transform(va)
 
 
 def test_bad_params():

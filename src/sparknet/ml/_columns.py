@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 
 @dataclass
 class FeatureKind:
@@ -149,7 +147,3 @@ def vector_size_check(kind: FeatureKind, col: str, expected: int, what: str) -> 
     if kind.kind == "vector" and kind.size is not None and kind.size != expected:
         raise ValueError(f"{what}: features column {col!r} holds vectors of size {kind.size} "
                          f"(from its metadata), the network expects {expected} values")
-
-
-def flat_size(shape) -> int:
-    return int(np.prod(shape)) if shape else 0

@@ -106,7 +106,7 @@ class _InferenceParams(Params):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(inferenceBatchSize=1024)
+        self._setDefault(inferenceBatchSize=4096)
 
     def getInferenceBatchSize(self) -> int:
         return self.getOrDefault(self.inferenceBatchSize)
@@ -489,7 +489,7 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
         maxSequenceLength: steps per sequence (0 = longest in the training data).
         seed: seeds the initial weights, the data split and the shuffles.
         thresholds: MLlib's per-class thresholds for the prediction.
-        inferenceBatchSize: rows per forward pass in ``transform`` (1024).
+        inferenceBatchSize: rows per forward pass in ``transform`` (4096).
         verbose: 1 shows a progress bar.
 
     Example::
