@@ -22,7 +22,7 @@ Run (the shape of the paper's Fig. 4.7 at this machine's scale)::
     python benchmarks/bench_model_parallel.py --widths 16384 --in-features 4096 --batches 256
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the environment slow OpenBLAS on AVX-512 CPUs;
-the report says which were set.  Files created in /dev/shm are removed at the end.
+the report says which were set.  Block files it created in /dev/shm (``sparknet-resident-blocks-*``) are removed at the end.
 """
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def main() -> None:
     one, two = parallel_capacity()
     print(f"sgemm, one BLAS thread: one process {one:.0f} GFLOP/s, two processes {two:.0f} GFLOP/s together "
           f"(parallel capacity {two / one:.2f}x)", flush=True)
-    shm_before = set(glob.glob("/dev/shm/sparknet-resident-*"))
+    shm_before = set(glob.glob("/dev/shm/sparknet-resident-blocks-*"))
     rows: dict[tuple, dict] = {}
 
     def phase(spark, tag: str) -> None:
@@ -219,7 +219,7 @@ def main() -> None:
                 finally:
                     spark.stop()
     finally:
-        for d in set(glob.glob("/dev/shm/sparknet-resident-*")) - shm_before:
+        for d in set(glob.glob("/dev/shm/sparknet-resident-blocks-*")) - shm_before:
             shutil.rmtree(d, ignore_errors=True)
 
     print()
