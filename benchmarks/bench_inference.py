@@ -1,0 +1,197 @@
+"""Batch inference throughput: sparknet's ``SparkNetClassificationModel.transform`` against
+MLlib's ``MultilayerPerceptronClassificationModel.transform``, same DataFrame, same run.
+
+Two networks, each scored on a cached DataFrame of ``--rows`` rows (default 100,000)
+with an ML Vector features column:
+
+- the digits MLP 64-64-10 on scikit-learn's digits (1,797 images, repeated);
+- an MNIST MLP 784-512-256-10 on MNIST images (``--mnist`` folder; repeated).
+
+Both models are fitted briefly first (inference cost does not depend on the weights).
+A transform is forced two ways: writing all its columns (features, label,
+rawPrediction, probability, prediction) to Spark's ``noop`` sink, and summing the
+prediction column alone.  Each model is timed ``--repeats`` times per way after one
+warm-up, the two models' runs alternating, and the median (and best) rows/s are
+printed with the ratio sparknet / MLlib.
+
+Usage::
+
+    python benchmarks/bench_inference.py [--rows 100000] [--repeats 3] [--mnist DIR]
+
+The session is ``local[2]``; the Python workers limit BLAS to one thread each (one per
+task core).  The machine is shared: numbers are noisy.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_MNIST = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
+
+
+def _spark(master: str):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).appName("sparknet-bench-inference")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", "6g")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.python.worker.reuse", "true")
+             .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _frame(spark, X: np.ndarray, y: np.ndarray, rows: int, partitions: int):
+    """A cached DataFrame of ``rows`` rows (X repeated), Vector features + double label."""
+    import pandas as pd
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import types as T
+
+    idx = np.arange(rows) % X.shape[0]
+    schema = T.StructType([T.StructField("features", T.ArrayType(T.DoubleType()), False),
+                           T.StructField("label", T.DoubleType(), False)])
+    chunks = []
+    step = 20_000
+    for lo in range(0, rows, step):
+        sel = idx[lo:lo + step]
+        pdf = pd.DataFrame({"features": list(X[sel].astype(np.float64)),
+                            "label": y[sel].astype(np.float64)})
+        chunks.append(spark.createDataFrame(pdf, schema))
+    df = chunks[0]
+    for c in chunks[1:]:
+        df = df.union(c)
+    df = df.select(array_to_vector("features").alias("features"), "label").repartition(partitions)
+    df = df.cache()
+    n = df.count()
+    assert n == rows, (n, rows)
+    return df
+
+
+def _time_pair(ours, mllib, df, repeats: int, force: str = "noop") -> tuple[list[float], list[float]]:
+    """Seconds per forced transform of each model: one warm-up each, then the two
+    alternate, so a burst of load on the shared machine hits both alike.
+
+    ``force="noop"`` writes every output column to the ``noop`` sink;
+    ``force="prediction"`` sums the prediction column only (what scoring for accuracy
+    needs; Spark then prunes the columns nothing reads)."""
+    from pyspark.sql import functions as F
+
+    def run(model):
+        t0 = time.perf_counter()
+        out = model.transform(df)
+        if force == "noop":
+            out.write.format("noop").mode("overwrite").save()
+        else:
+            out.select(F.sum("prediction")).collect()
+        return time.perf_counter() - t0
+
+    run(ours)
+    run(mllib)
+    t_ours, t_mllib = [], []
+    for _ in range(repeats):
+        t_ours.append(run(ours))
+        t_mllib.append(run(mllib))
+    return t_ours, t_mllib
+
+
+def _fit_pair(spark, X, y, layers, fit_rows: int):
+    """A sparknet model and an MLlib perceptron with the same layer sizes, each fitted
+    briefly on ``fit_rows`` rows."""
+    from pyspark.ml.classification import MultilayerPerceptronClassifier
+
+    from sparknet import Dense, Sequential
+    from sparknet.ml import SparkNetClassifier
+
+    small = _frame(spark, X[:fit_rows], y[:fit_rows], fit_rows, 2)
+    net = Sequential([Dense(h, activation="relu") for h in layers[1:-1]] +
+                     [Dense(layers[-1], activation="softmax")])
+    ours = SparkNetClassifier(network=net, epochs=1, numPartitions=2, learningRate=1e-3).fit(small)
+    mllib = MultilayerPerceptronClassifier(layers=list(layers), maxIter=2, seed=0).fit(small)
+    small.unpersist()
+    return ours, mllib
+
+
+def bench(spark, name, X, y, layers, rows, repeats, partitions):
+    ours, mllib = _fit_pair(spark, X, y, layers, min(2000, X.shape[0]))
+    df = _frame(spark, X, y, rows, partitions)
+    # same predictions check on a slice (both argmax a softmax; only the weights differ,
+    # so this only checks the columns are there and typed alike)
+    a, b = ours.transform(df.limit(5)), mllib.transform(df.limit(5))
+    for col in ("rawPrediction", "probability", "prediction"):
+        assert a.schema[col].dataType == b.schema[col].dataType, col
+    t_ours, t_mllib = _time_pair(ours, mllib, df, repeats)
+    p_ours, p_mllib = _time_pair(ours, mllib, df, repeats, force="prediction")
+    df.unpersist()
+    res = {
+        "name": name, "rows": rows,
+        "pred_ours": rows / statistics.median(p_ours), "pred_mllib": rows / statistics.median(p_mllib),
+        "ours_best": rows / min(t_ours), "ours_median": rows / statistics.median(t_ours),
+        "mllib_best": rows / min(t_mllib), "mllib_median": rows / statistics.median(t_mllib),
+    }
+    res["ratio_best"] = res["ours_best"] / res["mllib_best"]
+    res["ratio_median"] = res["ours_median"] / res["mllib_median"]
+    res["pred_ratio"] = res["pred_ours"] / res["pred_mllib"]
+    print(f"{name}: sparknet {res['ours_median']:,.0f} rows/s (best {res['ours_best']:,.0f}), "
+          f"MLlib {res['mllib_median']:,.0f} rows/s (best {res['mllib_best']:,.0f}), "
+          f"ratio {res['ratio_median']:.2f}x (best/best {res['ratio_best']:.2f}x); prediction only: "
+          f"sparknet {res['pred_ours']:,.0f} rows/s, MLlib {res['pred_mllib']:,.0f} rows/s, "
+          f"ratio {res['pred_ratio']:.2f}x", flush=True)
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--mnist", default=DEFAULT_MNIST, help="folder of the MNIST IDX files")
+    ap.add_argument("--only", choices=("digits", "mnist"), default=None)
+    args = ap.parse_args(argv)
+
+    from sparknet.datasets import load_digits, load_mnist
+
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '(unset)')}", flush=True)
+    spark = _spark(args.master)
+    results = []
+    try:
+        if args.only in (None, "digits"):
+            X, y, _, _ = load_digits(test_size=0.01)
+            results.append(bench(spark, "digits MLP 64-64-10", X, y, (64, 64, 10), args.rows,
+                                 args.repeats, args.partitions))
+        if args.only in (None, "mnist"):
+            if os.path.isdir(args.mnist):
+                X, y, _, _ = load_mnist(args.mnist)
+                results.append(bench(spark, "MNIST MLP 784-512-256-10", X, y, (784, 512, 256, 10),
+                                     args.rows, args.repeats, args.partitions))
+            else:
+                print(f"MNIST not found at {args.mnist}: skipping the 784-512-256-10 case "
+                      f"(pass --mnist DIR)")
+    finally:
+        spark.stop()
+    print()
+    print("| network | rows | all columns: sparknet rows/s (median / best) | MLlib rows/s (median / best) "
+          "| ratio (median) | prediction only: sparknet | MLlib | ratio |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r['name']} | {r['rows']:,} | {r['ours_median']:,.0f} / {r['ours_best']:,.0f} | "
+              f"{r['mllib_median']:,.0f} / {r['mllib_best']:,.0f} | {r['ratio_median']:.2f}x | "
+              f"{r['pred_ours']:,.0f} | {r['pred_mllib']:,.0f} | {r['pred_ratio']:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
