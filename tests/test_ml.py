@@ -68,7 +68,7 @@ def frames(spark, digits):
 
 @pytest.fixture(scope="module")
 def fitted(frames):
-    clf = SparkNetClassifier(network=_mlp(), epochs=10, learningRate=3e-3, seed=3, **FAST)
+    clf = SparkNetClassifier(network=_mlp(128), epochs=12, learningRate=2e-3, seed=3, **FAST)
     t0 = time.perf_counter()
     model = clf.fit(frames["train"])
     print(f"digits MLP fit on Spark: {time.perf_counter() - t0:.1f} s")
