@@ -171,6 +171,22 @@ def run_mnist(path: str, epochs: int = 12, batch: int = 128, hidden: int = 128, 
             "train_time_s": time.perf_counter() - t0, "per_epoch": per_epoch}
 
 
+def report(res: dict) -> None:
+    """Print the table of :func:`run`'s result."""
+    c = res["config"]
+    print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
+          f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}, "
+          f"{'AVX-512 step kernels' if c['avx512_step_kernels'] else 'BLAS only'}); training samples/s")
+    print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
+    for k in ("sparknet", "torch"):
+        if res.get(k):
+            r = res[k]
+            print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
+    if res["torch"]:
+        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x{res['ratio_cpu']:>9.2f}x"
+              f"   (sparknet / PyTorch)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=128)
@@ -187,18 +203,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     res = run(batch=args.batch, hidden=args.hidden, n_steps=args.n_steps, rounds=args.rounds,
               torch=not args.no_torch, step_kernel=not args.blas)
-    c = res["config"]
-    print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
-          f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}, "
-          f"{'AVX-512 step kernels' if c['avx512_step_kernels'] else 'BLAS only'}); training samples/s")
-    print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
-    for k in ("sparknet", "torch"):
-        if res.get(k):
-            r = res[k]
-            print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
-    if res["torch"]:
-        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x{res['ratio_cpu']:>9.2f}x"
-              f"   (sparknet / PyTorch)")
+    report(res)
     if args.mnist:
         if not os.path.isdir(args.mnist):
             print(f"MNIST folder {args.mnist!r} not found", file=sys.stderr)
