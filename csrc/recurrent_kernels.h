@@ -1,0 +1,290 @@
+/* Recurrent-layer kernels in plain C, included by src/sparknet/_recurrent.pyx:
+ * the fused LSTM/RNN gate rows (forward and backward, float and double), branch-free
+ * float32 tanh/sigmoid, and a float32 AVX-512 GEMM over B packed in 32-column panels
+ * (the recurrent weights are packed once per call and reused at every time step),
+ * chosen at run time; other CPUs use the BLAS.
+ */
+#ifndef SPARKNET_RECURRENT_KERNELS_H
+#define SPARKNET_RECURRENT_KERNELS_H
+
+#include <math.h>
+#include <string.h>
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__) && (__GNUC__ >= 11)
+#define SN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define SN_CLONES
+#endif
+/* the gate blocks of one row are H apart and never overlap: let the compiler vectorise */
+#if defined(__GNUC__) && !defined(__clang__)
+#define SN_IVDEP _Pragma("GCC ivdep")
+#else
+#define SN_IVDEP
+#endif
+
+/* float32 tanh: odd/even rational approximation on [-7.905, 7.905] (clamped outside),
+   max abs error 3.5e-7; branch free, so loops over it vectorise. */
+static inline float sn_tanh_f(float x) {
+    const float lim = 7.90531110763549805f;
+    x = x > lim ? lim : x;
+    x = x < -lim ? -lim : x;
+    float x2 = x * x;
+    float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = x2 * p + -8.60467152213735e-11f;
+    p = x2 * p + 5.12229709037114e-08f;
+    p = x2 * p + 1.48572235717979e-05f;
+    p = x2 * p + 6.37261928875436e-04f;
+    p = x2 * p + 4.89352455891786e-03f;
+    p = x * p;
+    float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = x2 * q + 2.26843463243900e-03f;
+    q = x2 * q + 4.89352518554385e-03f;
+    return p / q;
+}
+static inline float sn_sigm_f(float x) { return 0.5f + 0.5f * sn_tanh_f(0.5f * x); }
+static inline double sn_tanh_d(double x) { return tanh(x); }
+static inline double sn_sigm_d(double x) {
+    if (x >= 0) return 1.0 / (1.0 + exp(-x));
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+/* activation ids as in _activations.pxd: 0 identity, 1 relu, 2 tanh, 3 sigmoid */
+#define SN_DEFINE(T, S, ATTR)                                                              \
+/* LSTM forward of one row: a (4H) holds W_ih x + W_hh h (without bias) on entry and     \
+   i, f, g, o on exit; writes c, tanh(c), h. */                                            \
+ATTR static void sn_lstm_fwd_##S(int H, T* restrict a, const T* restrict b,               \
+                                 const T* restrict c_prev, T* restrict c,                  \
+                                 T* restrict tc, T* restrict h) {                          \
+    T* restrict ai = a; T* restrict af = a + H; T* restrict ag = a + 2 * H;                \
+    T* restrict ao = a + 3 * H;                                                            \
+    const T* restrict bi = b; const T* restrict bf = b + H;                                \
+    const T* restrict bg = b + 2 * H; const T* restrict bo = b + 3 * H;                    \
+    SN_IVDEP for (int j = 0; j < H; j++) {                                                          \
+        T i = sn_sigm_##S(ai[j] + bi[j]);                                                  \
+        T f = sn_sigm_##S(af[j] + bf[j]);                                                  \
+        T g = sn_tanh_##S(ag[j] + bg[j]);                                                  \
+        T o = sn_sigm_##S(ao[j] + bo[j]);                                                  \
+        T cj = f * c_prev[j] + i * g;                                                      \
+        T t = sn_tanh_##S(cj);                                                             \
+        ai[j] = i; af[j] = f; ag[j] = g; ao[j] = o;                                        \
+        c[j] = cj; tc[j] = t; h[j] = o * t;                                                \
+    }                                                                                      \
+}                                                                                          \
+/* LSTM backward of one row, in place: a (4H) holds the gates i, f, g, o on entry and    \
+   their pre-activation gradients on exit (each j reads its four gates before writing).   \
+   dh = dh_rec + dy (dy may be NULL); dc in/out (d/dc_t on entry, d/dc_{t-1} on exit);    \
+   the gate gradients are added to db. */                                                  \
+ATTR static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,          \
+                                 const T* restrict tc, const T* restrict dh_rec,           \
+                                 const T* restrict dy, T* restrict dc, T* restrict db) {   \
+    T* ai = a; T* af = a + H; T* ag = a + 2 * H; T* ao = a + 3 * H;                        \
+    T* dai = a; T* daf = a + H; T* dag = a + 2 * H; T* dao = a + 3 * H;                    \
+    T* restrict dbi = db; T* restrict dbf = db + H; T* restrict dbg = db + 2 * H;          \
+    T* restrict dbo = db + 3 * H;                                                          \
+    if (dy) {                                                                              \
+        SN_IVDEP for (int j = 0; j < H; j++) {                                                      \
+            T dh = dh_rec[j] + dy[j];                                                      \
+            T i = ai[j], f = af[j], g = ag[j], o = ao[j], t = tc[j];                       \
+            T dcj = dc[j] + dh * o * (1 - t * t);                                          \
+            T d_o = dh * t * o * (1 - o);                                                  \
+            T d_i = dcj * g * i * (1 - i);                                                 \
+            T d_g = dcj * i * (1 - g * g);                                                 \
+            T d_f = dcj * c_prev[j] * f * (1 - f);                                         \
+            dc[j] = dcj * f;                                                               \
+            dai[j] = d_i; daf[j] = d_f; dag[j] = d_g; dao[j] = d_o;                        \
+            dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                    \
+        }                                                                                  \
+    } else {                                                                               \
+        SN_IVDEP for (int j = 0; j < H; j++) {                                                      \
+            T dh = dh_rec[j];                                                              \
+            T i = ai[j], f = af[j], g = ag[j], o = ao[j], t = tc[j];                       \
+            T dcj = dc[j] + dh * o * (1 - t * t);                                          \
+            T d_o = dh * t * o * (1 - o);                                                  \
+            T d_i = dcj * g * i * (1 - i);                                                 \
+            T d_g = dcj * i * (1 - g * g);                                                 \
+            T d_f = dcj * c_prev[j] * f * (1 - f);                                         \
+            dc[j] = dcj * f;                                                               \
+            dai[j] = d_i; daf[j] = d_f; dag[j] = d_g; dao[j] = d_o;                        \
+            dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                    \
+        }                                                                                  \
+    }                                                                                      \
+}                                                                                          \
+/* RNN forward of one row: z (H) = W_ih x + W_hh h on entry; h = act(z + b) written. */    \
+ATTR static void sn_rnn_fwd_##S(int H, int act, const T* restrict z, const T* restrict b, \
+                                T* restrict h) {                                           \
+    int j;                                                                                 \
+    if (act == 2) { SN_IVDEP for (j = 0; j < H; j++) h[j] = sn_tanh_##S(z[j] + b[j]); }              \
+    else if (act == 1) { SN_IVDEP for (j = 0; j < H; j++) { T v = z[j] + b[j]; h[j] = v > 0 ? v : 0; } } \
+    else if (act == 3) { SN_IVDEP for (j = 0; j < H; j++) h[j] = sn_sigm_##S(z[j] + b[j]); }         \
+    else { SN_IVDEP for (j = 0; j < H; j++) h[j] = z[j] + b[j]; }                                   \
+}                                                                                          \
+/* RNN backward of one row: dz = (dh_rec + dy) * act'(.) through the output h;           \
+   writes dz and adds it to db. */                                                         \
+ATTR static void sn_rnn_bwd_##S(int H, int act, const T* restrict h,                      \
+                                const T* restrict dh_rec, const T* restrict dy,            \
+                                T* restrict dz, T* restrict db) {                          \
+    int j;                                                                                 \
+    if (dy) { SN_IVDEP for (j = 0; j < H; j++) dz[j] = dh_rec[j] + dy[j]; }                          \
+    else { SN_IVDEP for (j = 0; j < H; j++) dz[j] = dh_rec[j]; }                                     \
+    if (act == 2) { SN_IVDEP for (j = 0; j < H; j++) dz[j] *= 1 - h[j] * h[j]; }                     \
+    else if (act == 1) { SN_IVDEP for (j = 0; j < H; j++) dz[j] = h[j] > 0 ? dz[j] : 0; }           \
+    else if (act == 3) { SN_IVDEP for (j = 0; j < H; j++) dz[j] *= h[j] * (1 - h[j]); }              \
+    SN_IVDEP for (j = 0; j < H; j++) db[j] += dz[j];                                                \
+}
+
+SN_DEFINE(float, f, SN_CLONES)
+SN_DEFINE(double, d, )
+
+/* ---- float32 products of the recurrent steps, without packing, for AVX-512 CPUs ----
+   C[M x Nc] (+)= A[M x K] @ B[K x Nc], all row-major with leading dimensions.  The
+   per-step recurrent product re-reads the same weight matrix T times; a BLAS packs it
+   again at every call, this kernel reads it in place (kept in L1/L2 across steps).
+   Register block: 8 rows x 32 columns (16 zmm accumulators); masked edge columns. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define SN_HAVE_AVX512 1
+#define SN_ROW_FMA(r) { __m512 a_ = _mm512_set1_ps(A[(r) * lda + k]);                \
+                        c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                    \
+                        c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1); }
+#define SN_ROW_LOAD(r) { if (acc) { c##r##0 = _mm512_maskz_loadu_ps(m0, C + (r) * ldc);      \
+                                   c##r##1 = _mm512_maskz_loadu_ps(m1, C + (r) * ldc + 16); } \
+                         else { c##r##0 = _mm512_setzero_ps(); c##r##1 = _mm512_setzero_ps(); } }
+#define SN_ROW_STORE(r) { _mm512_mask_storeu_ps(C + (r) * ldc, m0, c##r##0);               \
+                          _mm512_mask_storeu_ps(C + (r) * ldc + 16, m1, c##r##1); }
+
+__attribute__((target("avx512f")))
+static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int ldb,
+                             float* C, int ldc, int acc, __mmask16 m0, __mmask16 m1) {
+    __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
+    if (acc) {  /* the next row block's C: fetched while this block computes */
+        for (int r = 8; r < 16; r++) {
+            _mm_prefetch((const char*)(C + (size_t)r * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char*)(C + (size_t)r * ldc + 16), _MM_HINT_T0);
+        }
+    }
+    SN_ROW_LOAD(0) SN_ROW_LOAD(1) SN_ROW_LOAD(2) SN_ROW_LOAD(3)
+    SN_ROW_LOAD(4) SN_ROW_LOAD(5) SN_ROW_LOAD(6) SN_ROW_LOAD(7)
+    for (int k = 0; k < K; k++) {
+        const float* bk = B + (size_t)k * ldb;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+        SN_ROW_FMA(0) SN_ROW_FMA(1) SN_ROW_FMA(2) SN_ROW_FMA(3)
+        SN_ROW_FMA(4) SN_ROW_FMA(5) SN_ROW_FMA(6) SN_ROW_FMA(7)
+    }
+    SN_ROW_STORE(0) SN_ROW_STORE(1) SN_ROW_STORE(2) SN_ROW_STORE(3)
+    SN_ROW_STORE(4) SN_ROW_STORE(5) SN_ROW_STORE(6) SN_ROW_STORE(7)
+}
+
+__attribute__((target("avx512f")))
+static void sn_block1_avx512(int K, const float* A, const float* B, int ldb, float* C,
+                             int acc, __mmask16 m0, __mmask16 m1) {
+    __m512 c00, c01;
+    int lda = 0, ldc = 0;
+    (void)lda; (void)ldc;
+    SN_ROW_LOAD(0)
+    for (int k = 0; k < K; k++) {
+        const float* bk = B + (size_t)k * ldb;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+        SN_ROW_FMA(0)
+    }
+    SN_ROW_STORE(0)
+}
+
+/* B packed in panels of 32 columns: panel p holds B[0:K, 32p:32p+32] as K contiguous rows
+   of 32 floats (zero padded), so a panel is one contiguous block whatever B's row stride
+   (a power-of-two stride would map a panel's rows onto a few L1 sets). */
+__attribute__((target("avx512f")))
+static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                            float* C, int ldc, int acc) {
+    for (int j = 0; j < Nc; j += 32) {
+        int w = Nc - j;
+        const float* B = Bp + (size_t)(j / 32) * K * 32;
+        __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+        __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
+        int i = 0;
+        for (; i + 8 <= M; i += 8)
+            sn_block8_avx512(K, A + (size_t)i * lda, lda, B, 32, C + (size_t)i * ldc + j, ldc,
+                             acc, m0, m1);
+        for (; i < M; i++)
+            sn_block1_avx512(K, A + (size_t)i * lda, B, 32, C + (size_t)i * ldc + j, acc, m0, m1);
+    }
+}
+/* C[M x Nc] (+)= At^T @ B with At (K x M) row-major (row stride lda): the weight
+   gradients dW = dgates^T @ inputs over all T*N rows.  The 8 rows of a block are 8
+   consecutive entries of one row of At. */
+#define SN_ROWT_FMA(r) { __m512 a_ = _mm512_set1_ps(ak[r]);                              \
+                         c##r##0 = _mm512_fmadd_ps(a_, b0, c##r##0);                    \
+                         c##r##1 = _mm512_fmadd_ps(a_, b1, c##r##1); }
+__attribute__((target("avx512f")))
+static void sn_blockt8_avx512(int K, const float* At, int lda, const float* B, float* C,
+                              int ldc, int acc, __mmask16 m0, __mmask16 m1) {
+    __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
+    SN_ROW_LOAD(0) SN_ROW_LOAD(1) SN_ROW_LOAD(2) SN_ROW_LOAD(3)
+    SN_ROW_LOAD(4) SN_ROW_LOAD(5) SN_ROW_LOAD(6) SN_ROW_LOAD(7)
+    for (int k = 0; k < K; k++) {
+        const float* ak = At + (size_t)k * lda;
+        const float* bk = B + (size_t)k * 32;
+        __m512 b0 = _mm512_loadu_ps(bk);
+        __m512 b1 = _mm512_loadu_ps(bk + 16);
+        SN_ROWT_FMA(0) SN_ROWT_FMA(1) SN_ROWT_FMA(2) SN_ROWT_FMA(3)
+        SN_ROWT_FMA(4) SN_ROWT_FMA(5) SN_ROWT_FMA(6) SN_ROWT_FMA(7)
+    }
+    SN_ROW_STORE(0) SN_ROW_STORE(1) SN_ROW_STORE(2) SN_ROW_STORE(3)
+    SN_ROW_STORE(4) SN_ROW_STORE(5) SN_ROW_STORE(6) SN_ROW_STORE(7)
+}
+__attribute__((target("avx512f")))
+static void sn_blockt1_avx512(int K, const float* At, int lda, const float* B, float* C,
+                              int acc, __mmask16 m0, __mmask16 m1) {
+    __m512 c00, c01;
+    int ldc = 0;
+    (void)ldc;
+    SN_ROW_LOAD(0)
+    for (int k = 0; k < K; k++) {
+        const float* ak = At + (size_t)k * lda;
+        const float* bk = B + (size_t)k * 32;
+        __m512 b0 = _mm512_loadu_ps(bk);
+        __m512 b1 = _mm512_loadu_ps(bk + 16);
+        SN_ROWT_FMA(0)
+    }
+    SN_ROW_STORE(0)
+}
+/* K is cut in chunks so that a chunk of a B panel (Kc x 32 floats) stays in L1/L2 while
+   all row blocks of C accumulate over it. */
+__attribute__((target("avx512f")))
+static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+                               float* C, int ldc, int acc) {
+    const int Kc = 256;
+    for (int j = 0; j < Nc; j += 32) {
+        int w = Nc - j;
+        const float* B = Bp + (size_t)(j / 32) * K * 32;
+        __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+        __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
+        for (int k0 = 0; k0 < K; k0 += Kc) {
+            int kc = K - k0 < Kc ? K - k0 : Kc;
+            int a = acc || k0 > 0;
+            int i = 0;
+            for (; i + 8 <= M; i += 8)
+                sn_blockt8_avx512(kc, At + (size_t)k0 * lda + i, lda, B + (size_t)k0 * 32,
+                                  C + (size_t)i * ldc + j, ldc, a, m0, m1);
+            for (; i < M; i++)
+                sn_blockt1_avx512(kc, At + (size_t)k0 * lda + i, lda, B + (size_t)k0 * 32,
+                                  C + (size_t)i * ldc + j, a, m0, m1);
+        }
+    }
+}
+static int sn_has_avx512(void) {
+    static int has = -1;
+    if (has < 0) { __builtin_cpu_init(); has = __builtin_cpu_supports("avx512f") ? 1 : 0; }
+    return has;
+}
+#else
+#define SN_HAVE_AVX512 0
+static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                            float* C, int ldc, int acc) { }
+static int sn_has_avx512(void) { return 0; }
+static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+                               float* C, int ldc, int acc) { }
+#endif
+
+#endif
