@@ -112,6 +112,51 @@ cdef float* _pack_panels(const floating* src, Py_ssize_t ld, Py_ssize_t K, Py_ss
     return out
 
 
+# The products every recurrent kernel needs, on the float32 AVX-512 panel kernel when ``own``
+# (float32 on an AVX-512 CPU) and on the BLAS otherwise.  ``rows`` is T*N for whole-sequence
+# products, N for one time step; ``G`` is the gate width (4H for the LSTM, H for the RNN).
+
+cdef void _project_inputs(bint own, const floating* xt, const floating* w_ih, floating* out,
+                          Py_ssize_t rows, Py_ssize_t F, Py_ssize_t G) noexcept nogil:
+    """out (rows, G) = xt (rows, F) @ W_ih^T, W_ih (G, F): every step's input projection at once."""
+    cdef float* wp = _pack_panels(w_ih, F, F, G, True) if own else NULL
+    if wp != NULL:
+        sn_sgemm_panels_avx512(<int>rows, <int>G, <int>F, <float*>xt, <int>F, wp, <float*>out, <int>G, 0)
+        free(wp)
+    else:
+        gemm(False, True, <int>rows, <int>G, <int>F, <floating>1, xt, <int>F, w_ih, <int>F,
+             <floating>0, out, <int>G)
+
+
+cdef void _times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t K,
+                        const float* bp, const floating* b, bint b_transposed, Py_ssize_t Nc,
+                        floating* c, bint accumulate) noexcept nogil:
+    """c (rows, Nc) (+)= a (rows, K) @ B, B = b^T (b is (Nc, K)) when ``b_transposed``, else b
+    (K, Nc); ``bp`` is B already packed in panels (used when ``own``)."""
+    if own:
+        sn_sgemm_panels_avx512(<int>rows, <int>Nc, <int>K, <float*>a, <int>K, bp, <float*>c, <int>Nc,
+                               1 if accumulate else 0)
+    elif b_transposed:
+        gemm(False, True, <int>rows, <int>Nc, <int>K, <floating>1, a, <int>K, b, <int>K,
+             <floating>(1 if accumulate else 0), c, <int>Nc)
+    else:
+        gemm(False, False, <int>rows, <int>Nc, <int>K, <floating>1, a, <int>K, b, <int>Nc,
+             <floating>(1 if accumulate else 0), c, <int>Nc)
+
+
+cdef void _weight_grad(bint own, const floating* dg, const floating* src, floating* dw,
+                       Py_ssize_t rows, Py_ssize_t G, Py_ssize_t K) noexcept nogil:
+    """dw (G, K) = dg^T (G, rows) @ src (rows, K): one product over all T*N rows."""
+    cdef float* bp = _pack_panels(src, K, rows, K, False) if own else NULL
+    if bp != NULL:
+        sn_sgemm_panels_tn_avx512(<int>G, <int>K, <int>rows, <float*>dg, <int>G, bp, <float*>dw,
+                                  <int>K, 0)
+        free(bp)
+    else:
+        gemm(True, False, <int>G, <int>K, <int>rows, <floating>1, dg, <int>G, src, <int>K,
+             <floating>0, dw, <int>K)
+
+
 def sgemm_step(const float[:, ::1] A, const float[:, ::1] B, float[:, ::1] C, bint accumulate):
     """``C[...] = A @ B`` (or ``C += A @ B``) with the built-in AVX-512 kernel (for tests)."""
     cdef float* Bp
@@ -271,7 +316,6 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         return
     cdef bint own = floating is float and _own_kernel()
     cdef float* whT = NULL
-    cdef float* wiT = NULL
     b = <floating*>malloc(G * sizeof(floating))
     if b == NULL:
         raise MemoryError()
@@ -297,25 +341,14 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                 # all input projections in one gemm: gates (T*N, 4H) = xt (T*N, F) @ W_ih^T
                 if F > 0:
                     _to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
-                    wiT = _pack_panels(&w_ih[0, 0], F, F, G, True) if own else NULL
-                    if wiT != NULL:
-                        sn_sgemm_panels_avx512(<int>(T * N), <int>G, <int>F, <float*>&xt[0, 0, 0], <int>F,
-                                        wiT, <float*>&gates[0, 0, 0], <int>G, 0)
-                        free(wiT)
-                    else:
-                        gemm(False, True, <int>(T * N), <int>G, <int>F, <floating>1, &xt[0, 0, 0],
-                             <int>F, &w_ih[0, 0], <int>F, <floating>0, &gates[0, 0, 0], <int>G)
+                    _project_inputs(own, &xt[0, 0, 0], &w_ih[0, 0], &gates[0, 0, 0], T * N, F, G)
                 else:
                     memset(&gates[0, 0, 0], 0, T * N * G * sizeof(floating))
             for t in range(T):
                 if t > 0 or has_h0:
                     # gates[t] (N, 4H) += h_{t-1} (N, H) @ W_hh^T
-                    if own:
-                        sn_sgemm_panels_avx512(<int>N, <int>G, <int>H, <float*>&hs[t, 0, 0], <int>H, whT,
-                                        <float*>&gates[t, 0, 0], <int>G, 1)
-                    else:
-                        gemm(False, True, <int>N, <int>G, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
-                             &w_hh[0, 0], <int>H, <floating>1, &gates[t, 0, 0], <int>G)
+                    _times_packed(own, &hs[t, 0, 0], N, H, whT, &w_hh[0, 0], True, G,
+                                  &gates[t, 0, 0], True)
                 for n in range(N):
                     if has_mask and mask[n, t] == 0:
                         memcpy(&hs[t + 1, n, 0], &hs[t, n, 0], H * sizeof(floating))
@@ -412,7 +445,6 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
     cdef floating* DH2
     cdef floating* tmp
     cdef const floating* dyp = NULL
-    cdef float* bp = NULL
     with nogil:
         memset(&db_ih[0], 0, G * sizeof(floating))
         if T == 0 or N == 0:
@@ -444,12 +476,7 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                                       DH + n * H, dyp, &dc[n, 0], &db_ih[0])
                 if t > 0:
                     # dh_{t-1} (N, H) = dgates[t] (N, 4H) @ W_hh (4H, H)
-                    if own:
-                        sn_sgemm_panels_avx512(<int>N, <int>H, <int>G, <float*>&gates[t, 0, 0], <int>G,
-                                        whp, <float*>DH2, <int>H, 0)
-                    else:
-                        gemm(False, False, <int>N, <int>H, <int>G, <floating>1, &gates[t, 0, 0],
-                             <int>G, &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
+                    _times_packed(own, &gates[t, 0, 0], N, G, whp, &w_hh[0, 0], False, H, DH2, False)
                     if has_mask:
                         for n in range(N):
                             if mask[n, t] == 0:
@@ -459,24 +486,10 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                     DH2 = tmp
             # one product each over all T*N rows
             # dW_hh (4H, H) = dgates^T (4H, T*N) @ hs[0:T] (T*N, H)
-            bp = _pack_panels(&hs[0, 0, 0], H, T * N, H, False) if own else NULL
-            if bp != NULL:
-                sn_sgemm_panels_tn_avx512(<int>G, <int>H, <int>(T * N), <float*>&gates[0, 0, 0], <int>G, bp,
-                                   <float*>&dw_hh[0, 0], <int>H, 0)
-                free(bp)
-            else:
-                gemm(True, False, <int>G, <int>H, <int>(T * N), <floating>1, &gates[0, 0, 0], <int>G,
-                     &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
+            _weight_grad(own, &gates[0, 0, 0], &hs[0, 0, 0], &dw_hh[0, 0], T * N, G, H)
             if F > 0:
                 # dW_ih (4H, F) = dgates^T (4H, T*N) @ xt (T*N, F)
-                bp = _pack_panels(&xt[0, 0, 0], F, T * N, F, False) if own else NULL
-                if bp != NULL:
-                    sn_sgemm_panels_tn_avx512(<int>G, <int>F, <int>(T * N), <float*>&gates[0, 0, 0], <int>G,
-                                       bp, <float*>&dw_ih[0, 0], <int>F, 0)
-                    free(bp)
-                else:
-                    gemm(True, False, <int>G, <int>F, <int>(T * N), <floating>1, &gates[0, 0, 0],
-                         <int>G, &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
+                _weight_grad(own, &gates[0, 0, 0], &xt[0, 0, 0], &dw_ih[0, 0], T * N, G, F)
                 if has_dx:
                     # dxt (T*N, F) = dgates (T*N, 4H) @ W_ih (4H, F)
                     gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1,
@@ -521,7 +534,6 @@ def rnn_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         return
     cdef bint own = floating is float and _own_kernel()
     cdef float* whT = NULL
-    cdef float* wiT = NULL
     b = <floating*>malloc(H * sizeof(floating))
     if b == NULL:
         raise MemoryError()
@@ -541,25 +553,14 @@ def rnn_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
             if T > 0:
                 if F > 0:
                     _to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
-                    wiT = _pack_panels(&w_ih[0, 0], F, F, H, True) if own else NULL
-                    if wiT != NULL:
-                        sn_sgemm_panels_avx512(<int>(T * N), <int>H, <int>F, <float*>&xt[0, 0, 0], <int>F,
-                                        wiT, <float*>&zs[0, 0, 0], <int>H, 0)
-                        free(wiT)
-                    else:
-                        gemm(False, True, <int>(T * N), <int>H, <int>F, <floating>1, &xt[0, 0, 0],
-                             <int>F, &w_ih[0, 0], <int>F, <floating>0, &zs[0, 0, 0], <int>H)
+                    _project_inputs(own, &xt[0, 0, 0], &w_ih[0, 0], &zs[0, 0, 0], T * N, F, H)
                 else:
                     memset(&zs[0, 0, 0], 0, T * N * H * sizeof(floating))
             for t in range(T):
                 if t > 0 or has_h0:
                     # zs[t] (N, H) += h_{t-1} (N, H) @ W_hh^T
-                    if own:
-                        sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>&hs[t, 0, 0], <int>H, whT,
-                                        <float*>&zs[t, 0, 0], <int>H, 1)
-                    else:
-                        gemm(False, True, <int>N, <int>H, <int>H, <floating>1, &hs[t, 0, 0], <int>H,
-                             &w_hh[0, 0], <int>H, <floating>1, &zs[t, 0, 0], <int>H)
+                    _times_packed(own, &hs[t, 0, 0], N, H, whT, &w_hh[0, 0], True, H,
+                                  &zs[t, 0, 0], True)
                 for n in range(N):
                     if has_mask and mask[n, t] == 0:
                         memcpy(&hs[t + 1, n, 0], &hs[t, n, 0], H * sizeof(floating))
@@ -598,7 +599,6 @@ def rnn_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     cdef const floating* dyp = NULL
     cdef bint own = floating is float and _own_kernel() and T > 0 and N > 0 and H > 0
     cdef float* whp = NULL
-    cdef float* bp = NULL
     _check(xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == H and w_ih.shape[1] == F
            and w_hh.shape[0] == H and w_hh.shape[1] == H, "rnn_backward: shapes disagree")
     _check(hs.shape[0] == T + 1 and hs.shape[1] == N and hs.shape[2] == H, "rnn_backward: hs shape")
@@ -642,7 +642,6 @@ cdef void _rnn_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
     cdef floating* DH2
     cdef floating* tmp
     cdef const floating* dyp = NULL
-    cdef float* bp = NULL
     with nogil:
         memset(&db_ih[0], 0, H * sizeof(floating))
         if T == 0 or N == 0:
@@ -669,12 +668,7 @@ cdef void _rnn_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
                                      &db_ih[0])
                 if t > 0:
                     # dh_{t-1} (N, H) = dz[t] (N, H) @ W_hh (H, H)
-                    if own:
-                        sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>&dz[t, 0, 0], <int>H, whp,
-                                        <float*>DH2, <int>H, 0)
-                    else:
-                        gemm(False, False, <int>N, <int>H, <int>H, <floating>1, &dz[t, 0, 0], <int>H,
-                             &w_hh[0, 0], <int>H, <floating>0, DH2, <int>H)
+                    _times_packed(own, &dz[t, 0, 0], N, H, whp, &w_hh[0, 0], False, H, DH2, False)
                     if has_mask:
                         for n in range(N):
                             if mask[n, t] == 0:
@@ -683,23 +677,9 @@ cdef void _rnn_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
                     DH = DH2
                     DH2 = tmp
             # dW_hh (H, H) = dz^T (H, T*N) @ hs[0:T] (T*N, H);  dW_ih = dz^T @ xt
-            bp = _pack_panels(&hs[0, 0, 0], H, T * N, H, False) if own else NULL
-            if bp != NULL:
-                sn_sgemm_panels_tn_avx512(<int>H, <int>H, <int>(T * N), <float*>&dz[0, 0, 0], <int>H, bp,
-                                   <float*>&dw_hh[0, 0], <int>H, 0)
-                free(bp)
-            else:
-                gemm(True, False, <int>H, <int>H, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
-                     &hs[0, 0, 0], <int>H, <floating>0, &dw_hh[0, 0], <int>H)
+            _weight_grad(own, &dz[0, 0, 0], &hs[0, 0, 0], &dw_hh[0, 0], T * N, H, H)
             if F > 0:
-                bp = _pack_panels(&xt[0, 0, 0], F, T * N, F, False) if own else NULL
-                if bp != NULL:
-                    sn_sgemm_panels_tn_avx512(<int>H, <int>F, <int>(T * N), <float*>&dz[0, 0, 0], <int>H, bp,
-                                       <float*>&dw_ih[0, 0], <int>F, 0)
-                    free(bp)
-                else:
-                    gemm(True, False, <int>H, <int>F, <int>(T * N), <floating>1, &dz[0, 0, 0], <int>H,
-                         &xt[0, 0, 0], <int>F, <floating>0, &dw_ih[0, 0], <int>F)
+                _weight_grad(own, &dz[0, 0, 0], &xt[0, 0, 0], &dw_ih[0, 0], T * N, H, F)
                 if has_dx:
                     gemm(False, False, <int>(T * N), <int>F, <int>H, <floating>1, &dz[0, 0, 0],
                          <int>H, &w_ih[0, 0], <int>F, <floating>0, &dxt[0, 0, 0], <int>F)
