@@ -215,10 +215,29 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
         return self.getOrDefault(self.verbose)
 
 
-class _EstimatorMixin:
+class _Persistable:
+    """ML persistence shared by the Estimators and the Models (see :mod:`._persistence`)."""
+
+    def write(self):
+        return SparkNetWriter(self)
+
+    @classmethod
+    def read(cls):
+        return SparkNetReader(cls)
+
+
+class _EstimatorMixin(_Persistable):
     """The fit shared by the classifier and the regressor."""
 
     _classification = True
+    #: the Model class ``fit`` returns (set below, once the Model classes exist)
+    _model_class: type
+
+    def _fit(self, dataset):
+        model = self._model_class()
+        model._set_network(self._train(dataset))
+        model._history = self._history
+        return self._copy_to_model(model)
 
     def _set_all(self, kwargs: dict):
         return self._set(**{k: v for k, v in kwargs.items() if v is not None})
@@ -359,7 +378,7 @@ class _EstimatorMixin:
         return model
 
 
-class _ModelMixin:
+class _ModelMixin(_Persistable):
     """Transform shared by the classifier and regression models."""
 
     _has_network = True
@@ -431,12 +450,6 @@ class _ModelMixin:
         p = BatchPredictor("local", None, self.getFeaturesCol(), False, None, 1)
         return p.forward(self.network, x.reshape(1, -1))[0]
 
-    def write(self):
-        return SparkNetWriter(self)
-
-    @classmethod
-    def read(cls):
-        return SparkNetReader(cls)
 
 
 def _output_columns(dataset, tmp: str, specs: list[tuple[str, str, dict]]):
@@ -526,22 +539,6 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
-    def setInferenceBatchSize(self, value: int):
-        return self._set(inferenceBatchSize=value)
-
-    def _fit(self, dataset) -> "SparkNetClassificationModel":
-        network = self._train(dataset)
-        model = SparkNetClassificationModel()
-        model._set_network(network)
-        model._history = self._history
-        return self._copy_to_model(model)
-
-    def write(self):
-        return SparkNetWriter(self)
-
-    @classmethod
-    def read(cls):
-        return SparkNetReader(cls)
 
 
 class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel, _SparkNetParams,
@@ -644,22 +641,6 @@ class SparkNetRegressor(_EstimatorMixin, Predictor, _SparkNetParams, MLReadable,
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
-    def setInferenceBatchSize(self, value: int):
-        return self._set(inferenceBatchSize=value)
-
-    def _fit(self, dataset) -> "SparkNetRegressionModel":
-        network = self._train(dataset)
-        model = SparkNetRegressionModel()
-        model._set_network(network)
-        model._history = self._history
-        return self._copy_to_model(model)
-
-    def write(self):
-        return SparkNetWriter(self)
-
-    @classmethod
-    def read(cls):
-        return SparkNetReader(cls)
 
 
 class SparkNetRegressionModel(_ModelMixin, PredictionModel, _SparkNetParams, MLReadable, MLWritable):
@@ -692,3 +673,7 @@ class SparkNetRegressionModel(_ModelMixin, PredictionModel, _SparkNetParams, MLR
 
 for _cls in (SparkNetClassifier, SparkNetClassificationModel, SparkNetRegressor, SparkNetRegressionModel):
     _cls.__module__ = "sparknet.ml"
+
+
+SparkNetClassifier._model_class = SparkNetClassificationModel
+SparkNetRegressor._model_class = SparkNetRegressionModel
