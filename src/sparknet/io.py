@@ -14,11 +14,12 @@ so a crash never leaves a half-written model.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import zipfile
-from typing import Any
+from typing import IO, Any, Iterator
 
 import numpy as np
 
@@ -26,14 +27,17 @@ FORMAT = "sparknet-model"
 VERSION = 1
 
 
-def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+@contextlib.contextmanager
+def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
+    """Open a temporary file beside ``path`` for writing; on success it is flushed, synced
+    and renamed over ``path``; on any error it is deleted and ``path`` is left as it was."""
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"cannot save to {path!r}: folder {folder!r} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=".sparknet-", suffix=".tmp", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
+        with os.fdopen(fd, mode) as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -43,6 +47,11 @@ def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
         except OSError:
             pass
         raise
+
+
+def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+    with atomic_write(path) as fh:
+        np.savez(fh, **arrays)
 
 
 def save_model(model, path, optimizer=None, extra: dict | None = None) -> None:

@@ -70,7 +70,6 @@ import logging
 import os
 import resource
 import shutil
-import tempfile
 import time
 import zipfile
 from typing import Any, Callable, Iterable, Sequence
@@ -82,6 +81,7 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet.activations import activation_id
 from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
+from sparknet.io import _atomic_savez, atomic_write
 from sparknet.layers.base import REGISTRY, Layer
 
 log = logging.getLogger(__name__)
@@ -422,27 +422,17 @@ def _save_block(arrays: dict, spec: dict, slot: int, folder: str, okeys: Sequenc
     """Write this slot's block of a layer (params + optimizer state) as one ``.npz``, atomically."""
     i = spec["index"]
     path = _block_file(folder, i, slot)
-    fd, tmp = tempfile.mkstemp(prefix=".block-", suffix=".tmp", dir=folder)
-    os.close(fd)
     total = 0
-    try:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
-            for pname in [n for n, _ in _param_names(spec)]:
-                for suffix in [""] + [f".{k}" for k in okeys]:
-                    arr = arrays[f"{i}.{pname}{suffix}"]
-                    with zf.open(f"{pname}{suffix}.npy", "w", force_zip64=True) as fh:
-                        np.lib.format.write_array(fh, np.asarray(arr), allow_pickle=False)
-                    total += arr.nbytes
-            st = np.array(arrays[f"{i}.state"])
-            with zf.open("state.npy", "w") as fh:
-                np.lib.format.write_array(fh, st, allow_pickle=False)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path) as out, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for pname in [n for n, _ in _param_names(spec)]:
+            for suffix in [""] + [f".{k}" for k in okeys]:
+                arr = arrays[f"{i}.{pname}{suffix}"]
+                with zf.open(f"{pname}{suffix}.npy", "w", force_zip64=True) as fh:
+                    np.lib.format.write_array(fh, np.asarray(arr), allow_pickle=False)
+                total += arr.nbytes
+        st = np.array(arrays[f"{i}.state"])
+        with zf.open("state.npy", "w") as fh:
+            np.lib.format.write_array(fh, st, allow_pickle=False)
     return total
 
 
@@ -1275,8 +1265,6 @@ class ModelParallel:
         Returns:
             The folder path.
         """
-        from sparknet.io import _atomic_savez
-
         folder = os.path.abspath(os.fspath(folder))
         os.makedirs(folder, exist_ok=True)
         man = os.path.join(folder, "manifest.json")
@@ -1290,10 +1278,8 @@ class ModelParallel:
         manifest = {"format": FORMAT, "version": VERSION, "architecture": self._architecture(),
                     "plan": self.plan.to_dict(), "optimizer": self.opt_meta, "t": self.t,
                     "steps": {str(k): v for k, v in self._steps.items()}}
-        fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=folder)
-        with os.fdopen(fd, "w") as fh:
+        with atomic_write(man, "w") as fh:
             json.dump(manifest, fh)
-        os.replace(tmp, man)
         return folder
 
     @staticmethod
