@@ -92,3 +92,11 @@ def get(loss: "str | Loss") -> Loss:
     if isinstance(loss, str) and loss.lower() in _ALIASES:
         return _ALIASES[loss.lower()]()
     raise ValueError(f"unknown loss {loss!r}; use 'cross_entropy' or 'mse' (or a Loss instance)")
+
+
+def or_default(loss: "Loss | None", softmax_head: bool) -> Loss:
+    """``loss``, or the default of a network without one: cross-entropy when it ends in a
+    softmax, mean squared error otherwise."""
+    if loss is not None:
+        return loss
+    return SoftmaxCrossEntropy() if softmax_head else MeanSquaredError()

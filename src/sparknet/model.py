@@ -158,9 +158,7 @@ class Sequential:
     # ---------------------------------------------------------------- loss
     @property
     def loss(self) -> losses_mod.Loss:
-        if self._loss is None:
-            return losses_mod.SoftmaxCrossEntropy() if self._softmax_head else losses_mod.MeanSquaredError()
-        return self._loss
+        return losses_mod.or_default(self._loss, self._softmax_head)
 
     @property
     def is_classifier(self) -> bool:

@@ -961,9 +961,7 @@ class ModelParallel:
 
     @property
     def loss(self) -> losses_mod.Loss:
-        if self._loss is None:
-            return losses_mod.SoftmaxCrossEntropy() if self._softmax_head else losses_mod.MeanSquaredError()
-        return self._loss
+        return losses_mod.or_default(self._loss, self._softmax_head)
 
     @property
     def n_blocked_params(self) -> int:
