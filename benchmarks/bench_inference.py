@@ -40,7 +40,12 @@ def _spark(master: str):
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master(master).appName("sparknet-bench-inference")
+    from sparknet.cluster.session import DEFAULT_CONF
+
+    builder = SparkSession.builder
+    for k, v in DEFAULT_CONF.items():  # the settings sparknet's own sessions get
+        builder = builder.config(k, v)
+    spark = (builder.master(master).appName("sparknet-bench-inference")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.driver.memory", "6g")

@@ -133,8 +133,14 @@ def parallel_capacity() -> tuple[float, float]:
 
 def session(master: str, extra: dict | None = None):
     from pyspark.sql import SparkSession
-    b = (SparkSession.builder.master(master).appName("bench-model-parallel")
-         .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true")
+
+    from sparknet.cluster.session import DEFAULT_CONF
+    b = SparkSession.builder
+    for k, v in DEFAULT_CONF.items():  # the settings sparknet's own sessions get
+        b = b.config(k, v)
+    b = (b.master(master).appName("bench-model-parallel")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.python.worker.reuse", "true")
          .config("spark.locality.wait.process", "30s").config("spark.driver.memory", "2g")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.executorEnv.OPENBLAS_NUM_THREADS", "1"))

@@ -28,6 +28,7 @@ def spark():
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "2g")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.unix.domain.socket.enabled", "true")
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .getOrCreate()
     )
