@@ -25,13 +25,18 @@ Two synchronous flavours (``sync=``):
     never reset or shipped.  ``tau`` defaults to the smallest number of steps that
     keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round, measured by a
     probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`) and
-    re-measured from the rounds of every epoch (the next epoch is re-sized from them).
+    re-measured from every round (the next rounds are re-sized from them).  When one
+    epoch of local steps is too short to pay for a round, a round spans several whole
+    epochs (at most ``max_epochs_per_round``); validation then runs at the end of each
+    round, and the epochs inside it get ``NaN`` validation metrics (as with Keras's
+    ``validation_freq``).
 
 The minibatch schedule (documented because it is the contract the exactness test
 checks): in epoch ``e`` (0-based), partition ``p`` with ``n_p`` rows permutes them with
 ``numpy.random.default_rng([seed, e, p]).permutation(n_p)`` and cuts the permutation
 into ``R`` consecutive chunks, chunk ``r`` being rows ``[n_p*r//R, n_p*(r+1)//R)``.
-Round ``r`` of the epoch uses chunk ``r`` of every partition.  With
+Round ``r`` of the epoch uses chunk ``r`` of every partition.  A round spanning ``m``
+epochs runs the whole permutations of epochs ``e .. e+m-1`` in turn.  With
 ``sync="gradient"``, ``R = ceil(N / batch_size)`` (``N`` rows in all), so round ``r``'s
 global minibatch is the union of the chunks.  With ``sync="average"``, each chunk is
 processed in local minibatches of ``batch_size`` rows, in order.
@@ -118,9 +123,10 @@ class _RoundTask:
     ``"eval"`` or ``"probe"`` (timed local steps, nothing kept)."""
 
     def __init__(self, spec: _FitSpec, bc, kind: str, epoch: int = 0, rnd: int = 0,
-                 rounds: int = 1, probe_steps: int = 0) -> None:
+                 rounds: int = 1, probe_steps: int = 0, span: int = 1) -> None:
         self.spec, self.bc, self.kind = spec, bc, kind
         self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
+        self.span = max(1, int(span))  # epochs in this round ("average" only; then rounds == 1)
 
     def _batch(self, x, y, rows):
         spec = self.spec
@@ -168,10 +174,14 @@ class _RoundTask:
             probe = self.kind == "probe"
             if probe:
                 rng = np.random.default_rng([spec.seed, 99, index])
-                rows = rng.integers(0, n, size=spec.batch_size * self.probe_steps)
+                segments = [rng.integers(0, n, size=spec.batch_size * self.probe_steps)]
+            elif self.span > 1:  # whole epochs, one after the other
+                segments = [_round_rows(n, spec.seed, self.epoch + i, index, 0, 1)
+                            for i in range(self.span)]
             else:
-                rows = _round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)
-            if len(rows) == 0:
+                segments = [_round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)]
+            n_rows = sum(len(r) for r in segments)
+            if n_rows == 0:
                 return [RoundResult(None, stats, [time.perf_counter() - t0])]
             opt = optim_mod.from_config(*spec.optimizer)
             if not probe:  # this partition's optimizer state, resident across rounds
@@ -181,17 +191,22 @@ class _RoundTask:
                 opt.t = int(t_arr[0])
             start = np.array(model.params, copy=True)
             b = spec.batch_size
+            per_epoch = np.zeros((len(segments), len(STATS)))  # one stats row per epoch
             t_loop = time.perf_counter()
-            for lo in range(0, len(rows), b):
-                xb, yb = self._batch(x, y, rows[lo:lo + b])
-                s, w, c = model.loss_and_grad(xb, yb, loss)
-                opt.step(model.params, model.grads)
-                stats += (s, w, 0.0 if math.isnan(c) else c, xb.shape[0], 1)
-            step_time = (time.perf_counter() - t_loop) / max(1, math.ceil(len(rows) / b))
+            n_steps = 0
+            for e, rows in enumerate(segments):
+                for lo in range(0, len(rows), b):
+                    xb, yb = self._batch(x, y, rows[lo:lo + b])
+                    s, w, c = model.loss_and_grad(xb, yb, loss)
+                    opt.step(model.params, model.grads)
+                    per_epoch[e] += (s, w, 0.0 if math.isnan(c) else c, xb.shape[0], 1)
+                    n_steps += 1
+            step_time = (time.perf_counter() - t_loop) / max(1, n_steps)
             if not probe:
                 t_arr[0] = opt.t
             # row-weighted delta: the driver divides the sum by the rows of all partitions
-            vec = (model.params - start) * model.dtype.type(len(rows))
+            vec = (model.params - start) * model.dtype.type(n_rows)
+            stats = per_epoch if self.span > 1 else per_epoch[0]
             return [RoundResult(vec, stats, [time.perf_counter() - t0], step_time)]
         return [RoundResult(vec, stats, [time.perf_counter() - t0])]
 
@@ -248,12 +263,17 @@ class DataParallelTrainer:
             ``"gradient"`` (exact minibatch SGD, one global step per round).
         local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
             the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
-            round (measured; at most one epoch per round).
+            round (measured).  More steps than an epoch holds make rounds of several
+            whole epochs (``local_steps // steps per epoch``, at most
+            ``max_epochs_per_round``).
         optimizer: an :class:`~sparknet.optim.Optimizer` or its name (default RMSprop).
             ``"gradient"``: the driver's optimizer.  ``"average"``: the configuration
             of each partition's local optimizer (its state stays on the partition).
         loss: ``"cross_entropy"``, ``"mse"`` or a Loss; default the model's loss.
         max_overhead: target share of Spark's fixed cost in a round (default 0.1).
+        max_epochs_per_round: the longest round ``sync="average"`` may make, in epochs
+            (default 4): longer rounds pay Spark's fixed cost less often, but average
+            the partitions' models less often too.
         reduce: how round results come back: ``"tree"`` (``treeAggregate``, default) or
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
@@ -269,7 +289,8 @@ class DataParallelTrainer:
                  mode: str = "sync", sync: str = "average", local_steps: "int | str" = "auto",
                  optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
-                 reduce: str = "tree", seed: int | None = None, **mode_options: Any) -> None:
+                 reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
+                 **mode_options: Any) -> None:
         if mode in _BUILTIN_MODES and mode not in EPOCH_RUNNERS:
             importlib.import_module(_BUILTIN_MODES[mode])
         if not isinstance(model, Sequential):
@@ -286,6 +307,9 @@ class DataParallelTrainer:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
+        if (isinstance(max_epochs_per_round, bool) or not isinstance(max_epochs_per_round, (int, np.integer))
+                or max_epochs_per_round <= 0):
+            raise ValueError(f"max_epochs_per_round must be a positive integer, got {max_epochs_per_round!r}")
         if num_partitions is not None and (isinstance(num_partitions, bool) or
                                            not isinstance(num_partitions, (int, np.integer)) or
                                            num_partitions <= 0):
@@ -298,6 +322,7 @@ class DataParallelTrainer:
         if loss is not None:
             model._loss = losses_mod.get(loss)
         self.max_overhead = float(max_overhead)
+        self.max_epochs_per_round = int(max_epochs_per_round)
         self.reduce = reduce
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
@@ -338,9 +363,12 @@ class DataParallelTrainer:
             place) and a :class:`~sparknet.model.History` with, per epoch, ``loss``,
             ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``val_time``
             (seconds of the validation job), ``time`` (the epoch's seconds, validation
-            included), ``rounds``, ``local_steps`` (per partition per round) and
-            ``spark_overhead`` (the measured share of the epoch's round time not spent
-            computing in the slowest task).  ``history.setup_time`` holds the seconds
+            included), ``rounds`` (rounds of the epoch; ``1/m`` for a round of ``m``
+            epochs), ``local_steps`` (per partition per round) and ``spark_overhead``
+            (the measured share of the round time not spent computing in the slowest
+            task).  Validation runs when a round ends: epochs that end inside a round
+            of several epochs have ``NaN`` ``val_*`` values, and the round's training
+            time is shared equally by its epochs (the last one adding the validation's).  ``history.setup_time`` holds the seconds
             spent before the first epoch (loading the data onto the executors, checks,
             calibration).
 
@@ -408,38 +436,52 @@ class DataParallelTrainer:
                      "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
                      self.sync, ctx.describe_round(), ctx.rounds,
                      100 * ctx.cost.overhead(ctx.steps_per_round))
-            for epoch in range(epochs):
+            epoch = 0
+            while epoch < epochs:
                 t0 = time.perf_counter()
-                with progress_bar(total=ctx.rounds, desc=f"epoch {epoch + 1}/{epochs}", unit="round",
+                span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
+                desc = (f"epoch {epoch + 1}/{epochs}" if span == 1 else
+                        f"epochs {epoch + 1}-{epoch + span}/{epochs}")
+                with progress_bar(total=ctx.rounds, desc=desc, unit="round",
                                   disable=not verbose) as bar:
                     if self.mode == "sync":
-                        rl = ctx.sync_epoch(epoch, bar)
-                        ctx.resize(rl)
+                        rl = ctx.sync_epoch(epoch, bar, span)
+                        ctx.resize(rl, span)
                     else:
                         ctx.bar = bar
                         rl = EPOCH_RUNNERS[self.mode](self, ctx, epoch)
                 stop = bool(getattr(rl, "stop", False))
-                st = dict(zip(STATS, rl.stats))
-                w = max(st["weight_sum"], 1e-12)
-                logs = {"loss": st["loss_sum"] / w}
-                if classification:
-                    logs["accuracy"] = st["correct"] / w
+                rows = np.atleast_2d(rl.stats)
+                if rows.shape[0] != span:  # a round with no rows anywhere: zeros for each epoch
+                    rows = np.broadcast_to(rows.sum(axis=0), (span, len(STATS)))
+                train_time = time.perf_counter() - t0
+                val_logs: dict[str, float] = {}
                 if val is not None and not stop:
                     tv = time.perf_counter()
-                    logs.update(ctx.evaluate(val, f"sparknet epoch {epoch + 1}/{epochs} validation"))
-                    logs["val_time"] = time.perf_counter() - tv
-                logs["time"] = time.perf_counter() - t0
-                logs["rounds"] = rl.rounds
-                logs["local_steps"] = st["steps"] / max(rl.rounds * max(1, train.num_partitions), 1)
-                logs["spark_overhead"] = 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0
-                logs.update(getattr(rl, "logs", {}))
-                history.append(epoch, **logs)
-                log.info("epoch %d/%d: %s", epoch + 1, epochs,
-                         ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+                    val_logs = ctx.evaluate(val, f"sparknet epoch {epoch + span}/{epochs} validation")
+                    val_logs["val_time"] = time.perf_counter() - tv
+                for i in range(span):
+                    st = dict(zip(STATS, rows[i]))
+                    w = max(st["weight_sum"], 1e-12)
+                    logs = {"loss": st["loss_sum"] / w}
+                    if classification:
+                        logs["accuracy"] = st["correct"] / w
+                    if val_logs:
+                        logs.update(val_logs if i == span - 1 else dict.fromkeys(val_logs, math.nan))
+                    logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if i == span - 1 else 0.0)
+                    logs["rounds"] = rl.rounds / span
+                    logs["local_steps"] = (rows[:, STATS.index("steps")].sum() /
+                                           max(rl.rounds * max(1, train.num_partitions), 1))
+                    logs["spark_overhead"] = 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0
+                    logs.update(getattr(rl, "logs", {}))
+                    history.append(epoch + i, **logs)
+                    log.info("epoch %d/%d: %s", epoch + i + 1, epochs,
+                             ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+                epoch += span
                 if stop:
                     break
                 if not np.isfinite(logs["loss"]):
-                    raise FloatingPointError(f"training loss became {logs['loss']} in epoch {epoch + 1}; "
+                    raise FloatingPointError(f"training loss became {logs['loss']} in epoch {epoch}; "
                                              f"lower the learning rate (now {self.optimizer.lr})")
             model.optimizer = self.optimizer
             return model, history
@@ -513,11 +555,28 @@ class _FitContext:
         self.cost: RoundCostModel | None = None
         self.rounds = 1
         self.steps_per_round = 1
+        self.epochs_per_round = 1
 
     def describe_round(self) -> str:
         if self.trainer.sync == "gradient":
             return f"1 global step of {self.batch_size} rows"
+        if self.epochs_per_round > 1:
+            return (f"{self.epochs_per_round} epochs (~{self.steps_per_round} local steps of "
+                    f"{self.batch_size} rows)")
         return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
+
+    def _size(self, steps_epoch: int, tau: int) -> None:
+        """Rounds per epoch (or epochs per round) for ``tau`` local steps per round."""
+        if tau > steps_epoch and self.trainer.mode == "sync":
+            self.rounds = 1
+            self.epochs_per_round = max(1, min(self.trainer.max_epochs_per_round,
+                                               tau // steps_epoch if self.trainer.local_steps != "auto"
+                                               else math.ceil(tau / steps_epoch)))
+        else:
+            self.rounds = max(1, steps_epoch // tau if self.trainer.local_steps == "auto"
+                              else math.ceil(steps_epoch / tau))
+            self.epochs_per_round = 1
+        self.steps_per_round = math.ceil(steps_epoch / self.rounds) * self.epochs_per_round
 
     # -- calibration ------------------------------------------------------
     def _probe(self, steps: int) -> tuple[float, float, float]:
@@ -560,51 +619,52 @@ class _FitContext:
                             1e3 * t_step, 1e3 * t_fixed, 100 * over)
             return
         steps_epoch = max(1, math.ceil(n_max / self.batch_size))
-        if tr.local_steps == "auto":
-            tau = self.cost.steps_for(tr.max_overhead)
-            self.rounds = max(1, steps_epoch // tau)
-        else:
-            self.rounds = max(1, math.ceil(steps_epoch / int(tr.local_steps)))
-        self.steps_per_round = math.ceil(steps_epoch / self.rounds)
+        tau = self.cost.steps_for(tr.max_overhead) if tr.local_steps == "auto" else int(tr.local_steps)
+        self._size(steps_epoch, tau)
         if self.cost.overhead(self.steps_per_round) > tr.max_overhead:
-            log.info("an epoch holds only %d local steps per partition (%.0f ms); Spark's fixed "
-                     "cost of %.0f ms per round stays above %.0f%% of a round", steps_epoch,
-                     1e3 * steps_epoch * t_step, 1e3 * t_fixed, 100 * tr.max_overhead)
+            log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
+                     "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
+                     "(max_epochs_per_round=%d)", self.epochs_per_round, self.steps_per_round,
+                     1e3 * self.steps_per_round * t_step, 1e3 * t_fixed, 100 * tr.max_overhead,
+                     tr.max_epochs_per_round)
 
-    def resize(self, rl: _RoundLog) -> None:
-        """Re-size the next epoch's rounds from this epoch's measured ones (``sync="average"``
-        with ``local_steps="auto"``): the probe only sees a few steps, an epoch sees them all."""
+    def resize(self, rl: _RoundLog, span: int = 1) -> None:
+        """Re-size the next rounds from the ones just measured (``sync="average"`` with
+        ``local_steps="auto"``): the probe only sees a few steps, a round sees them all."""
         tr = self.trainer
         if tr.sync != "average" or tr.local_steps != "auto" or rl.rounds == 0 or rl.wall <= 0:
             return
         steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
-        per_round = math.ceil(steps_epoch / self.rounds)
-        t_step = rl.compute / (rl.rounds * per_round)
+        steps = math.ceil(steps_epoch / self.rounds) * span  # local steps of one measured round
+        t_step = rl.compute / (rl.rounds * steps)
         t_fixed = max(rl.wall - rl.compute, 0.0) / rl.rounds
         if t_step <= 0:
             return
         self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
         tr.cost = self.cost
-        rounds = max(1, steps_epoch // self.cost.steps_for(tr.max_overhead))
-        if rounds > self.rounds and self.cost.overhead(math.ceil(steps_epoch / rounds)) > 0.7 * tr.max_overhead:
-            rounds = self.rounds  # more rounds only with a margin: no flip-flopping on noise
-        if rounds != self.rounds:
-            log.info("measured round: %.0f ms fixed, %.2f ms per local step: %d rounds per epoch "
-                     "from now on (was %d)", 1e3 * t_fixed, 1e3 * t_step, rounds, self.rounds)
-            self.rounds = rounds
-            self.steps_per_round = math.ceil(steps_epoch / rounds)
+        before = (self.rounds, self.epochs_per_round, self.steps_per_round)
+        self._size(steps_epoch, self.cost.steps_for(tr.max_overhead))
+        if (self.steps_per_round < before[2]
+                and self.cost.overhead(self.steps_per_round) > 0.7 * tr.max_overhead):
+            # shorter rounds only with a margin: no flip-flopping on noise
+            self.rounds, self.epochs_per_round, self.steps_per_round = before
+        if (self.rounds, self.epochs_per_round) != before[:2]:
+            log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
+                     1e3 * t_fixed, 1e3 * t_step, self.describe_round())
 
     # -- rounds -----------------------------------------------------------
-    def sync_epoch(self, epoch: int, bar) -> _RoundLog:
+    def sync_epoch(self, epoch: int, bar, span: int = 1) -> _RoundLog:
+        """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it)."""
         tr, model = self.trainer, self.model
         rl = _RoundLog()
-        E, R = self.epochs, self.rounds
+        E, R = self.epochs, (1 if span > 1 else self.rounds)
+        which = f"epoch {epoch + 1}/{E}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{E}"
         for r in range(R):
             t0 = time.perf_counter()
             bc = self.ps.broadcast()
-            task = _RoundTask(self.spec, bc, tr.sync, epoch=epoch, rnd=r, rounds=R)
+            task = _RoundTask(self.spec, bc, tr.sync, epoch=epoch, rnd=r, rounds=R, span=span)
             rdd = self.train.resident.mapPartitions(task)
-            self.sc.setJobDescription(f"sparknet epoch {epoch + 1}/{E} round {r + 1}/{R}")
+            self.sc.setJobDescription(f"sparknet {which} round {r + 1}/{R}")
             res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
             if res.vec is not None:
                 if tr.sync == "gradient":
@@ -618,12 +678,13 @@ class _FitContext:
             rl.wall += time.perf_counter() - t0
             rl.compute += max(res.times) if res.times else 0.0
             rl.rounds += 1
-            rl.stats += res.stats
+            rl.stats = rl.stats + res.stats
             bar.update(1)
-            w = max(rl.stats[1], 1e-12)
-            post = {"loss": f"{rl.stats[0] / w:.4f}"}
+            run = np.atleast_2d(rl.stats).sum(axis=0)  # running over the epoch(s) so far
+            w = max(run[1], 1e-12)
+            post = {"loss": f"{run[0] / w:.4f}"}
             if self.spec.classification:
-                post["acc"] = f"{rl.stats[2] / w:.4f}"
+                post["acc"] = f"{run[2] / w:.4f}"
             bar.set_postfix(post, refresh=False)
         return rl
 

@@ -38,7 +38,8 @@ class RoundResult:
 
     Attributes:
         vec: flat vector in the model's dtype, or ``None`` when the task had no rows.
-        stats: float64 array, see :data:`STATS`.
+        stats: float64 array, see :data:`STATS`; for a round spanning several epochs,
+            one row per epoch (shape ``(epochs, len(STATS))``).
         times: compute seconds of each task (inside the task, excluding Spark's costs).
         step_time: seconds of one local step (the slowest task's; probe rounds only).
     """
@@ -63,7 +64,8 @@ class RoundResult:
         return self
 
     def stat(self, name: str) -> float:
-        return float(self.stats[STATS.index(name)])
+        """A statistic summed over everything (all epochs of a multi-epoch round)."""
+        return float(np.sum(self.stats[..., STATS.index(name)]))
 
 
 class RoundResultParam(AccumulatorParam):
