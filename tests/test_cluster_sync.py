@@ -292,3 +292,34 @@ def test_resident_state_reattaches_and_never_goes_missing(spark):
         assert [v for v, _ in rebuilt.map(bump)] == sums  # rebuilt from the source
     finally:
         rebuilt.close()
+
+
+def test_rounds_do_not_carry_the_source_rows(spark):
+    """A ``parallelize`` source keeps its rows in its partition objects; the anchor's
+    lineage is cut so that the tasks of later jobs do not carry them, and a lost anchor
+    block is reported as lost state (rebuilt from the source when asked)."""
+    from sparknet.cluster.resident import Resident, ResidentStateLost
+
+    sc = spark.sparkContext
+    big = [np.full(1000, float(p)) for p in range(4)]
+
+    def build(index, rows):
+        return {"x": np.concatenate(list(rows))}, {"rows": index}
+
+    def total(index, shard):
+        return float(shard["x"].sum())
+
+    for on_lost in ("raise", "rebuild"):
+        res = Resident(sc.parallelize(big, 4), build, name="lineage", on_lost=on_lost)
+        try:
+            assert "ParallelCollectionRDD" not in res.anchor.toDebugString().decode()
+            assert res.map(total) == [1000.0 * p for p in range(4)]
+            # drop the anchor's blocks in the JVM: what the loss of their executor leaves
+            sc._jsc.sc().unpersistRDD(res.anchor.id(), True)
+            if on_lost == "raise":
+                with pytest.raises(ResidentStateLost, match="anchor block is gone"):
+                    res.map(total)
+            else:
+                assert res.map(total) == [1000.0 * p for p in range(4)]
+        finally:
+            res.close()

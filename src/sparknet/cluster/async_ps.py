@@ -103,7 +103,7 @@ import numpy as np
 
 from sparknet.cluster import data_parallel as dp
 from sparknet.cluster.params import STATS
-from sparknet.cluster.resident import LOST_TAG, ResidentStateLost
+from sparknet.cluster.resident import ResidentStateLost, lost_reason
 
 log = logging.getLogger(__name__)
 
@@ -477,7 +477,7 @@ class _AsyncRun:
                 w.busy = None
                 self._release(job.version)
                 if exc is not None:
-                    if LOST_TAG in str(exc) and self._may_rebuild():
+                    if lost_reason(exc) is not None and self._may_rebuild():
                         self._rebuild(workers, job)
                         for x in workers:
                             if x.busy is None and self._may_launch(x, target, last, workers):
@@ -568,9 +568,9 @@ class _AsyncRun:
         if isinstance(exc, KeyboardInterrupt):
             return exc
         msg = _executor_message(exc)
-        if LOST_TAG in str(exc):
-            line = next((ln for ln in str(exc).splitlines() if LOST_TAG in ln), msg)
-            return ResidentStateLost(f"partition {p}: " + line.strip().split(f"{LOST_TAG}: ", 1)[-1])
+        reason = lost_reason(exc)
+        if reason is not None:
+            return ResidentStateLost(f"partition {p}: {reason}")
         return AsyncPartitionError(
             p, f"asynchronous training failed: partition {p}'s job (pass {job.epoch + 1}, chunk "
                f"{job.chunk + 1}/{self.rounds}, launched at update {job.version}) failed after "

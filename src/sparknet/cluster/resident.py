@@ -70,6 +70,20 @@ log = logging.getLogger(__name__)
 
 #: Tag carried by the executor-side error when a shard's state is gone.
 LOST_TAG = "SPARKNET_RESIDENT_LOST"
+#: Spark's error when a locally checkpointed anchor block went with its executor.
+_CHECKPOINT_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+
+
+def lost_reason(exc: BaseException) -> str | None:
+    """Why a job failed because resident state is gone (a shard's files or store entry,
+    or the executor holding its anchor block), or None for any other failure."""
+    text = str(exc)
+    if LOST_TAG in text:
+        line = next((ln for ln in text.splitlines() if LOST_TAG in ln), LOST_TAG)
+        return line.strip().split(f"{LOST_TAG}: ", 1)[-1]
+    if _CHECKPOINT_LOST in text or ("Checkpoint block" in text and "not found" in text):
+        return "the executor holding a shard's anchor block is gone"
+    return None
 
 #: Executor side: (key, partition) -> {name: ndarray (memory-mapped view)}.
 _STORE: dict[tuple[str, int], dict[str, np.ndarray]] = {}
@@ -391,6 +405,11 @@ class Resident:
             anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
                                                       preservesPartitioning=True)
         anchor.persist(StorageLevel.MEMORY_ONLY)
+        if self._df is None:
+            # Cut the lineage: a ``parallelize`` source keeps its rows in its partition
+            # objects, which every later task would otherwise carry (and the JVM
+            # re-serialise) each round.  Lost blocks are then reported, not recomputed.
+            anchor.localCheckpoint()
         anchor.setName(f"sparknet resident {self.key}")
         self.infos = anchor.collect()
         self.anchor = anchor
@@ -456,14 +475,14 @@ class Resident:
         except ResidentStateLost:
             raise
         except Exception as exc:
-            if LOST_TAG not in str(exc):
+            reason = lost_reason(exc)
+            if reason is None:
                 raise
-            line = next((ln for ln in str(exc).splitlines() if LOST_TAG in ln), LOST_TAG)
             if self.on_lost == "rebuild" and retry:
-                log.warning("%s; rebuilding", line.strip())
+                log.warning("resident state %s lost (%s); rebuilding", self.key, reason)
                 self.rebuild()
                 return self.run_action(action, retry=False)
-            raise ResidentStateLost(line.strip().split(f"{LOST_TAG}: ", 1)[-1]) from None
+            raise ResidentStateLost(reason) from None
 
     def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:
         """Run ``fn(index, shard)`` once per partition and return the results in
