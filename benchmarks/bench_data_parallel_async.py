@@ -98,8 +98,9 @@ def main(argv=None):
     ap.add_argument("--mnist", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist"))
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--hidden", type=int, nargs="+", default=[512, 256])
-    ap.add_argument("--tau", type=int, default=47,
-                    help="local steps per round, both modes (47 x 128 rows: 5 rounds per pass of a shard)")
+    ap.add_argument("--tau", type=int, default=117,
+                    help="local steps per round, both modes (117 x 128 rows: 3 rounds per pass of a "
+                         "shard; the best of 78, 117 and 235 measured, see benchmarks/README.md)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--target", type=float, default=0.97)
