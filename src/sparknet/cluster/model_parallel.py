@@ -610,7 +610,10 @@ class SparkBlocks:
         sc = getattr(spark, "sparkContext", spark)
         self.sc = sc
         self.n_slots = int(n_slots)
-        self.res = Resident(sc.parallelize(range(self.n_slots), self.n_slots), _build_slot, name=name)
+        # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
+        # block went with its executor is rebuilt by Spark and re-attaches its mapped files
+        self.res = Resident(sc.parallelize(range(self.n_slots), self.n_slots), _build_slot, name=name,
+                            cut_lineage=False)
         self.home = [info.meta.get("ppid") for info in self.res.infos]
         self.jobs = 0
         self.tasks = 0

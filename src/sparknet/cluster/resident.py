@@ -363,6 +363,11 @@ class Resident:
             job once (right when the source is the truth, e.g. training data).
         spill_dir: folder for the ``.npy`` files; default ``/dev/shm`` when it has room
             for twice the shard, else the executor's local directory.
+        cut_lineage: for an RDD source, ``localCheckpoint`` the anchor (default): a
+            ``parallelize`` source keeps its rows in its partitions, which every later
+            task would carry.  A lost anchor block is then lost state (see ``on_lost``);
+            with ``False`` Spark re-runs ``build`` for it wherever it is scheduled (for
+            tiny sources whose shards re-attach from their host's files).
 
     Raises:
         TypeError: ``build`` returned something other than a dict of arrays.
@@ -374,12 +379,12 @@ class Resident:
     """
 
     def __init__(self, rdd, build: Callable, name: str = "state", on_lost: str = "raise",
-                 spill_dir: str | None = None, _arrow_df=None) -> None:
+                 spill_dir: str | None = None, cut_lineage: bool = True, _arrow_df=None) -> None:
         if on_lost not in ("raise", "rebuild"):
             raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
         self.key = f"{name}-{uuid.uuid4().hex[:12]}"
         self._rdd, self._df, self._build = rdd, _arrow_df, build
-        self.on_lost, self.spill_dir = on_lost, spill_dir
+        self.on_lost, self.spill_dir, self.cut_lineage = on_lost, spill_dir, bool(cut_lineage)
         self.sc = rdd.context if rdd is not None else _arrow_df.sparkSession.sparkContext
         self.anchor = None
         self.infos: list[ShardInfo] = []
@@ -405,7 +410,7 @@ class Resident:
             anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
                                                       preservesPartitioning=True)
         anchor.persist(StorageLevel.MEMORY_ONLY)
-        if self._df is None:
+        if self._df is None and self.cut_lineage:
             # Cut the lineage: a ``parallelize`` source keeps its rows in its partition
             # objects, which every later task would otherwise carry (and the JVM
             # re-serialise) each round.  Lost blocks are then reported, not recomputed.
