@@ -519,6 +519,8 @@ class _AsyncRun:
                        "weight": weight if ok else 0.0, "applied": ok, "rows": rows, "loss": loss,
                        "time": time.perf_counter() - self.t_start, "update": self.version}
                 self.updates.append(rec)
+                if opts.on_update is not None:  # before the relaunch: it sees this update's model
+                    opts.on_update(dict(rec))
                 if self._may_launch(w, target, last, workers):
                     self._launch(w)
                 if bar is not None:
@@ -526,8 +528,6 @@ class _AsyncRun:
                     w_sum = max(rl.stats[1], 1e-12)
                     post = {"loss": f"{rl.stats[0] / w_sum:.4f}", "stale": staleness}
                     bar.set_postfix(post, refresh=False)
-                if opts.on_update is not None:
-                    opts.on_update(dict(rec))
         except KeyboardInterrupt:
             n = self._cancel(workers)
             log.warning("sparknet async: interrupted; cancelled %d outstanding job(s); the model is "
