@@ -531,12 +531,12 @@ def spec_step(meta: dict, spec: dict) -> int:
 class _SlotTask:
     """The picklable job function shipped to the executors: read the broadcasts, run the op."""
 
-    def __init__(self, op: str, meta: dict, broadcasts: dict) -> None:
-        self.op, self.meta, self.broadcasts = op, meta, broadcasts
+    def __init__(self, op: str, meta: dict, broadcast) -> None:
+        self.op, self.meta, self.broadcast = op, meta, broadcast
 
     def __call__(self, index: int, shard) -> Any:
         t0 = time.perf_counter()
-        data = {k: bc.value for k, bc in self.broadcasts.items()}
+        data = self.broadcast.value if self.broadcast is not None else {}
         t1 = time.perf_counter()
         try:
             out = run_op(shard, index, self.op, self.meta, data)
@@ -597,7 +597,7 @@ class LocalBlocks:
 class SparkBlocks:
     """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident`).
 
-    Big inputs (layer inputs, deltas) travel as broadcasts, destroyed after each job;
+    Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it;
     results come back with ``collect``.  ``home`` records the executor process
     (the Python daemon's parent id) that built each slot, and :attr:`moves` counts
     the tasks that ran anywhere else (their arrays were re-attached from the
@@ -623,9 +623,10 @@ class SparkBlocks:
     def run(self, op: str, meta: dict, data: dict | None = None) -> list:
         from sparknet.cluster.resident import ResidentStateLost
 
-        bcs = {k: self.sc.broadcast(v) for k, v in (data or {}).items()}
+        # one broadcast for all of the job's arrays: one fetch per executor, not one per array
+        bc = self.sc.broadcast(dict(data)) if data else None
         try:
-            out = self.res.map(_SlotTask(op, meta, bcs))
+            out = self.res.map(_SlotTask(op, meta, bc))
         except ResidentStateLost as exc:
             raise BlockStateLost(str(exc)) from None
         except Exception as exc:
@@ -635,7 +636,7 @@ class SparkBlocks:
                 raise BlockMemoryError(line.strip().split(f"{MEMORY_TAG}: ", 1)[-1]) from None
             raise
         finally:
-            for bc in bcs.values():
+            if bc is not None:
                 try:
                     bc.destroy()
                 except Exception:  # pragma: no cover - context stopped
