@@ -81,6 +81,7 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet.activations import activation_id
 from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
+from sparknet.cluster.resident import LOST_TAG, lost_reason
 from sparknet.io import _atomic_savez, atomic_write
 from sparknet.layers.base import REGISTRY, Layer
 
@@ -88,8 +89,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = "sparknet-model-parallel"
 VERSION = 1
-#: tag of executor-side errors meaning "this block's state is missing or stale"
-LOST_TAG = "SPARKNET_RESIDENT_LOST"
 #: tag of executor-side errors meaning "this block does not fit the Python worker's memory limit"
 MEMORY_TAG = "SPARKNET_BLOCK_MEMORY"
 #: elements of a weight gradient produced at once (one row chunk of dW)
@@ -581,8 +580,9 @@ class LocalBlocks:
         try:
             return [run_op(self.stores[k], k, op, meta, data or {}) for k in range(self.n_slots)]
         except RuntimeError as exc:
-            if LOST_TAG in str(exc):
-                raise BlockStateLost(str(exc).split(f"{LOST_TAG}: ", 1)[-1]) from None
+            reason = lost_reason(exc)
+            if reason is not None:
+                raise BlockStateLost(reason) from None
             raise
         finally:
             self.last_compute_s = time.perf_counter() - t0
