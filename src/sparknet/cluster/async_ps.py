@@ -300,13 +300,10 @@ class _Launch:
 
 
 @dataclass
-class _AsyncLog:
-    """What one asynchronous epoch returns to the trainer (see ``register_mode``)."""
+class _AsyncLog(dp._RoundLog):
+    """What one asynchronous epoch returns to the trainer (see ``register_mode``): the
+    synchronous epoch's log plus history entries and whether the fit was interrupted."""
 
-    wall: float = 0.0
-    compute: float = 0.0
-    rounds: int = 0
-    stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
     logs: dict = field(default_factory=dict)
     stop: bool = False
 

@@ -460,6 +460,12 @@ class DataParallelTrainer:
                     tv = time.perf_counter()
                     val_logs = ctx.evaluate(val, f"sparknet epoch {epoch + span}/{epochs} validation")
                     val_logs["val_time"] = time.perf_counter() - tv
+                shared = {  # the round's figures, the same for each of its epochs
+                    "rounds": rl.rounds / span,
+                    "local_steps": (rows[:, STATS.index("steps")].sum() /
+                                    max(rl.rounds * max(1, train.num_partitions), 1)),
+                    "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
+                    **getattr(rl, "logs", {})}
                 for i in range(span):
                     st = dict(zip(STATS, rows[i]))
                     w = max(st["weight_sum"], 1e-12)
@@ -469,11 +475,7 @@ class DataParallelTrainer:
                     if val_logs:
                         logs.update(val_logs if i == span - 1 else dict.fromkeys(val_logs, math.nan))
                     logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if i == span - 1 else 0.0)
-                    logs["rounds"] = rl.rounds / span
-                    logs["local_steps"] = (rows[:, STATS.index("steps")].sum() /
-                                           max(rl.rounds * max(1, train.num_partitions), 1))
-                    logs["spark_overhead"] = 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0
-                    logs.update(getattr(rl, "logs", {}))
+                    logs.update(shared)
                     history.append(epoch + i, **logs)
                     log.info("epoch %d/%d: %s", epoch + i + 1, epochs,
                              ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
