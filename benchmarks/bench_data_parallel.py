@@ -212,7 +212,8 @@ def report(res: dict) -> None:
             print(f"{'':<6}test accuracy per epoch: {' '.join(f'{a:.4f}' for a in r['accs'])}")
             print(f"{'':<6}epoch times (s):         {' '.join(f'{t:.2f}' for t in r['epoch_times'])}")
             if "rounds" in r:
-                print(f"{'':<6}rounds/epoch {r['rounds'][-1]:.0f}, local steps/round {r['local_steps'][-1]:.0f}, "
+                print(f"{'':<6}median rounds/epoch {np.median(r['rounds']):.2g}, local steps/round "
+                      f"{np.median(r['local_steps']):.0f}, "
                       f"measured T_fixed {1e3 * r['t_fixed']:.0f} ms, T_step {1e3 * r['t_step']:.2f} ms")
     if "d" in res:
         d = res["d"]
