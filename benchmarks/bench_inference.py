@@ -8,15 +8,17 @@ with an ML Vector features column:
 - an MNIST MLP 784-512-256-10 on MNIST images (``--mnist`` folder; repeated).
 
 Both models are fitted briefly first (inference cost does not depend on the weights).
-A transform is forced two ways: writing all its columns (features, label,
-rawPrediction, probability, prediction) to Spark's ``noop`` sink, and summing the
-prediction column alone.  Each model is timed ``--repeats`` times per way after one
-warm-up, the two models' runs alternating, and the median (and best) rows/s are
-printed with the ratio sparknet / MLlib.
+The sparknet model is timed on both inference engines: ``jvm`` (the Java UDF) and
+``arrow`` (Python workers, Arrow batches, Cython kernels); the table marks the one
+``inferenceEngine="auto"`` picks.  A transform is forced two ways: writing all its
+columns (features, label, rawPrediction, probability, prediction) to Spark's ``noop``
+sink, and summing the prediction column alone.  Each model is timed ``--repeats``
+times per way after one warm-up, the models taking turns, and the median (and best)
+rows/s are printed with the ratio sparknet / MLlib.
 
 Usage::
 
-    python benchmarks/bench_inference.py [--rows 100000] [--repeats 3] [--mnist DIR]
+    python benchmarks/bench_inference.py [--rows 100000] [--repeats 7] [--mnist DIR]
 
 The session is ``local[2]``; the Python workers limit BLAS to one thread each (one per
 task core).  The machine is shared: numbers are noisy.
@@ -83,9 +85,9 @@ def _frame(spark, X: np.ndarray, y: np.ndarray, rows: int, partitions: int):
     return df
 
 
-def _time_pair(ours, mllib, df, repeats: int, force: str = "noop") -> tuple[list[float], list[float]]:
-    """Seconds per forced transform of each model: one warm-up each, then the two
-    alternate, so a burst of load on the shared machine hits both alike.
+def _time_models(models: dict, df, repeats: int, force: str = "noop") -> dict[str, list[float]]:
+    """Seconds per forced transform of each model: one warm-up each, then the models
+    take turns, so a burst of load on the shared machine hits all alike.
 
     ``force="noop"`` writes every output column to the ``noop`` sink;
     ``force="prediction"`` sums the prediction column only (what scoring for accuracy
@@ -101,13 +103,13 @@ def _time_pair(ours, mllib, df, repeats: int, force: str = "noop") -> tuple[list
             out.select(F.sum("prediction")).collect()
         return time.perf_counter() - t0
 
-    run(ours)
-    run(mllib)
-    t_ours, t_mllib = [], []
+    for m in models.values():
+        run(m)
+    times: dict[str, list[float]] = {k: [] for k in models}
     for _ in range(repeats):
-        t_ours.append(run(ours))
-        t_mllib.append(run(mllib))
-    return t_ours, t_mllib
+        for k, m in models.items():
+            times[k].append(run(m))
+    return times
 
 
 def _fit_pair(spark, X, y, layers, fit_rows: int):
@@ -130,35 +132,36 @@ def _fit_pair(spark, X, y, layers, fit_rows: int):
 def bench(spark, name, X, y, layers, rows, repeats, partitions):
     ours, mllib = _fit_pair(spark, X, y, layers, min(2000, X.shape[0]))
     df = _frame(spark, X, y, rows, partitions)
-    # same predictions check on a slice (both argmax a softmax; only the weights differ,
-    # so this only checks the columns are there and typed alike)
+    models = {"mllib": mllib}
+    for engine in ("jvm", "arrow"):
+        models[engine] = ours.copy({ours.inferenceEngine: engine})
+    ours.transform(df.limit(5))
+    auto = ours.lastInferenceEngine
+    # the columns are there and typed alike (both argmax a softmax; only the weights
+    # differ, so the values are not compared)
     a, b = ours.transform(df.limit(5)), mllib.transform(df.limit(5))
     for col in ("rawPrediction", "probability", "prediction"):
         assert a.schema[col].dataType == b.schema[col].dataType, col
-    t_ours, t_mllib = _time_pair(ours, mllib, df, repeats)
-    p_ours, p_mllib = _time_pair(ours, mllib, df, repeats, force="prediction")
+    t_all = _time_models(models, df, repeats)
+    t_pred = _time_models(models, df, repeats, force="prediction")
     df.unpersist()
-    res = {
-        "name": name, "rows": rows,
-        "pred_ours": rows / statistics.median(p_ours), "pred_mllib": rows / statistics.median(p_mllib),
-        "ours_best": rows / min(t_ours), "ours_median": rows / statistics.median(t_ours),
-        "mllib_best": rows / min(t_mllib), "mllib_median": rows / statistics.median(t_mllib),
-    }
-    res["ratio_best"] = res["ours_best"] / res["mllib_best"]
-    res["ratio_median"] = res["ours_median"] / res["mllib_median"]
-    res["pred_ratio"] = res["pred_ours"] / res["pred_mllib"]
-    print(f"{name}: sparknet {res['ours_median']:,.0f} rows/s (best {res['ours_best']:,.0f}), "
-          f"MLlib {res['mllib_median']:,.0f} rows/s (best {res['mllib_best']:,.0f}), "
-          f"ratio {res['ratio_median']:.2f}x (best/best {res['ratio_best']:.2f}x); prediction only: "
-          f"sparknet {res['pred_ours']:,.0f} rows/s, MLlib {res['pred_mllib']:,.0f} rows/s, "
-          f"ratio {res['pred_ratio']:.2f}x", flush=True)
+    med = {k: rows / statistics.median(v) for k, v in t_all.items()}
+    best = {k: rows / min(v) for k, v in t_all.items()}
+    pred = {k: rows / statistics.median(v) for k, v in t_pred.items()}
+    res = {"name": name, "rows": rows, "auto": auto, "median": med, "best": best, "pred": pred}
+    for engine in ("jvm", "arrow"):
+        print(f"{name}, {engine} engine{' (auto picks it)' if engine == auto else ''}: "
+              f"{med[engine]:,.0f} rows/s (best {best[engine]:,.0f}), MLlib {med['mllib']:,.0f} "
+              f"rows/s (best {best['mllib']:,.0f}): ratio {med[engine] / med['mllib']:.2f}x "
+              f"(best/best {best[engine] / best['mllib']:.2f}x); prediction only "
+              f"{pred[engine] / pred['mllib']:.2f}x", flush=True)
     return res
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--mnist", default=DEFAULT_MNIST, help="folder of the MNIST IDX files")
@@ -188,13 +191,16 @@ def main(argv=None) -> int:
     finally:
         spark.stop()
     print()
-    print("| network | rows | all columns: sparknet rows/s (median / best) | MLlib rows/s (median / best) "
-          "| ratio (median) | prediction only: sparknet | MLlib | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| network | engine | rows/s (median / best) | MLlib rows/s (median / best) "
+          "| ratio (median) | prediction only: ratio |")
+    print("|---|---|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['name']} | {r['rows']:,} | {r['ours_median']:,.0f} / {r['ours_best']:,.0f} | "
-              f"{r['mllib_median']:,.0f} / {r['mllib_best']:,.0f} | {r['ratio_median']:.2f}x | "
-              f"{r['pred_ours']:,.0f} | {r['pred_mllib']:,.0f} | {r['pred_ratio']:.2f}x |")
+        med, best, pred = r["median"], r["best"], r["pred"]
+        for engine in ("jvm", "arrow"):
+            tag = f"{engine} (auto)" if engine == r["auto"] else engine
+            print(f"| {r['name']} | {tag} | {med[engine]:,.0f} / {best[engine]:,.0f} | "
+                  f"{med['mllib']:,.0f} / {best['mllib']:,.0f} | {med[engine] / med['mllib']:.2f}x | "
+                  f"{pred[engine] / pred['mllib']:.2f}x |")
     return 0
 
 

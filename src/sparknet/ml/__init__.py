@@ -3,7 +3,20 @@
 ``SparkNetClassifier`` and ``SparkNetRegressor`` are Spark ML Estimators whose
 ``fit(df)`` trains a :class:`~sparknet.model.Sequential` on the cluster through
 :class:`~sparknet.cluster.DataParallelTrainer`; the Models they return are
-Transformers that score DataFrames in Arrow batches on the executors.  They follow
+Transformers that score DataFrames on the executors, on one of two engines (the
+``inferenceEngine`` Param):
+
+- ``"arrow"``: Arrow batches through the Python workers and the Cython kernels; any
+  network, any features column;
+- ``"jvm"``: a Java UDF (compiled once per machine with the JDK's ``javac``, cached,
+  and added to the session like SQL's ``ADD JAR``) for networks of ``Dense``,
+  ``Activation``, ``Dropout`` and ``Flatten`` layers on an ML ``Vector`` column.  It
+  skips the hand-over of every row to Python, which dominates small networks;
+- ``"auto"`` (default): the JVM for such networks of at most
+  ``sparknet.ml._jvm.AUTO_MAX_MACS`` multiply-adds per row, where it is faster, else
+  Arrow (also when no ``javac`` is found, or on Spark Connect).
+
+They follow
 MLlib's conventions (``featuresCol``, ``labelCol``, ``predictionCol``,
 ``probabilityCol``, ``rawPredictionCol``, ``seed``; ``prediction`` a double,
 ``probability`` and ``rawPrediction`` ML Vectors), so they work inside ``Pipeline``,

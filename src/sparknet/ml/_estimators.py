@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import pkgutil
 import uuid
 import zlib
@@ -18,10 +19,12 @@ from pyspark.ml.regression import _PredictorParams
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.ml.base import PredictionModel, Predictor
 
-from sparknet.ml import _columns
+from sparknet.ml import _columns, _jvm
 from sparknet.ml._inference import BatchPredictor, arrow_function, output_type
 from sparknet.ml._persistence import SparkNetReader, SparkNetWriter
 from sparknet.model import Sequential
+
+_log = logging.getLogger("sparknet.ml")
 
 __all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegressor",
            "SparkNetRegressionModel"]
@@ -103,10 +106,21 @@ class _InferenceParams(Params):
     inferenceBatchSize = Param(Params._dummy(), "inferenceBatchSize",
                                "rows per forward pass when transforming (> 0)",
                                typeConverter=_positive_int("inferenceBatchSize"))
+    inferenceEngine = Param(Params._dummy(), "inferenceEngine",
+                            "where transform runs the network: 'arrow' (Python workers, Cython "
+                            "kernels, Arrow batches), 'jvm' (a Java UDF; small dense networks on "
+                            "Vector columns) or 'auto' (jvm where it can run and is faster)",
+                            typeConverter=_choice("inferenceEngine", ("auto", "arrow", "jvm")))
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(inferenceBatchSize=4096)
+        self._setDefault(inferenceBatchSize=4096, inferenceEngine="auto")
+
+    def getInferenceEngine(self) -> str:
+        return self.getOrDefault(self.inferenceEngine)
+
+    def setInferenceEngine(self, value: str):
+        return self._set(inferenceEngine=value)
 
     def getInferenceBatchSize(self) -> int:
         return self.getOrDefault(self.inferenceBatchSize)
@@ -384,6 +398,8 @@ class _ModelMixin(_Persistable):
     _has_network = True
     _network: Sequential | None = None
     _bc = None
+    #: the engine the last ``transform`` used: ``"jvm"`` or ``"arrow"`` (None before one)
+    lastInferenceEngine: str | None = None
 
     def _set_network(self, network: Sequential) -> None:
         if not isinstance(network, Sequential) or not network.built:
@@ -441,6 +457,50 @@ class _ModelMixin(_Persistable):
             self._key, self._broadcast(spark), self.getFeaturesCol(), classification, thresholds,
             self.getInferenceBatchSize(), vector_out))
 
+    def _jvm_blocker(self, dataset) -> str | None:
+        """Why the JVM engine cannot (or, under ``"auto"``, should not) score ``dataset``;
+        None when it will."""
+        kind = _columns.feature_kind(dataset, self.getFeaturesCol())
+        if kind.kind != "vector":
+            return f"the features column holds {kind.kind}s, the JVM engine reads ML Vectors"
+        try:
+            _, _, macs = _jvm.plan(self.network)
+        except _jvm.Unsupported as exc:
+            return str(exc)
+        if self.getInferenceEngine() == "auto" and macs > _jvm.AUTO_MAX_MACS:
+            return (f"{macs:,} multiply-adds a row: past {_jvm.AUTO_MAX_MACS:,}, the Arrow engine's "
+                    f"batched kernels are faster")
+        return _jvm.unavailable(dataset.sparkSession)
+
+    def _scored(self, dataset, mode: int, thresholds=None):
+        """``dataset`` plus a scoring column, and the output Columns by field name
+        (``raw``/``prob``/``pred``, or ``pred``), on the engine ``inferenceEngine``
+        picks (kept in :attr:`lastInferenceEngine`).  ``mode``: 0 classifier, 1
+        regressor with one output, 2 with several."""
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import arrow_udf
+
+        feats = self._features(dataset)          # the schema checks, for either engine
+        tmp = f"__sparknet_{self._key[:8]}"
+        engine = self.getInferenceEngine()
+        if engine != "arrow":
+            why = self._jvm_blocker(dataset)
+            if why is None:
+                self.lastInferenceEngine = "jvm"
+                name = f"sparknet_{self._key[:12]}_{zlib.crc32(repr(thresholds).encode()):08x}"
+                col, fields = _jvm.scoring_columns(dataset.sparkSession, self.network,
+                                                   self.getFeaturesCol(), mode != 0, thresholds,
+                                                   name)
+                return dataset.withColumn(tmp, col), fields(F.col(tmp)), tmp
+            if engine == "jvm":
+                raise ValueError(f"inferenceEngine='jvm' cannot score this model: {why}")
+            _log.debug("transform on the Arrow engine: %s", why)
+        self.lastInferenceEngine = "arrow"
+        fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
+        out = dataset.withColumn(tmp, arrow_udf(fn, output_type(mode == 0, mode == 2))(feats))
+        names = ("raw", "prob", "pred") if mode == 0 else ("pred",)
+        return out, {f: F.col(f"{tmp}.{f}") for f in names}, tmp
+
     def _local_output(self, value) -> np.ndarray:
         """The network's output for one feature vector, on the driver."""
         x = np.asarray(value.toArray() if isinstance(value, Vector) else value, dtype=np.float64)
@@ -452,13 +512,14 @@ class _ModelMixin(_Persistable):
 
 
 
-def _output_columns(dataset, tmp: str, specs: list[tuple[str, str, dict]]):
-    """``dataset``'s columns plus one column per ``(name, struct field, metadata)``."""
+def _output_columns(dataset, tmp: str, fields: dict, specs: list[tuple[str, str, dict]]):
+    """``dataset``'s columns but ``tmp``, plus one column per ``(name, field,
+    metadata)``, ``fields`` giving each field's Column."""
     from pyspark.sql import functions as F
 
     cols = [F.col("`" + c.replace("`", "``") + "`") for c in dataset.columns if c != tmp]
     for name, fieldname, meta in specs:
-        cols.append(F.col(f"{tmp}.{fieldname}").alias(name, metadata=meta))
+        cols.append(fields[fieldname].alias(name, metadata=meta))
     return cols
 
 
@@ -503,6 +564,10 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
         seed: seeds the initial weights, the data split and the shuffles.
         thresholds: MLlib's per-class thresholds for the prediction.
         inferenceBatchSize: rows per forward pass in ``transform`` (4096).
+        inferenceEngine: where ``transform`` runs the network: ``"arrow"`` (Python
+            workers, the Cython kernels, Arrow batches), ``"jvm"`` (a Java UDF, for
+            networks of dense layers on a Vector column) or ``"auto"`` (default: the JVM
+            for small dense networks, where it is faster; see :mod:`sparknet.ml`).
         verbose: 1 shows a progress bar.
 
     Example::
@@ -524,7 +589,7 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
                  batchSize=None, learningRate=None, optimizer=None, momentum=None, rho=None,
                  weightDecay=None, numPartitions=None, mode=None, syncMethod=None, localSteps=None,
                  maxSequenceLength=None, seed=None, thresholds=None, inferenceBatchSize=None,
-                 verbose=None) -> None:
+                 inferenceEngine=None, verbose=None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -535,7 +600,7 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
                   batchSize=None, learningRate=None, optimizer=None, momentum=None, rho=None,
                   weightDecay=None, numPartitions=None, mode=None, syncMethod=None, localSteps=None,
                   maxSequenceLength=None, seed=None, thresholds=None, inferenceBatchSize=None,
-                  verbose=None) -> "SparkNetClassifier":
+                  inferenceEngine=None, verbose=None) -> "SparkNetClassifier":
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -583,17 +648,11 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
         return float(prob.argmax())
 
     def _transform(self, dataset):
-        from pyspark.sql.functions import arrow_udf
-
         k = self.numClasses
         thresholds = self.getThresholds() if self.isDefined(self.thresholds) else None
         if thresholds is not None and len(thresholds) != k:
             raise ValueError(f"thresholds has {len(thresholds)} values, the model has {k} classes")
-        feats = self._features(dataset)
-        fn = self._predictor(dataset.sparkSession, True, thresholds)
-        udf = arrow_udf(fn, output_type(True))
-        tmp = f"__sparknet_{self._key[:8]}"
-        out = dataset.withColumn(tmp, udf(feats))
+        out, fields, tmp = self._scored(dataset, 0, thresholds)
         specs = []
         size_meta = {"ml_attr": {"num_attrs": k}}
         if self.getRawPredictionCol():
@@ -602,7 +661,7 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
             specs.append((self.getProbabilityCol(), "prob", size_meta))
         if self.getPredictionCol():
             specs.append((self.getPredictionCol(), "pred", {"ml_attr": {"type": "nominal", "num_vals": k}}))
-        return out.select(*_output_columns(out, tmp, specs))
+        return out.select(*_output_columns(out, tmp, fields, specs))
 
 
 # --------------------------------------------------------------------------- regressor
@@ -627,7 +686,8 @@ class SparkNetRegressor(_EstimatorMixin, Predictor, _SparkNetParams, MLReadable,
                  predictionCol: str = "prediction", inputShape=None, epochs=None, batchSize=None,
                  learningRate=None, optimizer=None, momentum=None, rho=None, weightDecay=None,
                  numPartitions=None, mode=None, syncMethod=None, localSteps=None,
-                 maxSequenceLength=None, seed=None, inferenceBatchSize=None, verbose=None) -> None:
+                 maxSequenceLength=None, seed=None, inferenceBatchSize=None,
+                 inferenceEngine=None, verbose=None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -637,7 +697,7 @@ class SparkNetRegressor(_EstimatorMixin, Predictor, _SparkNetParams, MLReadable,
                   learningRate=None, optimizer=None, momentum=None, rho=None, weightDecay=None,
                   numPartitions=None, mode=None, syncMethod=None, localSteps=None,
                   maxSequenceLength=None, seed=None, inferenceBatchSize=None,
-                  verbose=None) -> "SparkNetRegressor":
+                  inferenceEngine=None, verbose=None) -> "SparkNetRegressor":
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -659,16 +719,10 @@ class SparkNetRegressionModel(_ModelMixin, PredictionModel, _SparkNetParams, MLR
         return float(out[0]) if out.shape[0] == 1 else Vectors.dense(out)
 
     def _transform(self, dataset):
-        from pyspark.sql.functions import arrow_udf
-
         k = int(np.prod(self.network.output_shape))
-        feats = self._features(dataset)
-        fn = self._predictor(dataset.sparkSession, False, vector_out=k > 1)
-        udf = arrow_udf(fn, output_type(False, k > 1))
-        tmp = f"__sparknet_{self._key[:8]}"
-        out = dataset.withColumn(tmp, udf(feats))
+        out, fields, tmp = self._scored(dataset, 2 if k > 1 else 1)
         specs = [(self.getPredictionCol(), "pred", {})] if self.getPredictionCol() else []
-        return out.select(*_output_columns(out, tmp, specs))
+        return out.select(*_output_columns(out, tmp, fields, specs))
 
 
 for _cls in (SparkNetClassifier, SparkNetClassificationModel, SparkNetRegressor, SparkNetRegressionModel):

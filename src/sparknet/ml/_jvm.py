@@ -1,0 +1,232 @@
+"""Small dense networks scored inside the JVM (``jvm/DenseForward.java``).
+
+For a small network, ``transform`` through Arrow spends most of its time handing rows
+to a Python worker and back (about 1.5 microseconds a row on this project's benchmark
+machine, against well under one for the arithmetic of a 64-64-10 MLP).  A network made
+only of dense, activation, dropout and flatten layers, scoring an ML ``Vector``
+column, can instead run as a Java UDF on the executors' task threads, where the rows
+already are: the ``"jvm"`` inference engine.
+
+The Java source ships with the package and is compiled once per machine, Spark version
+and source version with the JDK's ``javac`` against Spark's own jars, into a jar in
+the user's cache folder (``$SPARKNET_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparknet``,
+else ``~/.cache/sparknet``).  The jar joins the session with the same call as SQL's
+``ADD JAR``, so executors fetch it as they fetch any added jar.  Where there is no
+``javac`` or no classic (non-Connect) session, :func:`unavailable` says why and the
+``"auto"`` engine uses Arrow.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("sparknet.ml")
+
+SOURCE = Path(__file__).with_name("jvm") / "DenseForward.java"
+CLASS = "sparknet.jvm.DenseForward"
+
+#: ``"auto"`` picks the JVM for networks of at most this many multiply-adds per row.
+#: Past it, the Cython kernels' batched matrix products in the Python workers win over
+#: the JVM's one-row-at-a-time loops (see benchmarks/README.md, batch inference).
+AUTO_MAX_MACS = 20_000
+
+_LOCK = threading.Lock()
+_JARS: dict[str, Path] = {}          # cache key -> built jar
+_ADDED: dict[str, object] = {}       # SparkContext -> its jar class loader
+_FAILED: dict[str, str] = {}         # cache key -> why the build failed
+
+
+class Unsupported(ValueError):
+    """The network (or the column) cannot run on the JVM engine; the message says why."""
+
+
+def plan(network) -> tuple[str, bytes, int]:
+    """The network as ``(ops spec, float64 parameters, multiply-adds per row)`` in
+    :file:`DenseForward.java`'s layout.
+
+    Raises:
+        Unsupported: a layer other than Dense, Activation, Dropout or Flatten, or an
+            input that is not one flat vector.
+    """
+    from sparknet.layers.core import Activation, Dense, Dropout, Flatten
+
+    ops: list[str] = []
+    parts: list[np.ndarray] = []
+    macs = 0
+    for layer in network.layers:
+        if isinstance(layer, Dense):
+            if len(layer.input_shape) != 1:
+                raise Unsupported(f"layer {layer.name!r} reads {layer.input_shape}-shaped rows")
+            W = np.asarray(layer.params["kernel"], dtype=np.float64)
+            b = layer.params.get("bias")
+            b = np.zeros(W.shape[0]) if b is None else np.asarray(b, dtype=np.float64)
+            ops.append(f"d{W.shape[0]}:{layer._kernel_act}")
+            parts += [np.ascontiguousarray(W.T).reshape(-1), b]
+            macs += W.size
+        elif isinstance(layer, Activation):
+            ops.append(f"a{layer._kernel_act}")
+        elif isinstance(layer, (Dropout, Flatten)):
+            if isinstance(layer, Flatten) and len(layer.input_shape) != 1:
+                raise Unsupported(f"layer {layer.name!r} flattens {layer.input_shape}-shaped rows")
+            continue                       # identity at inference on flat rows
+        else:
+            raise Unsupported(f"layer {layer.name!r} ({type(layer).__name__}) has no JVM kernel")
+    if not ops:
+        raise Unsupported("the network has no dense layer")
+    params = np.concatenate(parts).astype("<f8") if parts else np.zeros(0, "<f8")
+    return ",".join(ops), params.tobytes(), macs
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("SPARKNET_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "sparknet"
+
+
+def _javac() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(os.path.join(home, "bin", "javac"), os.X_OK):
+        return os.path.join(home, "bin", "javac")
+    return shutil.which("javac")
+
+
+def _spark_jars() -> Path:
+    """Spark's jars: ``$SPARK_HOME/jars`` when set, else the pyspark package's."""
+    home = os.environ.get("SPARK_HOME")
+    if home and os.path.isdir(os.path.join(home, "jars")):
+        return Path(home) / "jars"
+    import pyspark
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def build_jar() -> Path:
+    """The compiled jar, built on first use (a few seconds) and cached on disk.
+
+    Raises:
+        RuntimeError: no ``javac``, or it failed (its output is in the message).
+    """
+    jars = _spark_jars()
+    import pyspark
+
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + pyspark.__version__.encode() + str(jars).encode()).hexdigest()[:20]
+    with _LOCK:
+        if key in _JARS and _JARS[key].exists():
+            return _JARS[key]
+        if key in _FAILED:
+            raise RuntimeError(_FAILED[key])
+        target = _cache_dir() / "jvm" / key / "sparknet-jvm.jar"
+        if target.exists():
+            _JARS[key] = target
+            return target
+        javac = _javac()
+        if javac is None:
+            _FAILED[key] = ("no javac found (install a JDK, or set JAVA_HOME to one); the JVM "
+                            "inference engine is compiled on first use")
+            raise RuntimeError(_FAILED[key])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            cmd = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8",
+                   "-cp", str(jars / "*"), "-d", tmp, str(SOURCE)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                _FAILED[key] = f"javac failed ({' '.join(cmd)}):\n{proc.stderr.strip()}"
+                raise RuntimeError(_FAILED[key])
+            part = Path(tmp) / "sparknet-jvm.jar.part"
+            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as z:
+                z.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+                for cls in sorted(Path(tmp).rglob("*.class")):
+                    z.write(cls, cls.relative_to(tmp).as_posix())
+            os.replace(part, target)          # readers never see a half-written jar
+        _JARS[key] = target
+        return target
+
+
+def _loader(spark):
+    """The session's jar class loader, after adding the jar to the session once."""
+    jsc = spark.sparkContext._jsc
+    ctx = f"{id(jsc)}:{spark.sparkContext.applicationId}"
+    with _LOCK:
+        loader = _ADDED.get(ctx)
+    if loader is not None:
+        return loader
+    jar = build_jar()
+    jss = spark._jsparkSession
+    jss.sessionState().resourceLoader().addJar(str(jar))   # what SQL's ADD JAR does
+    loader = jss.sharedState().jarClassLoader()
+    spark.sparkContext._jvm.java.lang.Class.forName(CLASS, True, loader)  # fails early if absent
+    with _LOCK:
+        _ADDED[ctx] = loader
+    return loader
+
+
+def _new(spark, name: str):
+    """A new instance of the jar's class ``name`` (through the session's jar loader)."""
+    gw = spark.sparkContext._gateway
+    cls = gw.jvm.java.lang.Class.forName(name, True, _loader(spark))
+    ctor = cls.getDeclaredConstructor(gw.new_array(gw.jvm.java.lang.Class, 0))
+    return ctor.newInstance(gw.new_array(gw.jvm.java.lang.Object, 0))
+
+
+def unavailable(spark) -> str | None:
+    """Why the JVM engine cannot run in ``spark`` (None when it can)."""
+    if not hasattr(spark, "_jsparkSession"):
+        return "a Spark Connect session has no JVM on the client"
+    try:
+        _loader(spark)
+    except Exception as exc:  # noqa: BLE001 - the reason is reported, Arrow takes over
+        return str(exc).splitlines()[0]
+    return None
+
+
+def _register(spark, name: str, fn, data_type) -> None:
+    jss = spark._jsparkSession
+    jss.udf().register(name, fn, jss.parseDataType(data_type.json()))
+
+
+def scoring_columns(spark, network, column: str, regression: bool, thresholds, name: str):
+    """UDFs scoring the Vector column ``column`` with ``network`` on the JVM.
+
+    Returns ``(network output Column, to_fields)``: add the first to the DataFrame as
+    a column ``c``; ``to_fields(F.col(c))`` gives the output Columns by the Arrow
+    engine's struct field names: ``raw``, ``prob``, ``pred`` for a classifier (the
+    network's outputs, their softmax, and MLlib's prediction rule), ``pred`` for a
+    regressor (a double for one output, else a Vector).
+    """
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    ops, params, _ = plan(network)
+    dim = int(np.prod(network.input_shape))
+    outputs = int(np.prod(network.output_shape))
+    if ";" in column:
+        raise Unsupported(f"column name {column!r} holds ';'")
+    scalar = regression and outputs == 1
+    fwd = _new(spark, CLASS).configure(f"{column};{dim};{1 if scalar else 0};{ops}",
+                                       bytearray(params))
+    _register(spark, name, fwd, T.DoubleType() if scalar else VectorUDT())
+    net_out = F.call_udf(name, F.col("`" + column.replace("`", "``") + "`"))
+    if regression:
+        return net_out, lambda c: {"pred": c}
+    _register(spark, name + "_prob", _new(spark, CLASS + "$Softmax"), VectorUDT())
+    thr = "" if thresholds is None else ":".join(repr(float(t)) for t in thresholds)
+    _register(spark, name + "_pred", _new(spark, CLASS + "$Argmax").configure(thr), T.DoubleType())
+
+    def fields(raw):
+        prob = F.call_udf(name + "_prob", raw)
+        # MLlib: prediction from rawPrediction, or from probability when thresholds are set
+        return {"raw": raw, "prob": prob,
+                "pred": F.call_udf(name + "_pred", raw if thresholds is None else prob)}
+    return net_out, fields

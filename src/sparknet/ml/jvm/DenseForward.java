@@ -1,0 +1,253 @@
+/*
+ * The forward pass of a small dense network inside the JVM, as a Spark SQL UDF.
+ *
+ * Spark ML's transform of a small network is dominated by handing rows to a Python
+ * worker and back, not by the arithmetic.  This class runs the network where the rows
+ * already are: one call per row, on the executor's task thread, with no copy of the
+ * row beyond the features array that Spark's VectorUDT hands over.  Like MLlib's
+ * classifiers, the network gives rawPrediction, and probability and prediction are
+ * cheap functions of that column, so a query that reads only the prediction never
+ * builds the probability vectors.
+ *
+ * Layout (written by sparknet/ml/_jvm.py):
+ *   spec   "column;inputs;mode;op,op,..."
+ *          mode 1: the UDF returns the one output as a double; otherwise the outputs as
+ *          a dense Vector (a classifier's rawPrediction, from which Softmax and Argmax
+ *          below make probability and prediction, as MLlib's classifiers do); each op
+ *          "d<units>:<act>" (dense then activation) or "a<act>" (activation alone); act
+ *          0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 softmax.
+ *   params float64, little-endian: for each dense op its kernel as [in][out] rows
+ *          (the transpose of sparknet's (units, in) kernel), then its bias.
+ *
+ * The kernel is stored by input neuron so that each input adds a scaled row to the
+ * outputs: a loop of one store and two loads per output with the same index, which
+ * the JIT vectorises (a dot-product loop, or one flat array with offsets, it does not).
+ * Zero inputs (ReLU outputs, blank pixels) are skipped.
+ */
+package sparknet.jvm;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.DoubleBuffer;
+
+import org.apache.spark.ml.linalg.DenseVector;
+import org.apache.spark.ml.linalg.Vector;
+import org.apache.spark.sql.api.java.UDF1;
+
+public final class DenseForward implements UDF1<Vector, Object> {
+    private static final long serialVersionUID = 1L;
+
+    private String column;
+    private int inputs;
+    private int mode;
+    private int[] units;        // per op: output width (dense) or -1 (activation alone)
+    private int[] acts;         // per op: activation id
+    private double[][][] rows;  // per dense op: [in][out]
+    private double[][] bias;    // per dense op: [out]
+    private int outputs;
+    private transient double[][] scratch;
+
+    public DenseForward() {}
+
+    /** Read the spec and the parameters (see the file comment); returns this. */
+    public DenseForward configure(String spec, byte[] params) {
+        String[] f = spec.split(";", -1);
+        if (f.length != 4) throw new IllegalArgumentException("bad network spec: " + spec);
+        column = f[0];
+        inputs = Integer.parseInt(f[1]);
+        mode = Integer.parseInt(f[2]);
+        String[] ops = f[3].split(",");
+        units = new int[ops.length];
+        acts = new int[ops.length];
+        rows = new double[ops.length][][];
+        bias = new double[ops.length][];
+        DoubleBuffer buf = ByteBuffer.wrap(params).order(ByteOrder.LITTLE_ENDIAN).asDoubleBuffer();
+        int width = inputs;
+        for (int k = 0; k < ops.length; k++) {
+            String op = ops[k];
+            if (op.charAt(0) == 'd') {
+                int colon = op.indexOf(':');
+                int out = Integer.parseInt(op.substring(1, colon));
+                units[k] = out;
+                acts[k] = Integer.parseInt(op.substring(colon + 1));
+                double[][] w = new double[width][out];
+                for (int i = 0; i < width; i++) buf.get(w[i]);
+                double[] b = new double[out];
+                buf.get(b);
+                rows[k] = w;
+                bias[k] = b;
+                width = out;
+            } else {
+                units[k] = -1;
+                acts[k] = Integer.parseInt(op.substring(1));
+            }
+        }
+        if (buf.remaining() != 0) {
+            throw new IllegalArgumentException(buf.remaining() + " parameters left over after " + spec);
+        }
+        outputs = width;
+        return this;
+    }
+
+    /** Values per output row (the network's last width). */
+    public int outputs() { return outputs; }
+
+    private double[] buffer(int k, int n) {
+        if (scratch == null) scratch = new double[units.length][];
+        double[] s = scratch[k];
+        if (s == null || s.length != n) scratch[k] = s = new double[n];
+        return s;
+    }
+
+    /** The network's outputs for one row of inputs (a fresh array). */
+    public double[] forward(double[] x) {
+        double[] cur = x;
+        int width = x.length;
+        int last = units.length - 1;
+        for (int k = 0; k <= last; k++) {
+            double[] out;
+            if (units[k] >= 0) {
+                int n = units[k];
+                out = k == last ? new double[n] : buffer(k, n);
+                System.arraycopy(bias[k], 0, out, 0, n);
+                double[][] w = rows[k];
+                int i = 0;
+                for (; i + 4 <= width; i += 4) {       // four inputs per pass over out
+                    double x0 = cur[i], x1 = cur[i + 1], x2 = cur[i + 2], x3 = cur[i + 3];
+                    if (x0 == 0.0 && x1 == 0.0 && x2 == 0.0 && x3 == 0.0) continue;
+                    double[] w0 = w[i], w1 = w[i + 1], w2 = w[i + 2], w3 = w[i + 3];
+                    for (int j = 0; j < n; j++) {
+                        out[j] += x0 * w0[j] + x1 * w1[j] + x2 * w2[j] + x3 * w3[j];
+                    }
+                }
+                for (; i < width; i++) {
+                    double xi = cur[i];
+                    if (xi == 0.0) continue;
+                    double[] wi = w[i];
+                    for (int j = 0; j < n; j++) out[j] += xi * wi[j];
+                }
+                width = n;
+            } else {
+                out = k == last ? new double[width] : buffer(k, width);
+                System.arraycopy(cur, 0, out, 0, width);
+            }
+            activate(acts[k], out, width);
+            cur = out;
+        }
+        return cur == x ? x.clone() : cur;
+    }
+
+    static void activate(int act, double[] v, int n) {
+        switch (act) {
+            case 0:
+                return;
+            case 1:
+                for (int j = 0; j < n; j++) if (v[j] < 0.0) v[j] = 0.0;
+                return;
+            case 2:
+                for (int j = 0; j < n; j++) v[j] = Math.tanh(v[j]);
+                return;
+            case 3:
+                for (int j = 0; j < n; j++) {
+                    double z = v[j];
+                    if (z >= 0) {
+                        v[j] = 1.0 / (1.0 + Math.exp(-z));
+                    } else {
+                        double e = Math.exp(z);
+                        v[j] = e / (1.0 + e);
+                    }
+                }
+                return;
+            case 4:
+                softmax(v, n);
+                return;
+            default:
+                throw new IllegalArgumentException("unknown activation id " + act);
+        }
+    }
+
+    static void softmax(double[] v, int n) {
+        double m = Double.NEGATIVE_INFINITY;
+        for (int j = 0; j < n; j++) if (v[j] > m) m = v[j];
+        double s = 0.0;
+        for (int j = 0; j < n; j++) {
+            v[j] = Math.exp(v[j] - m);
+            s += v[j];
+        }
+        for (int j = 0; j < n; j++) v[j] /= s;
+    }
+
+    @Override
+    public Object call(Vector v) {
+        if (v == null) {
+            throw new IllegalArgumentException("features column '" + column
+                    + "' has a null row; fill or drop it first");
+        }
+        double[] x = v.toArray();
+        if (x.length != inputs) {
+            throw new IllegalArgumentException("features column '" + column + "' has a row of "
+                    + x.length + " values; the network expects " + inputs);
+        }
+        for (int i = 0; i < x.length; i++) {
+            double xi = x[i];
+            if (xi - xi != 0.0) {  // NaN or infinity
+                throw new IllegalArgumentException("features column '" + column
+                        + "' contains NaN or infinity (value " + i + " of a row)");
+            }
+        }
+        double[] out = forward(x);
+        return mode == 1 ? (Object) out[0] : new DenseVector(out);
+    }
+
+    /** rawPrediction -> probability: the softmax of the logits. */
+    public static final class Softmax implements UDF1<Vector, Vector> {
+        private static final long serialVersionUID = 1L;
+
+        @Override
+        public Vector call(Vector raw) {
+            double[] p = raw.toArray().clone();
+            softmax(p, p.length);
+            return new DenseVector(p);
+        }
+    }
+
+    /** rawPrediction (or probability, with thresholds) -> prediction, as MLlib: the
+     *  argmax (first on ties) of the scores, divided by the thresholds when there are
+     *  some, a zero threshold winning outright. */
+    public static final class Argmax implements UDF1<Vector, Double> {
+        private static final long serialVersionUID = 1L;
+        private double[] thresholds;
+
+        public Argmax() {}
+
+        public Argmax configure(String spec) {
+            if (spec.isEmpty()) {
+                thresholds = null;
+            } else {
+                String[] t = spec.split(":");
+                thresholds = new double[t.length];
+                for (int i = 0; i < t.length; i++) thresholds[i] = Double.parseDouble(t[i]);
+            }
+            return this;
+        }
+
+        @Override
+        public Double call(Vector scores) {
+            double[] s = scores.toArray();
+            int best = 0;
+            if (thresholds == null) {
+                for (int j = 1; j < s.length; j++) if (s[j] > s[best]) best = j;
+                return (double) best;
+            }
+            double bestScore = Double.NEGATIVE_INFINITY;
+            for (int j = 0; j < s.length; j++) {
+                double v = thresholds[j] == 0.0 ? Double.POSITIVE_INFINITY : s[j] / thresholds[j];
+                if (v > bestScore) {
+                    bestScore = v;
+                    best = j;
+                }
+            }
+            return (double) best;
+        }
+    }
+}
