@@ -618,8 +618,11 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
       ``probability / thresholds`` when ``thresholds`` is set).
 
     Set a column Param to ``""`` to leave that column out.  Scoring runs on the
-    executors in Arrow batches (see :mod:`sparknet.ml._inference`); the network is
-    broadcast once.  :attr:`network` is the fitted :class:`~sparknet.model.Sequential`.
+    executors, on the engine ``inferenceEngine`` picks: Arrow batches through the
+    Python workers (the network broadcast once), or a Java UDF for small dense
+    networks on a Vector column (see :mod:`sparknet.ml`); :attr:`lastInferenceEngine`
+    says which one the last ``transform`` used.  :attr:`network` is the fitted
+    :class:`~sparknet.model.Sequential`.
     """
 
     def __init__(self) -> None:
