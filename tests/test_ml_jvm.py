@@ -231,3 +231,19 @@ def test_engine_param_saves_and_loads(digits_frames, tmp_path):
     assert loaded.lastInferenceEngine == "arrow"
     with pytest.raises(TypeError, match="inferenceEngine must be one of"):
         model.copy({model.inferenceEngine: "gpu"})
+
+
+def test_sparse_vectors_on_the_jvm(spark, digits_frames):
+    """Sparse Vectors (VectorAssembler makes them when most values are zero) score as
+    their dense equivalents."""
+    from pyspark.ml.linalg import SparseVector
+
+    _, _, Xt = digits_frames
+    X = Xt[:200]
+    rows = [(SparseVector(64, {int(j): float(x[j]) for j in np.flatnonzero(x)}),) for x in X]
+    sparse = spark.createDataFrame(rows, ["features"])
+    dense = spark.createDataFrame([(Vectors.dense(x),) for x in X], ["features"])
+    model = _model(SparkNetClassificationModel, NETS["relu-softmax"](), inferenceEngine="jvm")
+    (raw_s,) = _rows(model.transform(sparse), ["rawPrediction"])
+    (raw_d,) = _rows(model.transform(dense), ["rawPrediction"])
+    np.testing.assert_array_equal(raw_s, raw_d)
