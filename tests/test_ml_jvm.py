@@ -247,3 +247,39 @@ def test_sparse_vectors_on_the_jvm(spark, digits_frames):
     (raw_s,) = _rows(model.transform(sparse), ["rawPrediction"])
     (raw_d,) = _rows(model.transform(dense), ["rawPrediction"])
     np.testing.assert_array_equal(raw_s, raw_d)
+
+
+def test_jvm_engine_on_a_standalone_cluster():
+    """Executors in their own JVMs (a master and 2 one-core workers on 127.0.0.1) fetch the
+    jar the driver added and score as the Arrow engine does."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)
+    from _standalone_cluster import StandaloneCluster
+
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
+        proc = subprocess.Popen([sys.executable, os.path.join(here, "_ml_jvm_standalone_job.py"),
+                                 cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, start_new_session=True)
+        try:
+            stdout, stderr = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["engines"] == ["jvm", "arrow"]
+    assert out["block_managers"] == 3          # the driver and two executors
+    raw_j, raw_a = np.array(out["raw_jvm"]), np.array(out["raw_arrow"])
+    assert raw_j.shape == (600, 10)
+    np.testing.assert_allclose(raw_j, raw_a, rtol=0, atol=2e-6 * np.abs(raw_a).max())
+    pj, pa = np.array(out["pred_jvm"]), np.array(out["pred_arrow"])
+    assert (pj == pa).mean() > 0.99
