@@ -60,11 +60,12 @@ def _both(model, df, cols):
     """``cols`` of ``model.transform(df)`` on the JVM and on the Arrow engine."""
     jvm = model.copy({model.inferenceEngine: "jvm"})
     arrow = model.copy({model.inferenceEngine: "arrow"})
-    a = _rows(jvm.transform(df), cols)
-    assert jvm.lastInferenceEngine == "jvm"
-    b = _rows(arrow.transform(df), cols)
-    assert arrow.lastInferenceEngine == "arrow"
-    return a, b
+    out_j, out_a = jvm.transform(df), arrow.transform(df)
+    assert (jvm.lastInferenceEngine, arrow.lastInferenceEngine) == ("jvm", "arrow")
+    # the same columns: names, types, nullability and MLlib's metadata
+    assert out_j.schema == out_a.schema
+    assert [f.metadata for f in out_j.schema.fields] == [f.metadata for f in out_a.schema.fields]
+    return _rows(out_j, cols), _rows(out_a, cols)
 
 
 NETS = {

@@ -460,6 +460,8 @@ class _ModelMixin(_Persistable):
     def _jvm_blocker(self, dataset) -> str | None:
         """Why the JVM engine cannot (or, under ``"auto"``, should not) score ``dataset``;
         None when it will."""
+        if dataset.isStreaming:
+            return "a streaming DataFrame (the JVM engine scores batch DataFrames)"
         kind = _columns.feature_kind(dataset, self.getFeaturesCol())
         if kind.kind != "vector":
             return f"the features column holds {kind.kind}s, the JVM engine reads ML Vectors"
@@ -472,34 +474,32 @@ class _ModelMixin(_Persistable):
                     f"batched kernels are faster")
         return _jvm.unavailable(dataset.sparkSession)
 
-    def _scored(self, dataset, mode: int, thresholds=None):
-        """``dataset`` plus a scoring column, and the output Columns by field name
-        (``raw``/``prob``/``pred``, or ``pred``), on the engine ``inferenceEngine``
+    def _score(self, dataset, mode: int, specs, thresholds=None):
+        """``dataset`` plus the output columns ``specs`` (``(name, field, metadata)``,
+        ``field`` one of ``raw``/``prob``/``pred``), on the engine ``inferenceEngine``
         picks (kept in :attr:`lastInferenceEngine`).  ``mode``: 0 classifier, 1
         regressor with one output, 2 with several."""
         from pyspark.sql import functions as F
         from pyspark.sql.functions import arrow_udf
 
         feats = self._features(dataset)          # the schema checks, for either engine
-        tmp = f"__sparknet_{self._key[:8]}"
         engine = self.getInferenceEngine()
         if engine != "arrow":
             why = self._jvm_blocker(dataset)
             if why is None:
                 self.lastInferenceEngine = "jvm"
-                name = f"sparknet_{self._key[:12]}_{zlib.crc32(repr(thresholds).encode()):08x}"
-                col, fields = _jvm.scoring_columns(dataset.sparkSession, self.network,
-                                                   self.getFeaturesCol(), mode != 0, thresholds,
-                                                   name)
-                return dataset.withColumn(tmp, col), fields(F.col(tmp)), tmp
+                return _jvm.score(dataset, self.network, self.getFeaturesCol(), mode, thresholds,
+                                  specs)
             if engine == "jvm":
                 raise ValueError(f"inferenceEngine='jvm' cannot score this model: {why}")
             _log.debug("transform on the Arrow engine: %s", why)
         self.lastInferenceEngine = "arrow"
         fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
+        tmp = f"__sparknet_{self._key[:8]}"
         out = dataset.withColumn(tmp, arrow_udf(fn, output_type(mode == 0, mode == 2))(feats))
-        names = ("raw", "prob", "pred") if mode == 0 else ("pred",)
-        return out, {f: F.col(f"{tmp}.{f}") for f in names}, tmp
+        cols = [F.col("`" + c.replace("`", "``") + "`") for c in dataset.columns]
+        cols += [F.col(f"{tmp}.{field}").alias(name, metadata=meta) for name, field, meta in specs]
+        return out.select(*cols)
 
     def _local_output(self, value) -> np.ndarray:
         """The network's output for one feature vector, on the driver."""
@@ -510,17 +510,6 @@ class _ModelMixin(_Persistable):
         p = BatchPredictor("local", None, self.getFeaturesCol(), False, None, 1)
         return p.forward(self.network, x.reshape(1, -1))[0]
 
-
-
-def _output_columns(dataset, tmp: str, fields: dict, specs: list[tuple[str, str, dict]]):
-    """``dataset``'s columns but ``tmp``, plus one column per ``(name, field,
-    metadata)``, ``fields`` giving each field's Column."""
-    from pyspark.sql import functions as F
-
-    cols = [F.col("`" + c.replace("`", "``") + "`") for c in dataset.columns if c != tmp]
-    for name, fieldname, meta in specs:
-        cols.append(fields[fieldname].alias(name, metadata=meta))
-    return cols
 
 
 # -------------------------------------------------------------------------- classifier
@@ -655,7 +644,6 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
         thresholds = self.getThresholds() if self.isDefined(self.thresholds) else None
         if thresholds is not None and len(thresholds) != k:
             raise ValueError(f"thresholds has {len(thresholds)} values, the model has {k} classes")
-        out, fields, tmp = self._scored(dataset, 0, thresholds)
         specs = []
         size_meta = {"ml_attr": {"num_attrs": k}}
         if self.getRawPredictionCol():
@@ -664,7 +652,7 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
             specs.append((self.getProbabilityCol(), "prob", size_meta))
         if self.getPredictionCol():
             specs.append((self.getPredictionCol(), "pred", {"ml_attr": {"type": "nominal", "num_vals": k}}))
-        return out.select(*_output_columns(out, tmp, fields, specs))
+        return self._score(dataset, 0, specs, thresholds)
 
 
 # --------------------------------------------------------------------------- regressor
@@ -723,9 +711,8 @@ class SparkNetRegressionModel(_ModelMixin, PredictionModel, _SparkNetParams, MLR
 
     def _transform(self, dataset):
         k = int(np.prod(self.network.output_shape))
-        out, fields, tmp = self._scored(dataset, 2 if k > 1 else 1)
         specs = [(self.getPredictionCol(), "pred", {})] if self.getPredictionCol() else []
-        return out.select(*_output_columns(out, tmp, fields, specs))
+        return self._score(dataset, 2 if k > 1 else 1, specs)
 
 
 for _cls in (SparkNetClassifier, SparkNetClassificationModel, SparkNetRegressor, SparkNetRegressionModel):

@@ -1,19 +1,21 @@
-"""Small dense networks scored inside the JVM (``jvm/DenseForward.java``).
+"""Small dense networks scored inside the JVM (``jvm/ScoreRows.java``, ``jvm/DenseForward.java``).
 
 For a small network, ``transform`` through Arrow spends most of its time handing rows
 to a Python worker and back (about 1.5 microseconds a row on this project's benchmark
-machine, against well under one for the arithmetic of a 64-64-10 MLP).  A network made
-only of dense, activation, dropout and flatten layers, scoring an ML ``Vector``
-column, can instead run as a Java UDF on the executors' task threads, where the rows
-already are: the ``"jvm"`` inference engine.
+machine, against about half of one for the arithmetic of a 64-64-10 MLP).  A network
+made only of dense, activation, dropout and flatten layers, scoring an ML ``Vector``
+column, instead runs as a function over each partition's rows in Spark's internal row
+format, on the executors' task threads: the ``"jvm"`` inference engine.  The output
+DataFrame's plan is the input's, then that function (an RDD scan, as ``mapInArrow``
+gives an opaque step too).
 
-The Java source ships with the package and is compiled once per machine, Spark version
-and source version with the JDK's ``javac`` against Spark's own jars, into a jar in
-the user's cache folder (``$SPARKNET_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparknet``,
-else ``~/.cache/sparknet``).  The jar joins the session with the same call as SQL's
-``ADD JAR``, so executors fetch it as they fetch any added jar.  Where there is no
-``javac`` or no classic (non-Connect) session, :func:`unavailable` says why and the
-``"auto"`` engine uses Arrow.
+The Java sources ship with the package and are compiled once per machine, Spark version
+and source version with the JDK's ``javac`` against Spark's own jars, into a jar in the
+user's cache folder (``$SPARKNET_CACHE_DIR``, else ``$XDG_CACHE_HOME/sparknet``, else
+``~/.cache/sparknet``).  The jar joins the session with the same call as SQL's ``ADD
+JAR``, so executors fetch it as they fetch any added jar.  Where there is no ``javac``
+or no classic (non-Connect) session, :func:`unavailable` says why and the ``"auto"``
+engine uses Arrow.
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ import numpy as np
 
 log = logging.getLogger("sparknet.ml")
 
-SOURCE = Path(__file__).with_name("jvm") / "DenseForward.java"
-CLASS = "sparknet.jvm.DenseForward"
+SOURCES = sorted((Path(__file__).with_name("jvm")).glob("*.java"))
+NETWORK_CLASS = "sparknet.jvm.DenseForward"
+SCORER_CLASS = "sparknet.jvm.ScoreRows"
 
 #: ``"auto"`` picks the JVM for networks of at most this many multiply-adds per row.
 #: Past it, the Cython kernels' batched matrix products in the Python workers win over
@@ -119,7 +122,7 @@ def build_jar() -> Path:
     jars = _spark_jars()
     import pyspark
 
-    src = SOURCE.read_bytes()
+    src = b"".join(p.name.encode() + p.read_bytes() for p in SOURCES)
     key = hashlib.sha256(src + pyspark.__version__.encode() + str(jars).encode()).hexdigest()[:20]
     with _LOCK:
         if key in _JARS and _JARS[key].exists():
@@ -138,7 +141,7 @@ def build_jar() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             cmd = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8",
-                   "-cp", str(jars / "*"), "-d", tmp, str(SOURCE)]
+                   "-cp", str(jars / "*"), "-d", tmp, *map(str, SOURCES)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 _FAILED[key] = f"javac failed ({' '.join(cmd)}):\n{proc.stderr.strip()}"
@@ -165,7 +168,7 @@ def _loader(spark):
     jss = spark._jsparkSession
     jss.sessionState().resourceLoader().addJar(str(jar))   # what SQL's ADD JAR does
     loader = jss.sharedState().jarClassLoader()
-    spark.sparkContext._jvm.java.lang.Class.forName(CLASS, True, loader)  # fails early if absent
+    spark.sparkContext._jvm.java.lang.Class.forName(SCORER_CLASS, True, loader)  # fails early
     with _LOCK:
         _ADDED[ctx] = loader
     return loader
@@ -190,43 +193,35 @@ def unavailable(spark) -> str | None:
     return None
 
 
-def _register(spark, name: str, fn, data_type) -> None:
-    jss = spark._jsparkSession
-    jss.udf().register(name, fn, jss.parseDataType(data_type.json()))
+def score(dataset, network, column: str, mode: int, thresholds, specs):
+    """``dataset`` with ``network``'s outputs for its Vector column ``column`` appended,
+    computed on the executors by ``ScoreRows``.
 
-
-def scoring_columns(spark, network, column: str, regression: bool, thresholds, name: str):
-    """UDFs scoring the Vector column ``column`` with ``network`` on the JVM.
-
-    Returns ``(network output Column, to_fields)``: add the first to the DataFrame as
-    a column ``c``; ``to_fields(F.col(c))`` gives the output Columns by the Arrow
-    engine's struct field names: ``raw``, ``prob``, ``pred`` for a classifier (the
-    network's outputs, their softmax, and MLlib's prediction rule), ``pred`` for a
-    regressor (a double for one output, else a Vector).
+    Args:
+        mode: 0 classifier, 1 regressor with one output, 2 with several.
+        thresholds: MLlib's per-class thresholds, or None.
+        specs: the output columns, in order, as ``(name, field, metadata)``, ``field``
+            one of ``raw`` (the network's outputs), ``prob`` (their softmax), ``pred``
+            (MLlib's prediction rule; a regressor's output).
     """
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
+    from pyspark.sql import DataFrame
     from pyspark.sql import types as T
 
+    spark = dataset.sparkSession
     ops, params, _ = plan(network)
     dim = int(np.prod(network.input_shape))
-    outputs = int(np.prod(network.output_shape))
-    if ";" in column:
-        raise Unsupported(f"column name {column!r} holds ';'")
-    scalar = regression and outputs == 1
-    fwd = _new(spark, CLASS).configure(f"{column};{dim};{1 if scalar else 0};{ops}",
-                                       bytearray(params))
-    _register(spark, name, fwd, T.DoubleType() if scalar else VectorUDT())
-    net_out = F.call_udf(name, F.col("`" + column.replace("`", "``") + "`"))
-    if regression:
-        return net_out, lambda c: {"pred": c}
-    _register(spark, name + "_prob", _new(spark, CLASS + "$Softmax"), VectorUDT())
+    net = _new(spark, NETWORK_CLASS).configure(f"{dim};{ops}", bytearray(params))
     thr = "" if thresholds is None else ":".join(repr(float(t)) for t in thresholds)
-    _register(spark, name + "_pred", _new(spark, CLASS + "$Argmax").configure(thr), T.DoubleType())
-
-    def fields(raw):
-        prob = F.call_udf(name + "_prob", raw)
-        # MLlib: prediction from rawPrediction, or from probability when thresholds are set
-        return {"raw": raw, "prob": prob,
-                "pred": F.call_udf(name + "_pred", raw if thresholds is None else prob)}
-    return net_out, fields
+    fields = ",".join(field for _, field, _ in specs)
+    index = dataset.columns.index(column)
+    scorer = _new(spark, SCORER_CLASS).configure(net, f"{index};{mode};{thr};{fields};{column}")
+    out_fields = list(dataset.schema.fields)
+    for name, field, meta in specs:
+        scalar = field == "pred" and mode != 2
+        out_fields.append(T.StructField(name, T.DoubleType() if scalar else VectorUDT(), True, meta))
+    schema = T.StructType(out_fields)
+    jss = spark._jsparkSession
+    rdd = dataset._jdf.queryExecution().toRdd().toJavaRDD().mapPartitions(scorer).rdd()
+    jdf = jss.internalCreateDataFrame(rdd, jss.parseDataType(schema.json()), False)
+    return DataFrame(jdf, spark)

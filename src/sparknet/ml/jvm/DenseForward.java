@@ -1,45 +1,31 @@
 /*
- * The forward pass of a small dense network inside the JVM, as a Spark SQL UDF.
- *
- * Spark ML's transform of a small network is dominated by handing rows to a Python
- * worker and back, not by the arithmetic.  This class runs the network where the rows
- * already are: one call per row, on the executor's task thread, with no copy of the
- * row beyond the features array that Spark's VectorUDT hands over.  Like MLlib's
- * classifiers, the network gives rawPrediction, and probability and prediction are
- * cheap functions of that column, so a query that reads only the prediction never
- * builds the probability vectors.
+ * The forward pass of a small dense network, one row at a time, inside the JVM
+ * (ScoreRows.java runs it over a DataFrame's rows).
  *
  * Layout (written by sparknet/ml/_jvm.py):
- *   spec   "column;inputs;mode;op,op,..."
- *          mode 1: the UDF returns the one output as a double; otherwise the outputs as
- *          a dense Vector (a classifier's rawPrediction, from which Softmax and Argmax
- *          below make probability and prediction, as MLlib's classifiers do); each op
- *          "d<units>:<act>" (dense then activation) or "a<act>" (activation alone); act
- *          0 identity, 1 relu, 2 tanh, 3 sigmoid, 4 softmax.
+ *   spec   "inputs;op,op,..."; each op "d<units>:<act>" (dense then activation) or
+ *          "a<act>" (activation alone); act 0 identity, 1 relu, 2 tanh, 3 sigmoid,
+ *          4 softmax.
  *   params float64, little-endian: for each dense op its kernel as [in][out] rows
  *          (the transpose of sparknet's (units, in) kernel), then its bias.
  *
  * The kernel is stored by input neuron so that each input adds a scaled row to the
- * outputs: a loop of one store and two loads per output with the same index, which
- * the JIT vectorises (a dot-product loop, or one flat array with offsets, it does not).
- * Zero inputs (ReLU outputs, blank pixels) are skipped.
+ * outputs: a loop of one store and loads with the same index, which the JIT
+ * vectorises (a dot-product loop, or one flat array with offsets, it does not); four
+ * inputs go into each pass over the outputs, and groups of four zero inputs (ReLU
+ * outputs, blank pixels) are skipped.
  */
 package sparknet.jvm;
 
+import java.io.Serializable;
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.DoubleBuffer;
 
-import org.apache.spark.ml.linalg.DenseVector;
-import org.apache.spark.ml.linalg.Vector;
-import org.apache.spark.sql.api.java.UDF1;
-
-public final class DenseForward implements UDF1<Vector, Object> {
+public final class DenseForward implements Serializable {
     private static final long serialVersionUID = 1L;
 
-    private String column;
     private int inputs;
-    private int mode;
     private int[] units;        // per op: output width (dense) or -1 (activation alone)
     private int[] acts;         // per op: activation id
     private double[][][] rows;  // per dense op: [in][out]
@@ -52,11 +38,9 @@ public final class DenseForward implements UDF1<Vector, Object> {
     /** Read the spec and the parameters (see the file comment); returns this. */
     public DenseForward configure(String spec, byte[] params) {
         String[] f = spec.split(";", -1);
-        if (f.length != 4) throw new IllegalArgumentException("bad network spec: " + spec);
-        column = f[0];
-        inputs = Integer.parseInt(f[1]);
-        mode = Integer.parseInt(f[2]);
-        String[] ops = f[3].split(",");
+        if (f.length != 2) throw new IllegalArgumentException("bad network spec: " + spec);
+        inputs = Integer.parseInt(f[0]);
+        String[] ops = f[1].split(",");
         units = new int[ops.length];
         acts = new int[ops.length];
         rows = new double[ops.length][][];
@@ -88,6 +72,9 @@ public final class DenseForward implements UDF1<Vector, Object> {
         outputs = width;
         return this;
     }
+
+    /** Values per input row. */
+    public int inputs() { return inputs; }
 
     /** Values per output row (the network's last width). */
     public int outputs() { return outputs; }
@@ -175,79 +162,5 @@ public final class DenseForward implements UDF1<Vector, Object> {
             s += v[j];
         }
         for (int j = 0; j < n; j++) v[j] /= s;
-    }
-
-    @Override
-    public Object call(Vector v) {
-        if (v == null) {
-            throw new IllegalArgumentException("features column '" + column
-                    + "' has a null row; fill or drop it first");
-        }
-        double[] x = v.toArray();
-        if (x.length != inputs) {
-            throw new IllegalArgumentException("features column '" + column + "' has a row of "
-                    + x.length + " values; the network expects " + inputs);
-        }
-        for (int i = 0; i < x.length; i++) {
-            double xi = x[i];
-            if (xi - xi != 0.0) {  // NaN or infinity
-                throw new IllegalArgumentException("features column '" + column
-                        + "' contains NaN or infinity (value " + i + " of a row)");
-            }
-        }
-        double[] out = forward(x);
-        return mode == 1 ? (Object) out[0] : new DenseVector(out);
-    }
-
-    /** rawPrediction -> probability: the softmax of the logits. */
-    public static final class Softmax implements UDF1<Vector, Vector> {
-        private static final long serialVersionUID = 1L;
-
-        @Override
-        public Vector call(Vector raw) {
-            double[] p = raw.toArray().clone();
-            softmax(p, p.length);
-            return new DenseVector(p);
-        }
-    }
-
-    /** rawPrediction (or probability, with thresholds) -> prediction, as MLlib: the
-     *  argmax (first on ties) of the scores, divided by the thresholds when there are
-     *  some, a zero threshold winning outright. */
-    public static final class Argmax implements UDF1<Vector, Double> {
-        private static final long serialVersionUID = 1L;
-        private double[] thresholds;
-
-        public Argmax() {}
-
-        public Argmax configure(String spec) {
-            if (spec.isEmpty()) {
-                thresholds = null;
-            } else {
-                String[] t = spec.split(":");
-                thresholds = new double[t.length];
-                for (int i = 0; i < t.length; i++) thresholds[i] = Double.parseDouble(t[i]);
-            }
-            return this;
-        }
-
-        @Override
-        public Double call(Vector scores) {
-            double[] s = scores.toArray();
-            int best = 0;
-            if (thresholds == null) {
-                for (int j = 1; j < s.length; j++) if (s[j] > s[best]) best = j;
-                return (double) best;
-            }
-            double bestScore = Double.NEGATIVE_INFINITY;
-            for (int j = 0; j < s.length; j++) {
-                double v = thresholds[j] == 0.0 ? Double.POSITIVE_INFINITY : s[j] / thresholds[j];
-                if (v > bestScore) {
-                    bestScore = v;
-                    best = j;
-                }
-            }
-            return (double) best;
-        }
     }
 }
