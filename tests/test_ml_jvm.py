@@ -137,10 +137,10 @@ def test_auto_engine_choice(digits_frames):
     assert small.lastInferenceEngine == "jvm"
     small.transform(arr)
     assert small.lastInferenceEngine == "arrow"
-    # 64*512 + 512*10 multiply-adds a row: past AUTO_MAX_MACS, Arrow's batched kernels win
-    wide = _model(SparkNetClassificationModel, Sequential([Dense(512, activation="relu"),
+    # 64*1024 + 1024*10 multiply-adds a row: past AUTO_MAX_MACS, Arrow's batched kernels win
+    wide = _model(SparkNetClassificationModel, Sequential([Dense(1024, activation="relu"),
                                                           Dense(10, activation="softmax")]))
-    assert 64 * 512 + 512 * 10 > _jvm.AUTO_MAX_MACS
+    assert 64 * 1024 + 1024 * 10 > _jvm.AUTO_MAX_MACS
     wide.transform(vec)
     assert wide.lastInferenceEngine == "arrow"
     forced = wide.copy({wide.inferenceEngine: "jvm"})

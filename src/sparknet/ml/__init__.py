@@ -8,10 +8,11 @@ Transformers that score DataFrames on the executors, on one of two engines (the
 
 - ``"arrow"``: Arrow batches through the Python workers and the Cython kernels; any
   network, any features column;
-- ``"jvm"``: a Java UDF (compiled once per machine with the JDK's ``javac``, cached,
-  and added to the session like SQL's ``ADD JAR``) for networks of ``Dense``,
-  ``Activation``, ``Dropout`` and ``Flatten`` layers on an ML ``Vector`` column.  It
-  skips the hand-over of every row to Python, which dominates small networks;
+- ``"jvm"``: Java code run over each partition's rows in Spark's internal row format
+  (compiled once per machine with the JDK's ``javac``, cached, and added to the session
+  like SQL's ``ADD JAR``), for networks of ``Dense``, ``Activation``, ``Dropout`` and
+  ``Flatten`` layers on an ML ``Vector`` column of a batch DataFrame.  It skips the
+  hand-over of every row to Python, which dominates small networks;
 - ``"auto"`` (default): the JVM for such networks of at most
   ``sparknet.ml._jvm.AUTO_MAX_MACS`` multiply-adds per row, where it is faster, else
   Arrow (also when no ``javac`` is found, or on Spark Connect).

@@ -108,8 +108,8 @@ class _InferenceParams(Params):
                                typeConverter=_positive_int("inferenceBatchSize"))
     inferenceEngine = Param(Params._dummy(), "inferenceEngine",
                             "where transform runs the network: 'arrow' (Python workers, Cython "
-                            "kernels, Arrow batches), 'jvm' (a Java UDF; small dense networks on "
-                            "Vector columns) or 'auto' (jvm where it can run and is faster)",
+                            "kernels, Arrow batches), 'jvm' (Java over the rows; small dense "
+                            "networks on Vector columns) or 'auto' (jvm where it can run and is faster)",
                             typeConverter=_choice("inferenceEngine", ("auto", "arrow", "jvm")))
 
     def __init__(self) -> None:
@@ -554,8 +554,8 @@ class SparkNetClassifier(_EstimatorMixin, ProbabilisticClassifier, _SparkNetPara
         thresholds: MLlib's per-class thresholds for the prediction.
         inferenceBatchSize: rows per forward pass in ``transform`` (4096).
         inferenceEngine: where ``transform`` runs the network: ``"arrow"`` (Python
-            workers, the Cython kernels, Arrow batches), ``"jvm"`` (a Java UDF, for
-            networks of dense layers on a Vector column) or ``"auto"`` (default: the JVM
+            workers, the Cython kernels, Arrow batches), ``"jvm"`` (Java code over the
+            rows, for networks of dense layers on a Vector column) or ``"auto"`` (default: the JVM
             for small dense networks, where it is faster; see :mod:`sparknet.ml`).
         verbose: 1 shows a progress bar.
 
@@ -608,8 +608,8 @@ class SparkNetClassificationModel(_ModelMixin, ProbabilisticClassificationModel,
 
     Set a column Param to ``""`` to leave that column out.  Scoring runs on the
     executors, on the engine ``inferenceEngine`` picks: Arrow batches through the
-    Python workers (the network broadcast once), or a Java UDF for small dense
-    networks on a Vector column (see :mod:`sparknet.ml`); :attr:`lastInferenceEngine`
+    Python workers (the network broadcast once), or Java code over the rows for
+    small dense networks on a Vector column (see :mod:`sparknet.ml`); :attr:`lastInferenceEngine`
     says which one the last ``transform`` used.  :attr:`network` is the fitted
     :class:`~sparknet.model.Sequential`.
     """

@@ -39,8 +39,10 @@ SCORER_CLASS = "sparknet.jvm.ScoreRows"
 
 #: ``"auto"`` picks the JVM for networks of at most this many multiply-adds per row.
 #: Past it, the Cython kernels' batched matrix products in the Python workers win over
-#: the JVM's one-row-at-a-time loops (see benchmarks/README.md, batch inference).
-AUTO_MAX_MACS = 20_000
+#: the JVM's one-row-at-a-time loops: on digits rows, local[2], 100k rows, the Arrow
+#: engine took 1.91x the JVM's time at 4,736 multiply-adds, 1.25x at 18,944, 1.10x at
+#: 37,888, 0.73x at 75,776 and 0.38x at 166,400 (benchmarks/README.md).
+AUTO_MAX_MACS = 40_000
 
 _LOCK = threading.Lock()
 _JARS: dict[str, Path] = {}          # cache key -> built jar
