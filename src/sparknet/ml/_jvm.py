@@ -141,6 +141,7 @@ def build_jar() -> Path:
                             "inference engine is compiled on first use")
             raise RuntimeError(_FAILED[key])
         target.parent.mkdir(parents=True, exist_ok=True)
+        log.info("compiling the JVM inference engine (once per Spark version) into %s", target)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             cmd = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8",
                    "-cp", str(jars / "*"), "-d", tmp, *map(str, SOURCES)]
