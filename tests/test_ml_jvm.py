@@ -284,3 +284,20 @@ def test_jvm_engine_on_a_standalone_cluster():
     np.testing.assert_allclose(raw_j, raw_a, rtol=0, atol=2e-6 * np.abs(raw_a).max())
     pj, pa = np.array(out["pred_jvm"]), np.array(out["pred_arrow"])
     assert (pj == pa).mean() > 0.99
+
+
+def test_auto_falls_back_when_the_jvm_engine_fails_to_set_up(digits_frames, monkeypatch, caplog):
+    """If the JVM side cannot be set up (here: a class the jar does not have, as another
+    Spark's internals might), ``auto`` logs why and scores through Arrow; ``jvm`` raises."""
+    vec, _, _ = digits_frames
+    model = _model(SparkNetClassificationModel, NETS["relu-softmax"]())
+    ref = _rows(model.copy({model.inferenceEngine: "arrow"}).transform(vec), ["prediction"])[0]
+    assert _jvm.unavailable(vec.sparkSession) is None      # the jar is built and added
+    monkeypatch.setattr(_jvm, "SCORER_CLASS", "sparknet.jvm.NoSuchScorer")
+    with caplog.at_level("WARNING", logger="sparknet.ml"):
+        out = model.transform(vec)
+    assert model.lastInferenceEngine == "arrow"
+    assert "falls back to the Arrow engine" in caplog.text and "NoSuchScorer" in caplog.text
+    np.testing.assert_array_equal(_rows(out, ["prediction"])[0], ref)
+    with pytest.raises(Exception, match="NoSuchScorer"):
+        model.copy({model.inferenceEngine: "jvm"}).transform(vec)

@@ -487,9 +487,17 @@ class _ModelMixin(_Persistable):
         if engine != "arrow":
             why = self._jvm_blocker(dataset)
             if why is None:
-                self.lastInferenceEngine = "jvm"
-                return _jvm.score(dataset, self.network, self.getFeaturesCol(), mode, thresholds,
-                                  specs)
+                try:
+                    out = _jvm.score(dataset, self.network, self.getFeaturesCol(), mode,
+                                     thresholds, specs)
+                except Exception as exc:   # noqa: BLE001 - e.g. another Spark's internals
+                    if engine == "jvm":
+                        raise
+                    why = f"the JVM engine failed to set up ({_jvm.describe(exc)})"
+                    _log.warning("transform falls back to the Arrow engine: %s", why)
+                else:
+                    self.lastInferenceEngine = "jvm"
+                    return out
             if engine == "jvm":
                 raise ValueError(f"inferenceEngine='jvm' cannot score this model: {why}")
             _log.debug("transform on the Arrow engine: %s", why)

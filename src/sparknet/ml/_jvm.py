@@ -185,6 +185,17 @@ def _new(spark, name: str):
     return ctor.newInstance(gw.new_array(gw.jvm.java.lang.Object, 0))
 
 
+def describe(exc: BaseException) -> str:
+    """One line saying what went wrong (the Java exception itself, for a Py4J error)."""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            return str(java.toString())
+        except Exception:  # noqa: BLE001 - the gateway is gone: say what Python saw
+            pass
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def unavailable(spark) -> str | None:
     """Why the JVM engine cannot run in ``spark`` (None when it can)."""
     if not hasattr(spark, "_jsparkSession"):
@@ -192,7 +203,7 @@ def unavailable(spark) -> str | None:
     try:
         _loader(spark)
     except Exception as exc:  # noqa: BLE001 - the reason is reported, Arrow takes over
-        return str(exc).splitlines()[0]
+        return describe(exc)
     return None
 
 
