@@ -49,6 +49,21 @@ static inline double sn_sigm_d(double x) {
 }
 
 /* activation ids as in _activations.pxd: 0 identity, 1 relu, 2 tanh, 3 sigmoid */
+/* The LSTM backward step's gate gradients for unit j, given its hidden-state gradient dh
+ * (one body for both loops of SN_DEFINE's LSTM backward, with and without an output
+ * gradient dy, so that neither loop branches per unit). */
+#define SN_LSTM_GATE_GRADS(T) {                                                            \
+    T i = ai[j], f = af[j], g = ag[j], o = ao[j], t = tc[j];                               \
+    T dcj = dc[j] + dh * o * (1 - t * t);                                                  \
+    T d_o = dh * t * o * (1 - o);                                                          \
+    T d_i = dcj * g * i * (1 - i);                                                         \
+    T d_g = dcj * i * (1 - g * g);                                                         \
+    T d_f = dcj * c_prev[j] * f * (1 - f);                                                 \
+    dc[j] = dcj * f;                                                                       \
+    dai[j] = d_i; daf[j] = d_f; dag[j] = d_g; dao[j] = d_o;                                \
+    dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                            \
+}
+
 #define SN_DEFINE(T, S, ATTR)                                                              \
 /* LSTM forward of one row: a (4H) holds W_ih x + W_hh h (without bias) on entry and     \
    i, f, g, o on exit; writes c, tanh(c), h. */                                            \
@@ -84,28 +99,12 @@ ATTR static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,
     if (dy) {                                                                              \
         SN_IVDEP for (int j = 0; j < H; j++) {                                                      \
             T dh = dh_rec[j] + dy[j];                                                      \
-            T i = ai[j], f = af[j], g = ag[j], o = ao[j], t = tc[j];                       \
-            T dcj = dc[j] + dh * o * (1 - t * t);                                          \
-            T d_o = dh * t * o * (1 - o);                                                  \
-            T d_i = dcj * g * i * (1 - i);                                                 \
-            T d_g = dcj * i * (1 - g * g);                                                 \
-            T d_f = dcj * c_prev[j] * f * (1 - f);                                         \
-            dc[j] = dcj * f;                                                               \
-            dai[j] = d_i; daf[j] = d_f; dag[j] = d_g; dao[j] = d_o;                        \
-            dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                    \
+            SN_LSTM_GATE_GRADS(T)                                                          \
         }                                                                                  \
     } else {                                                                               \
         SN_IVDEP for (int j = 0; j < H; j++) {                                                      \
             T dh = dh_rec[j];                                                              \
-            T i = ai[j], f = af[j], g = ag[j], o = ao[j], t = tc[j];                       \
-            T dcj = dc[j] + dh * o * (1 - t * t);                                          \
-            T d_o = dh * t * o * (1 - o);                                                  \
-            T d_i = dcj * g * i * (1 - i);                                                 \
-            T d_g = dcj * i * (1 - g * g);                                                 \
-            T d_f = dcj * c_prev[j] * f * (1 - f);                                         \
-            dc[j] = dcj * f;                                                               \
-            dai[j] = d_i; daf[j] = d_f; dag[j] = d_g; dao[j] = d_o;                        \
-            dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                    \
+            SN_LSTM_GATE_GRADS(T)                                                          \
         }                                                                                  \
     }                                                                                      \
 }                                                                                          \
