@@ -135,11 +135,10 @@ def bench(spark, name, X, y, layers, rows, repeats, partitions):
     models = {"mllib": mllib}
     for engine in ("jvm", "arrow"):
         models[engine] = ours.copy({ours.inferenceEngine: engine})
-    ours.transform(df.limit(5))
-    auto = ours.lastInferenceEngine
     # the columns are there and typed alike (both argmax a softmax; only the weights
     # differ, so the values are not compared)
     a, b = ours.transform(df.limit(5)), mllib.transform(df.limit(5))
+    auto = ours.lastInferenceEngine
     for col in ("rawPrediction", "probability", "prediction"):
         assert a.schema[col].dataType == b.schema[col].dataType, col
     t_all = _time_models(models, df, repeats)

@@ -117,9 +117,12 @@ class _InferenceParams(Params):
         self._setDefault(inferenceBatchSize=4096, inferenceEngine="auto")
 
     def getInferenceEngine(self) -> str:
+        """Where ``transform`` runs the network: ``"auto"``, ``"arrow"`` or ``"jvm"``."""
         return self.getOrDefault(self.inferenceEngine)
 
     def setInferenceEngine(self, value: str):
+        """Set :attr:`inferenceEngine` (``"auto"``, ``"arrow"`` or ``"jvm"``; anything else
+        raises a TypeError naming the choices)."""
         return self._set(inferenceEngine=value)
 
     def getInferenceBatchSize(self) -> int:
@@ -457,22 +460,24 @@ class _ModelMixin(_Persistable):
             self._key, self._broadcast(spark), self.getFeaturesCol(), classification, thresholds,
             self.getInferenceBatchSize(), vector_out))
 
-    def _jvm_blocker(self, dataset) -> str | None:
-        """Why the JVM engine cannot (or, under ``"auto"``, should not) score ``dataset``;
-        None when it will."""
+    def _jvm_plan(self, dataset):
+        """``(why not, plan)``: why the JVM engine cannot (or, under ``"auto"``, should
+        not) score ``dataset`` (None when it will), and the network in its layout
+        (:func:`sparknet.ml._jvm.plan`) when that far was reached."""
         if dataset.isStreaming:
-            return "a streaming DataFrame (the JVM engine scores batch DataFrames)"
+            return "a streaming DataFrame (the JVM engine scores batch DataFrames)", None
         kind = _columns.feature_kind(dataset, self.getFeaturesCol())
         if kind.kind != "vector":
-            return f"the features column holds {kind.kind}s, the JVM engine reads ML Vectors"
+            return f"the features column holds {kind.kind}s, the JVM engine reads ML Vectors", None
         try:
-            _, _, macs = _jvm.plan(self.network)
+            planned = _jvm.plan(self.network)
         except _jvm.Unsupported as exc:
-            return str(exc)
+            return str(exc), None
+        macs = planned[2]
         if self.getInferenceEngine() == "auto" and macs > _jvm.AUTO_MAX_MACS:
             return (f"{macs:,} multiply-adds a row: past {_jvm.AUTO_MAX_MACS:,}, the Arrow engine's "
-                    f"batched kernels are faster")
-        return _jvm.unavailable(dataset.sparkSession)
+                    f"batched kernels are faster"), planned
+        return _jvm.unavailable(dataset.sparkSession), planned
 
     def _score(self, dataset, mode: int, specs, thresholds=None):
         """``dataset`` plus the output columns ``specs`` (``(name, field, metadata)``,
@@ -485,11 +490,11 @@ class _ModelMixin(_Persistable):
         feats = self._features(dataset)          # the schema checks, for either engine
         engine = self.getInferenceEngine()
         if engine != "arrow":
-            why = self._jvm_blocker(dataset)
+            why, planned = self._jvm_plan(dataset)
             if why is None:
                 try:
                     out = _jvm.score(dataset, self.network, self.getFeaturesCol(), mode,
-                                     thresholds, specs)
+                                     thresholds, specs, planned)
                 except Exception as exc:   # noqa: BLE001 - e.g. another Spark's internals
                     if engine == "jvm":
                         raise

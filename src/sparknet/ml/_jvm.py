@@ -207,7 +207,7 @@ def unavailable(spark) -> str | None:
     return None
 
 
-def score(dataset, network, column: str, mode: int, thresholds, specs):
+def score(dataset, network, column: str, mode: int, thresholds, specs, planned=None):
     """``dataset`` with ``network``'s outputs for its Vector column ``column`` appended,
     computed on the executors by ``ScoreRows``.
 
@@ -217,13 +217,14 @@ def score(dataset, network, column: str, mode: int, thresholds, specs):
         specs: the output columns, in order, as ``(name, field, metadata)``, ``field``
             one of ``raw`` (the network's outputs), ``prob`` (their softmax), ``pred``
             (MLlib's prediction rule; a regressor's output).
+        planned: :func:`plan` of ``network``, if the caller has it already.
     """
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import DataFrame
     from pyspark.sql import types as T
 
     spark = dataset.sparkSession
-    ops, params, _ = plan(network)
+    ops, params, _ = planned if planned is not None else plan(network)
     dim = int(np.prod(network.input_shape))
     net = _new(spark, NETWORK_CLASS).configure(f"{dim};{ops}", bytearray(params))
     thr = "" if thresholds is None else ":".join(repr(float(t)) for t in thresholds)

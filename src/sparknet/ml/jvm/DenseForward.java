@@ -30,7 +30,6 @@ public final class DenseForward implements Serializable {
     private int[] acts;         // per op: activation id
     private double[][][] rows;  // per dense op: [in][out]
     private double[][] bias;    // per dense op: [out]
-    private int outputs;
     private transient double[][] scratch;
 
     public DenseForward() {}
@@ -69,15 +68,11 @@ public final class DenseForward implements Serializable {
         if (buf.remaining() != 0) {
             throw new IllegalArgumentException(buf.remaining() + " parameters left over after " + spec);
         }
-        outputs = width;
         return this;
     }
 
     /** Values per input row. */
     public int inputs() { return inputs; }
-
-    /** Values per output row (the network's last width). */
-    public int outputs() { return outputs; }
 
     private double[] buffer(int k, int n) {
         if (scratch == null) scratch = new double[units.length][];
