@@ -25,6 +25,10 @@ the data onto the executors, checks, calibration).  Ratios:
 ``--primitives`` also measures a round's broadcast + gather of a parameter-sized vector
 with ``treeAggregate`` and with a numpy ``AccumulatorParam`` in ``local[2]``.
 
+``--async`` runs the synchronous against the asynchronous rounds instead (equal
+partitions and one straggler, time to 97% test accuracy): it hands the remaining
+arguments to ``bench_data_parallel_async.py`` (see its ``--help``).
+
     python benchmarks/bench_data_parallel.py --mnist ../shared/data/mnist
 
 The env of this machine sets ``OPENBLAS_CORETYPE=Haswell`` and ``OPENBLAS_L2_SIZE``,
@@ -140,6 +144,12 @@ def primitives(spark, n_params: int):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--async" in argv:   # sync vs async rounds: bench_data_parallel_async.py
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import bench_data_parallel_async
+        bench_data_parallel_async.main([a for a in argv if a != "--async"])
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mnist", default=DEFAULT_MNIST, help="folder of the MNIST IDX files")
     ap.add_argument("--epochs", type=int, default=8)
@@ -154,6 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", help="only print the table of a results file written by --json")
+    ap.add_argument("--async", action="store_true",
+                    help="sync vs async rounds instead (the other arguments go to bench_data_parallel_async.py)")
     args = ap.parse_args(argv)
     if args.report:
         with open(args.report) as fh:
