@@ -69,7 +69,8 @@ def run(spark, mode, data, args, straggler):
 
     X, y, Xt, yt = data
     model = build_model(args.hidden)
-    kw = {"max_staleness": args.max_staleness, "stale": args.stale} if mode == "async" else {}
+    kw = ({"max_staleness": args.max_staleness, "stale": args.stale, "delta_weight": args.delta_weight}
+          if mode == "async" else {})
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode=mode, sync="average",
                                   local_steps=args.tau, optimizer=RMSprop(lr=args.lr), **kw)
     slow = {1: 1.0} if straggler else {}
@@ -107,6 +108,8 @@ def main(argv=None):
     ap.add_argument("--max-staleness", type=int, default=None)
     ap.add_argument("--stale", default="reject", choices=["reject", "downweight"],
                     help="what async does with a delta past --max-staleness")
+    ap.add_argument("--delta-weight", type=float, default=None,
+                    help="weight of an on-time async delta (default 1 / partitions)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scenarios", nargs="+", default=["equal", "straggler"])
     ap.add_argument("--json", default=None, help="write the raw results here")
