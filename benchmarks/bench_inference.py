@@ -8,7 +8,7 @@ with an ML Vector features column:
 - an MNIST MLP 784-512-256-10 on MNIST images (``--mnist`` folder; repeated).
 
 Both models are fitted briefly first (inference cost does not depend on the weights).
-The sparknet model is timed on both inference engines: ``jvm`` (the Java UDF) and
+The sparknet model is timed on both inference engines: ``jvm`` (Java over the rows) and
 ``arrow`` (Python workers, Arrow batches, Cython kernels); the table marks the one
 ``inferenceEngine="auto"`` picks.  A transform is forced two ways: writing all its
 columns (features, label, rawPrediction, probability, prediction) to Spark's ``noop``

@@ -17,8 +17,7 @@ Transformers that score DataFrames on the executors, on one of two engines (the
   ``sparknet.ml._jvm.AUTO_MAX_MACS`` multiply-adds per row, where it is faster, else
   Arrow (also when no ``javac`` is found, or on Spark Connect).
 
-They follow
-MLlib's conventions (``featuresCol``, ``labelCol``, ``predictionCol``,
+They follow MLlib's conventions (``featuresCol``, ``labelCol``, ``predictionCol``,
 ``probabilityCol``, ``rawPredictionCol``, ``seed``; ``prediction`` a double,
 ``probability`` and ``rawPrediction`` ML Vectors), so they work inside ``Pipeline``,
 ``CrossValidator`` and with MLlib's evaluators, and they save and load with
