@@ -80,6 +80,34 @@ def test_staleness_bound_holds_in_history(spark, digits, stale):
     assert max(h["staleness_max"]) <= (1 if stale == "reject" else max(u["staleness"] for u in ups))
 
 
+@pytest.mark.parametrize("coalesce", [0.0, 1.0])
+def test_coalescing_restarts_close_partitions_together(spark, digits, coalesce):
+    """Partition 1 ends each round 0.15 s after partition 0 (injected delays 0.25 s and
+    0.4 s).  With ``coalesce=1`` partition 0's relaunch waits for partition 1's delta,
+    so both restart from the same parameters (the same launch version) and partition 0
+    is hardly ever stale; with ``coalesce=0`` it relaunches at once, one update behind."""
+    X, y, _, _ = digits
+    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, mode="async", local_steps=3,
+                                  optimizer=RMSprop(lr=2e-3), coalesce=coalesce)
+    with inject_faults(delay={0: 0.25, 1: 0.4}):
+        _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
+    ups = h.updates
+    p0 = [u for u in ups if u["partition"] == 0]
+    p1_versions = {u["version"] for u in ups if u["partition"] == 1}
+    together = sum(u["version"] in p1_versions for u in p0) / len(p0)
+    print(f"coalesce={coalesce}: partition 0's launches shared with partition 1: {together:.0%}, "
+          f"held {[round(u['held'], 3) for u in p0]}, staleness {[u['staleness'] for u in p0]}")
+    assert len(p0) >= 4
+    if coalesce:
+        assert together >= 0.6  # all but the first round and the epochs' ends
+        assert sum(u["held"] > 0 for u in p0) >= len(p0) // 2
+        assert sum(u["staleness"] == 0 for u in p0) >= 0.6 * len(p0)
+    else:
+        assert all(u["held"] == 0 for u in ups)
+        assert together <= 0.4  # only each epoch's first launch is shared
+        assert sum(u["staleness"] >= 1 for u in p0) >= len(p0) // 2
+
+
 def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
     X, y, _, _ = digits
     model = _mlp()
@@ -143,6 +171,9 @@ def test_bad_async_options(spark):
         DataParallelTrainer(_mlp(), spark, mode="async", stale="drop")
     with pytest.raises(ValueError, match="sync='average'"):
         DataParallelTrainer(_mlp(), spark, mode="async", sync="gradient")
+    for bad in (-0.1, 1.5, "soon", True, float("nan")):
+        with pytest.raises(ValueError, match="coalesce"):
+            DataParallelTrainer(_mlp(), spark, mode="async", coalesce=bad)
     with pytest.raises(TypeError, match="max_staleness"):
         DataParallelTrainer(_mlp(), spark, mode="sync", max_staleness=2)
     with pytest.raises(ValueError, match="slow"):

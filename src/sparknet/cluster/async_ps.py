@@ -15,11 +15,27 @@ longer wait for each other:
   parameters at launch, shared by the jobs launched at the same version);
 * when a job's delta arrives, the driver **applies it at once**
   (``params += weight * delta``), counts one update, and **relaunches that partition
-  immediately** with the newest parameters.  Fast partitions thus do more of the work
+  immediately** with the newest parameters (or, when another partition's round is
+  due within a small window, together with it: see *Coalescing*).  Fast partitions thus do more of the work
   and nobody waits for a straggler (DistBelief's Downpour SGD, with Spark's scheduler
   in the role of the parameter-server shards' network).  ``weight`` defaults to
   ``1 / num_partitions`` (``delta_weight=``): one delta from every partition then moves
   the parameters as far as one synchronous averaged round.
+
+Coalescing
+----------
+Partitions of equal speed finish their rounds a few milliseconds apart.  Relaunched
+at once, the first always restarts without the second's delta, one update behind,
+round after round; on MNIST (benchmarks/README.md) that systematic lag cost async a
+tenth of the time to 97% against synchronous rounds.  So when a delta arrives while
+another partition's round is due within ``coalesce`` (default 0.15) of this
+partition's own round time, the relaunch waits for that round (at most that long,
+plus 2% of a round); when it arrives, both restart together from the parameters
+that hold both deltas, as after a synchronous round but without its barrier.  A
+straggler is never waited for: its round is due long after the window.  Every
+update's ``held`` field gives the seconds its partition's relaunch was deferred;
+``coalesce=0`` relaunches every partition the moment its delta is applied
+(DistBelief's Downpour as written).
 
 Staleness
 ---------
@@ -35,9 +51,9 @@ instead applies it scaled by ``(1 + max_staleness) / (1 + staleness)`` (1 at the
 decaying like ``1/staleness`` as in staleness-aware async SGD): no work is thrown away,
 at the price of letting old deltas in.  Every arriving delta is recorded in
 ``history.updates`` (epoch, partition, launch version, staleness, weight, whether it
-was applied, rows, arrival time), and each epoch's history gets ``updates`` (applied),
-``rejected``, ``downweighted``, ``staleness_mean`` and ``staleness_max`` (of the
-applied deltas).  The default bound is ``2 * num_partitions``: a partition half as fast
+was applied, rows, arrival time, seconds its relaunch was held), and each epoch's
+history gets ``updates`` (applied), ``rejected``, ``downweighted``,
+``staleness_mean`` and ``staleness_max`` (of the applied deltas).  The default bound is ``2 * num_partitions``: a partition half as fast
 as the others sees about ``2 (P - 1)`` updates during one of its rounds, so it stays
 inside the bound.
 
@@ -82,7 +98,7 @@ asynchronous training alike, so both are compared on the same straggler.
 Example::
 
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async",
-                                  max_staleness=4, local_steps=20)
+                                  max_staleness=4, local_steps=20, coalesce=0.15)
     model, history = trainer.fit(X, y, epochs=5, batch_size=64)
     [u["staleness"] for u in history.updates if u["applied"]]
 """
@@ -143,17 +159,22 @@ class AsyncOptions:
             delta in full (DistBelief's Downpour); with RMSprop's normalised steps that
             multiplies the effective learning rate by the number of partitions (on
             MNIST, 2 partitions: 95.5% test accuracy after 4 epochs against 97.7%).
+        coalesce: when another partition's round is due within this fraction of a
+            partition's own round time, that partition's relaunch waits for it, so
+            both restart from the same parameters (see *Coalescing* above); ``0``
+            relaunches at once.  A fraction in [0, 1]; default 0.15.
     """
 
     max_staleness: int | None = None
     stale: str = "reject"
     on_update: Callable[[dict], Any] | None = None
     delta_weight: float | None = None
+    coalesce: float = 0.15
 
 
 def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
              on_update: Callable[[dict], Any] | None = None,
-             delta_weight: float | None = None) -> AsyncOptions:
+             delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
     if max_staleness is not None and (isinstance(max_staleness, bool) or
                                       not isinstance(max_staleness, (int, np.integer)) or
@@ -166,10 +187,16 @@ def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
     w = None if delta_weight is None else float(delta_weight)
     if w is not None and not (math.isfinite(w) and w > 0):
         raise ValueError(f"delta_weight must be a positive number or None, got {delta_weight!r}")
+    try:
+        c = float(coalesce)
+    except (TypeError, ValueError):
+        c = math.nan
+    if isinstance(coalesce, bool) or not (math.isfinite(c) and 0.0 <= c <= 1.0):
+        raise ValueError(f"coalesce must be a fraction in [0, 1], got {coalesce!r}")
     if trainer.sync != "average":
         raise ValueError(f"mode='async' runs local steps then pushes deltas; it needs "
                          f"sync='average', got sync={trainer.sync!r}")
-    return AsyncOptions(None if max_staleness is None else int(max_staleness), stale, on_update, w)
+    return AsyncOptions(None if max_staleness is None else int(max_staleness), stale, on_update, w, c)
 
 
 # ------------------------------------------------------------------ fault injection
@@ -459,15 +486,24 @@ class _AsyncRun:
         workers = [_PartitionThread(self, p) for p in range(self.P)]
         applied = rejected = down = 0
         stale_seen: list[int] = []
+        held: dict[int, float] = {}  # partition -> deadline of its deferred relaunch
         failure: BaseException | None = None
         try:
             for w in workers:
                 if self._may_launch(w, target, last, workers):
                     self._launch(w)
-            while any(w.busy is not None for w in workers):
+            while held or any(w.busy is not None for w in workers):
+                wait = 0.25
+                if held:
+                    wait = max(0.0, min(min(held.values()) - time.perf_counter(), wait))
                 try:
-                    p, job, out, exc = self.results.get(timeout=0.25)
+                    p, job, out, exc = self.results.get(timeout=wait)
                 except queue.Empty:
+                    now = time.perf_counter()
+                    for q in [q for q, d in held.items() if d <= now]:
+                        del held[q]
+                        if self._may_launch(workers[q], target, last, workers):
+                            self._launch(workers[q])
                     self._check_threads(workers)
                     continue
                 w = workers[p]
@@ -476,6 +512,7 @@ class _AsyncRun:
                 if exc is not None:
                     if lost_reason(exc) is not None and self._may_rebuild():
                         self._rebuild(workers, job)
+                        held.clear()  # relaunched here with the others
                         for x in workers:
                             if x.busy is None and self._may_launch(x, target, last, workers):
                                 self._launch(x)
@@ -512,13 +549,21 @@ class _AsyncRun:
                     elif ok:
                         ok = False  # an empty round: nothing to apply
                 rl.rounds += 1
+                for q in list(held):  # a fresher model: the deferred relaunches go now
+                    del held[q]
+                    if self._may_launch(workers[q], target, last, workers):
+                        self._launch(workers[q])
+                hold = self._hold(w, workers)
                 rec = {"epoch": epoch, "partition": p, "version": job.version, "staleness": staleness,
                        "weight": weight if ok else 0.0, "applied": ok, "rows": rows, "loss": loss,
-                       "time": time.perf_counter() - self.t_start, "update": self.version}
+                       "time": time.perf_counter() - self.t_start, "update": self.version,
+                       "held": hold}
                 self.updates.append(rec)
-                if opts.on_update is not None:  # before the relaunch: it sees this update's model
+                if opts.on_update is not None:  # before its relaunch: it sees this update's model
                     opts.on_update(dict(rec))
-                if self._may_launch(w, target, last, workers):
+                if hold > 0:
+                    held[p] = time.perf_counter() + hold
+                elif self._may_launch(w, target, last, workers):
                     self._launch(w)
                 if bar is not None:
                     bar.update(1)
@@ -554,6 +599,22 @@ class _AsyncRun:
             "interrupted": 1.0 if rl.stop else 0.0,
         }
         return rl
+
+    def _hold(self, w: _PartitionThread, workers) -> float:
+        """Seconds to defer ``w``'s relaunch (0: relaunch now).  When another
+        partition's round is due within ``coalesce`` x ``w``'s own round time, ``w``
+        waits for it (at most that long, plus 2% of a round of slack), so that both
+        restart from the same parameters.  Only rounds launched before the latest
+        update count (one launched since already starts where ``w`` would), and a
+        partition without a round time yet is assumed to take as long as ``w``."""
+        frac, mine = self.opts.coalesce, self.est[w.index]
+        if frac <= 0 or mine is None:
+            return 0.0
+        now = time.perf_counter()
+        due = [x.busy.started + (self.est[x.index] or mine) - now for x in workers
+               if x is not w and x.busy is not None and x.busy.version < self.version]
+        due = [d for d in due if d <= frac * mine]
+        return max(0.0, *due) + 0.02 * mine if due else 0.0
 
     def _check_threads(self, workers) -> None:
         for w in workers:

@@ -278,7 +278,8 @@ class DataParallelTrainer:
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
         **mode_options: options of a registered mode (``mode="async"``:
-            ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``).
+            ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
+            see :class:`sparknet.cluster.async_ps.AsyncOptions`).
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps`` or
