@@ -100,8 +100,8 @@ def run(spark, mode, data, args, straggler):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mnist", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist"))
-    ap.add_argument("--epochs", type=int, default=5)
-    ap.add_argument("--hidden", type=int, nargs="+", default=[1024, 512])
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--hidden", type=int, nargs="+", default=[2048, 1024])
     ap.add_argument("--tau", type=int, default=117,
                     help="local steps per round, both modes (117 x 128 rows: 3 rounds per pass of a "
                          "shard; the best of 78, 117 and 235 measured, see benchmarks/README.md)")

@@ -605,14 +605,14 @@ class _AsyncRun:
         partition's round is due within ``coalesce`` x ``w``'s own round time, ``w``
         waits for it (at most that long, plus 2% of a round of slack), so that both
         restart from the same parameters.  Only rounds launched before the latest
-        update count (one launched since already starts where ``w`` would), and a
-        partition without a round time yet is assumed to take as long as ``w``."""
+        update count (one launched since already starts where ``w`` would); a
+        partition with no round finished yet is waited for the whole window."""
         frac, mine = self.opts.coalesce, self.est[w.index]
         if frac <= 0 or mine is None:
             return 0.0
         now = time.perf_counter()
-        due = [x.busy.started + (self.est[x.index] or mine) - now for x in workers
-               if x is not w and x.busy is not None and x.busy.version < self.version]
+        due = [frac * mine if self.est[x.index] is None else x.busy.started + self.est[x.index] - now
+               for x in workers if x is not w and x.busy is not None and x.busy.version < self.version]
         due = [d for d in due if d <= frac * mine]
         return max(0.0, *due) + 0.02 * mine if due else 0.0
 
