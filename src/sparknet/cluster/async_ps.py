@@ -33,7 +33,8 @@ partition's own round time, the relaunch waits for that round (at most that long
 plus 2% of a round); when it arrives, both restart together from the parameters
 that hold both deltas, as after a synchronous round but without its barrier.  A
 straggler is never waited for: its round is due long after the window.  Every
-update's ``held`` field gives the seconds its partition's relaunch was deferred;
+update's ``held`` field gives the seconds its partition's relaunch then waited (filled
+in ``history.updates`` when the relaunch goes, so ``on_update`` sees 0);
 ``coalesce=0`` relaunches every partition the moment its delta is applied
 (DistBelief's Downpour as written).
 
@@ -486,7 +487,14 @@ class _AsyncRun:
         workers = [_PartitionThread(self, p) for p in range(self.P)]
         applied = rejected = down = 0
         stale_seen: list[int] = []
-        held: dict[int, float] = {}  # partition -> deadline of its deferred relaunch
+        held: dict[int, tuple[float, dict]] = {}  # partition -> (deadline, its update's record)
+
+        def release(q: int) -> None:  # a deferred relaunch goes now; record how long it waited
+            _deadline, rec = held.pop(q)
+            rec["held"] = time.perf_counter() - self.t_start - rec["time"]
+            if self._may_launch(workers[q], target, last, workers):
+                self._launch(workers[q])
+
         failure: BaseException | None = None
         try:
             for w in workers:
@@ -495,15 +503,13 @@ class _AsyncRun:
             while held or any(w.busy is not None for w in workers):
                 wait = 0.25
                 if held:
-                    wait = max(0.0, min(min(held.values()) - time.perf_counter(), wait))
+                    wait = max(0.0, min(min(d for d, _ in held.values()) - time.perf_counter(), wait))
                 try:
                     p, job, out, exc = self.results.get(timeout=wait)
                 except queue.Empty:
                     now = time.perf_counter()
-                    for q in [q for q, d in held.items() if d <= now]:
-                        del held[q]
-                        if self._may_launch(workers[q], target, last, workers):
-                            self._launch(workers[q])
+                    for q in [q for q, (d, _) in held.items() if d <= now]:
+                        release(q)
                     self._check_threads(workers)
                     continue
                 w = workers[p]
@@ -550,19 +556,17 @@ class _AsyncRun:
                         ok = False  # an empty round: nothing to apply
                 rl.rounds += 1
                 for q in list(held):  # a fresher model: the deferred relaunches go now
-                    del held[q]
-                    if self._may_launch(workers[q], target, last, workers):
-                        self._launch(workers[q])
+                    release(q)
                 hold = self._hold(w, workers)
                 rec = {"epoch": epoch, "partition": p, "version": job.version, "staleness": staleness,
                        "weight": weight if ok else 0.0, "applied": ok, "rows": rows, "loss": loss,
                        "time": time.perf_counter() - self.t_start, "update": self.version,
-                       "held": hold}
+                       "held": 0.0}
                 self.updates.append(rec)
                 if opts.on_update is not None:  # before its relaunch: it sees this update's model
                     opts.on_update(dict(rec))
                 if hold > 0:
-                    held[p] = time.perf_counter() + hold
+                    held[p] = (time.perf_counter() + hold, rec)
                 elif self._may_launch(w, target, last, workers):
                     self._launch(w)
                 if bar is not None:
