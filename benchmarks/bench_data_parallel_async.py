@@ -1,6 +1,11 @@
 """Synchronous vs asynchronous (Downpour) data-parallel rounds on Spark ``local[2]``,
 MNIST MLP, with equal partitions and with one straggler.
 
+Defaults: MLP 784-2048-1024-10 (``--hidden``), RMSprop lr 5e-4, batch 128, at most 117
+local steps per round (a shard's pass in 3 rounds), 4 epochs, the trainer's async
+defaults (``coalesce=0.15``, staleness bound 4, delta weight 1/2); an untimed one-epoch
+fit of each mode first starts the Python workers.
+
 Both modes train the same model from the same initial weights with the same optimizer,
 local steps (``tau``) and minibatch size, on the same two resident shards, for the same
 budget of samples (``--epochs`` passes over the 60,000 training images), validating on
@@ -103,8 +108,9 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--hidden", type=int, nargs="+", default=[2048, 1024])
     ap.add_argument("--tau", type=int, default=117,
-                    help="local steps per round, both modes (117 x 128 rows: 3 rounds per pass of a "
-                         "shard; the best of 78, 117 and 235 measured, see benchmarks/README.md)")
+                    help="local steps per round at most, both modes (117: a shard's pass of 235 "
+                         "minibatches in 3 rounds; the best of 78, 117 and 235 measured, see "
+                         "benchmarks/README.md)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--lr", type=float, default=5e-4,
                     help="RMSprop learning rate, both modes (5e-4: at 1e-3 a single epoch's test "
