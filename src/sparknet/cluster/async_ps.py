@@ -16,11 +16,11 @@ longer wait for each other:
 * when a job's delta arrives, the driver **applies it at once**
   (``params += weight * delta``), counts one update, and **relaunches that partition
   immediately** with the newest parameters (or, when another partition's round is
-  due within a small window, together with it: see *Coalescing*).  Fast partitions thus do more of the work
-  and nobody waits for a straggler (DistBelief's Downpour SGD, with Spark's scheduler
-  in the role of the parameter-server shards' network).  ``weight`` defaults to
-  ``1 / num_partitions`` (``delta_weight=``): one delta from every partition then moves
-  the parameters as far as one synchronous averaged round.
+  due within a small window, together with it: see *Coalescing*).  Fast partitions
+  thus do more of the work and nobody waits for a straggler (DistBelief's Downpour
+  SGD, with Spark's scheduler in the role of the parameter-server shards' network).
+  ``weight`` defaults to ``1 / num_partitions`` (``delta_weight=``): one delta from
+  every partition then moves the parameters as far as one synchronous averaged round.
 
 Coalescing
 ----------
@@ -54,9 +54,9 @@ at the price of letting old deltas in.  Every arriving delta is recorded in
 ``history.updates`` (epoch, partition, launch version, staleness, weight, whether it
 was applied, rows, arrival time, seconds its relaunch was held), and each epoch's
 history gets ``updates`` (applied), ``rejected``, ``downweighted``,
-``staleness_mean`` and ``staleness_max`` (of the applied deltas).  The default bound is ``2 * num_partitions``: a partition half as fast
-as the others sees about ``2 (P - 1)`` updates during one of its rounds, so it stays
-inside the bound.
+``staleness_mean`` and ``staleness_max`` (of the applied deltas).  The default bound
+is ``2 * num_partitions``: a partition half as fast as the others sees about
+``2 (P - 1)`` updates during one of its rounds, so it stays inside the bound.
 
 Budget of samples
 -----------------
@@ -152,7 +152,8 @@ class AsyncOptions:
         stale: ``"reject"`` or ``"downweight"`` deltas past the bound.
         on_update: called on the driver after every arriving delta with a dict
             (``update`` = applied updates so far, ``partition``, ``staleness``,
-            ``weight``, ``applied``, ``rows``, ``loss``, ``epoch``, ``time``); raising
+            ``weight``, ``applied``, ``rows``, ``loss``, ``epoch``, ``time``,
+            ``held``); raising
             ``KeyboardInterrupt`` from it interrupts the fit like Ctrl-C.
         delta_weight: weight of an on-time delta; ``None`` (default) is
             ``1 / num_partitions``, so that one delta from each partition moves the
