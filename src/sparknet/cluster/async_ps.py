@@ -29,14 +29,13 @@ at once, the first always restarts without the second's delta, one update behind
 round after round; on MNIST (benchmarks/README.md) that systematic lag cost async a
 tenth of the time to 97% against synchronous rounds.  So when a delta arrives while
 another partition's round is due within ``coalesce`` (default 0.15) of this
-partition's own round time, the relaunch waits for that round (at most that long,
-plus 2% of a round); when it arrives, both restart together from the parameters
-that hold both deltas, as after a synchronous round but without its barrier.  A
-straggler is never waited for: its round is due long after the window.  Every
-update's ``held`` field gives the seconds its partition's relaunch then waited (filled
-in ``history.updates`` when the relaunch goes, so ``on_update`` sees 0);
-``coalesce=0`` relaunches every partition the moment its delta is applied
-(DistBelief's Downpour as written).
+partition's own round time, the relaunch waits for that round (at most that long);
+when it arrives, both restart together from the parameters that hold both deltas,
+as after a synchronous round but without its barrier.  A straggler is never waited
+for: its round is due long after the window.  Every update's ``held`` field gives
+the seconds its partition's relaunch then waited (filled in ``history.updates`` when
+the relaunch goes, so ``on_update`` sees 0); ``coalesce=0`` relaunches every
+partition the moment its delta is applied (DistBelief's Downpour as written).
 
 Staleness
 ---------
@@ -606,20 +605,24 @@ class _AsyncRun:
         return rl
 
     def _hold(self, w: _PartitionThread, workers) -> float:
-        """Seconds to defer ``w``'s relaunch (0: relaunch now).  When another
-        partition's round is due within ``coalesce`` x ``w``'s own round time, ``w``
-        waits for it (at most that long, plus 2% of a round of slack), so that both
-        restart from the same parameters.  Only rounds launched before the latest
-        update count (one launched since already starts where ``w`` would); a
-        partition with no round finished yet is waited for the whole window."""
+        """Seconds ``w``'s relaunch may wait (0: relaunch now): the whole window,
+        ``coalesce`` x ``w``'s own round time, when another partition's round is due
+        within it (or overdue, or has no finished round to predict it by).  Any
+        arriving delta ends the wait, so both restart from the same parameters.
+        Only rounds launched before the latest update count: one launched since
+        already starts where ``w`` would."""
         frac, mine = self.opts.coalesce, self.est[w.index]
         if frac <= 0 or mine is None:
             return 0.0
         now = time.perf_counter()
-        due = [frac * mine if self.est[x.index] is None else x.busy.started + self.est[x.index] - now
-               for x in workers if x is not w and x.busy is not None and x.busy.version < self.version]
-        due = [d for d in due if d <= frac * mine]
-        return max(0.0, *due) + 0.02 * mine if due else 0.0
+        window = frac * mine
+        for x in workers:
+            if x is w or x.busy is None or x.busy.version >= self.version:
+                continue
+            est = self.est[x.index]
+            if est is None or x.busy.started + est - now <= window:
+                return window
+        return 0.0
 
     def _check_threads(self, workers) -> None:
         for w in workers:
