@@ -48,7 +48,6 @@ static inline double sn_sigm_d(double x) {
     return e / (1.0 + e);
 }
 
-/* activation ids as in _activations.pxd: 0 identity, 1 relu, 2 tanh, 3 sigmoid */
 /* The LSTM backward step's gate gradients for unit j, given its hidden-state gradient dh
  * (one body for both loops of SN_DEFINE's LSTM backward, with and without an output
  * gradient dy, so that neither loop branches per unit). */
@@ -64,6 +63,7 @@ static inline double sn_sigm_d(double x) {
     dbi[j] += d_i; dbf[j] += d_f; dbg[j] += d_g; dbo[j] += d_o;                            \
 }
 
+/* activation ids as in _activations.pxd: 0 identity, 1 relu, 2 tanh, 3 sigmoid */
 #define SN_DEFINE(T, S, ATTR)                                                              \
 /* LSTM forward of one row: a (4H) holds W_ih x + W_hh h (without bias) on entry and     \
    i, f, g, o on exit; writes c, tanh(c), h. */                                            \
