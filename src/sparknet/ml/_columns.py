@@ -38,6 +38,12 @@ def _spark_types():
     return VectorUDT, T
 
 
+def quote(col: str) -> str:
+    """``col`` as a SQL identifier (backquoted), so dots and spaces in it stay part of
+    the name."""
+    return "`" + col.replace("`", "``") + "`"
+
+
 def feature_kind(df, col: str, role: str = "features") -> FeatureKind:
     """Classify the features column ``col`` of ``df`` from its schema.
 
@@ -90,7 +96,7 @@ def flat_features(df, col: str, kind: FeatureKind, dtype: str, seq_shape: tuple 
     if kind.kind == "array":
         return F.col(col).cast(f"array<{elem.lower()}>")
     T_, F_ = seq_shape
-    q = "`" + col.replace("`", "``") + "`"
+    q = quote(col)
     one, zero = f"CAST(1 AS {elem})", f"CAST(0 AS {elem})"
     # steps past a sequence's end are padding; a null/short step stays short, so the
     # row's length is wrong and the size checks name it

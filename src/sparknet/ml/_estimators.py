@@ -510,7 +510,7 @@ class _ModelMixin(_Persistable):
         fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
         tmp = f"__sparknet_{self._key[:8]}"
         out = dataset.withColumn(tmp, arrow_udf(fn, output_type(mode == 0, mode == 2))(feats))
-        cols = [F.col("`" + c.replace("`", "``") + "`") for c in dataset.columns]
+        cols = [F.col(_columns.quote(c)) for c in dataset.columns]
         cols += [F.col(f"{tmp}.{field}").alias(name, metadata=meta) for name, field, meta in specs]
         return out.select(*cols)
 
