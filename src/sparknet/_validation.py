@@ -4,6 +4,19 @@ from __future__ import annotations
 import numpy as np
 
 
+def positive_int(value, what: str, *, allow_none: bool = False, extra: str = "") -> int | None:
+    """``value`` as an ``int`` when it is a positive integer (not a bool); else ``ValueError``
+    naming ``what``.  ``allow_none`` lets ``None`` through; ``extra`` names other accepted
+    values in the message (``"or 'auto'"``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        alt = " or None" if allow_none else ""
+        raise ValueError(f"{what} must be a positive integer{alt}{(' ' + extra) if extra else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
 def check_array(X, name: str = "X", sample_shape: tuple | None = None, dtype=np.float32,
                 allow_int: bool = False) -> np.ndarray:
     """Return ``X`` as a C-contiguous array of ``dtype`` (or int64 when ``allow_int``).

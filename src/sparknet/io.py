@@ -66,12 +66,9 @@ def save_model(model, path, optimizer=None, extra: dict | None = None) -> None:
         "params": np.ascontiguousarray(model.params),
     }
     if optimizer is not None:
-        state = optimizer.state_dict()
         arrays["optimizer"] = np.array(json.dumps(
-            {"name": optimizer.name, "config": optimizer.get_config(), "t": int(state.get("t", 0))}))
-        for k, v in state.items():
-            if k != "t":
-                arrays[f"opt_{k}"] = np.ascontiguousarray(v)
+            {"name": optimizer.name, "config": optimizer.get_config(), "t": int(optimizer.t)}))
+        arrays.update(optimizer.state_arrays("opt_"))
     if extra is not None:
         arrays["extra"] = np.array(json.dumps(extra))
     _atomic_savez(path, arrays)
@@ -132,9 +129,9 @@ def load_model(path, with_optimizer: bool = False, with_extra: bool = False):
         if "optimizer" in data:
             meta = json.loads(str(data["optimizer"]))
             opt = optim.from_config(meta["name"], meta["config"])
-            state = {k[4:]: v for k, v in data.items() if k.startswith("opt_")}
-            state["t"] = meta.get("t", 0)
-            opt.load_state_dict(state)
+            state = dict(data)
+            state.setdefault("opt_t", np.array([meta.get("t", 0)], dtype=np.int64))
+            opt.load_state_arrays(state, "opt_")
         result.append(opt)
     if with_extra:
         result.append(json.loads(str(data["extra"])) if "extra" in data else {})

@@ -418,23 +418,14 @@ class Sequential:
     # ------------------------------------------------------- serialisation
     def get_config(self) -> dict:
         """JSON-serialisable architecture (layers, shapes, dtype, seed, loss)."""
-        return {
-            "name": self.name, "dtype": self.dtype.name, "seed": self.seed,
-            "input_shape": list(self.input_shape) if self.input_shape else None,
-            "loss": self._loss.name if self._loss is not None else None,
-            "layers": [{"class": type(l).__name__, "config": l.get_config()} for l in self.layers],
-        }
+        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
+                            loss=self._loss, name=self.name)
 
     @classmethod
     def from_config(cls, config: dict) -> "Sequential":
-        layers = []
-        for spec in config["layers"]:
-            klass = REGISTRY.get(spec["class"])
-            if klass is None:
-                raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
-            layers.append(klass.from_config(dict(spec["config"])))
-        return cls(layers, input_shape=config.get("input_shape"), dtype=config.get("dtype", "float32"),
-                   seed=config.get("seed", 0), loss=config.get("loss"), name=config.get("name", "sequential"))
+        return cls(layers_from_config(config["layers"]), input_shape=config.get("input_shape"),
+                   dtype=config.get("dtype", "float32"), seed=config.get("seed", 0), loss=config.get("loss"),
+                   name=config.get("name", "sequential"))
 
     def clone(self, dtype: Any = None) -> "Sequential":
         """A new model with the same architecture and a copy of the parameters."""
@@ -476,6 +467,29 @@ class Sequential:
 
     def __repr__(self) -> str:
         return f"Sequential([{', '.join(repr(l) for l in self.layers)}])"
+
+
+def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any, seed: int | None,
+                 loss: "losses_mod.Loss | str | None", name: str = "sequential") -> dict:
+    """The JSON architecture of a stack of layers: what :meth:`Sequential.get_config` returns
+    and :meth:`Sequential.from_config` reads (model files, workers, model-parallel saves)."""
+    return {
+        "name": name, "dtype": np.dtype(dtype).name, "seed": seed,
+        "input_shape": list(input_shape) if input_shape else None,
+        "loss": loss.name if isinstance(loss, losses_mod.Loss) else loss,
+        "layers": [{"class": type(l).__name__, "config": l.get_config()} for l in layers],
+    }
+
+
+def layers_from_config(specs: Sequence[dict]) -> list[Layer]:
+    """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
+    layers = []
+    for spec in specs:
+        klass = REGISTRY.get(spec["class"])
+        if klass is None:
+            raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
+        layers.append(klass.from_config(dict(spec["config"])))
+    return layers
 
 
 def _positive(value, what: str) -> int:

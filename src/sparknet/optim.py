@@ -1,24 +1,56 @@
 """Optimizers over one flat parameter buffer.
 
-They share one base: :meth:`Optimizer.step` validates, counts steps and calls the
-subclass's ``_step``, which is a single fused, GIL-free Cython pass over the whole
-buffer.  State lives in flat arrays of the parameters' length, so it can be
-checkpointed, broadcast or averaged as a whole.
+The maths lives in two *functional* steps, :func:`rmsprop` and :func:`sgd`: the state is
+passed in explicitly (as in PyTorch's ``torch.optim._functional``), so the same step
+serves a :class:`~sparknet.model.Sequential` (state held by the optimizer), a
+data-parallel partition (state resident on its executor) and a model-parallel block
+(state beside the block, applied row chunk by row chunk).  Each is a single fused,
+GIL-free Cython pass (:mod:`sparknet._optim`).
+
+The classes share one base: :meth:`Optimizer.step` validates, counts steps and calls
+:meth:`Optimizer.apply`, the functional step with this optimizer's hyper-parameters.
+Nothing outside this module knows an optimizer's state keys: callers ask
+:meth:`Optimizer.state_keys`, and state is serialised one way,
+:meth:`Optimizer.state_arrays` / :meth:`Optimizer.load_state_arrays` (named arrays:
+``<prefix>t`` and ``<prefix><key>``).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, MutableMapping
 
 import numpy as np
 
 from sparknet import _optim
 
+State = Mapping[str, np.ndarray]
 
+
+# --------------------------------------------------------------------------- functional steps
+def rmsprop(params: np.ndarray, grads: np.ndarray, square_avg: np.ndarray,
+            grad_avg: np.ndarray | None = None, momentum_buffer: np.ndarray | None = None, *,
+            lr: float, alpha: float = 0.99, eps: float = 1e-8, weight_decay: float = 0.0,
+            momentum: float = 0.0) -> None:
+    """One RMSprop step in place (``torch.optim.RMSprop``'s formulas); all arrays flat, one
+    length and dtype.  ``grad_avg`` given means centered; ``momentum > 0`` needs
+    ``momentum_buffer``."""
+    _optim.rmsprop(params, grads, square_avg, grad_avg, momentum_buffer, lr, alpha, eps,
+                   weight_decay, momentum)
+
+
+def sgd(params: np.ndarray, grads: np.ndarray, momentum_buffer: np.ndarray | None = None, *,
+        lr: float, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+        nesterov: bool = False, first_step: bool) -> None:
+    """One SGD step in place (``torch.optim.SGD``'s formulas); ``first_step`` seeds the
+    momentum buffer with the gradient, as PyTorch does on its first step."""
+    _optim.sgd(params, grads, momentum_buffer, lr, momentum, dampening, weight_decay,
+               nesterov, first_step)
+
+
+# --------------------------------------------------------------------------- classes
 class Optimizer:
-    """Base class.  ``lr`` is the learning rate; ``state`` holds flat arrays."""
+    """Base class.  ``lr`` is the learning rate; ``state`` holds flat arrays; ``t`` counts steps."""
 
     name = "optimizer"
-    _state_names: tuple[str, ...] = ()
 
     def __init__(self, lr: float) -> None:
         if not (float(lr) > 0 and np.isfinite(lr)):
@@ -27,12 +59,14 @@ class Optimizer:
         self.t = 0
         self.state: dict[str, np.ndarray] = {}
 
-    def _needs(self) -> tuple[str, ...]:
-        return self._state_names
+    def state_keys(self) -> tuple[str, ...]:
+        """Names of the per-parameter state arrays this configuration needs."""
+        return ()
 
     def init_state(self, n: int, dtype: Any) -> None:
+        """Make ``state`` hold zeroed arrays of length ``n`` (kept when already right)."""
         dtype = np.dtype(dtype)
-        for key in self._needs():
+        for key in self.state_keys():
             cur = self.state.get(key)
             if cur is None or cur.shape != (n,) or cur.dtype != dtype:
                 self.state[key] = np.zeros(n, dtype=dtype)
@@ -44,9 +78,12 @@ class Optimizer:
                              f"got {params.shape}/{params.dtype} and {grads.shape}/{grads.dtype}")
         self.init_state(params.shape[0], params.dtype)
         self.t += 1
-        self._step(params, grads)
+        self.apply(params, grads, self.state, self.t)
 
-    def _step(self, params: np.ndarray, grads: np.ndarray) -> None:
+    def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
+        """The functional step: update flat ``params`` in place from ``grads`` with the given
+        ``state`` arrays (same length, keys :meth:`state_keys`) as step number ``t`` (1-based).
+        ``self.state`` and ``self.t`` are not touched."""
         raise NotImplementedError
 
     # -- state, for checkpoints and the parameter server ----------------
@@ -56,9 +93,41 @@ class Optimizer:
     def state_dict(self) -> dict[str, Any]:
         return {"t": self.t, **{k: v.copy() for k, v in self.state.items()}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.t = int(state.get("t", 0))
         self.state = {k: np.array(v, copy=True) for k, v in state.items() if k != "t"}
+
+    def state_layout(self, n: int, dtype: Any, prefix: str = "opt_") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """``{name: (shape, dtype)}`` of :meth:`state_arrays` for ``n`` parameters: where a
+        caller allocates resident state before :meth:`load_state_arrays` binds to it."""
+        out: dict[str, tuple[tuple[int, ...], np.dtype]] = {f"{prefix}t": ((1,), np.dtype(np.int64))}
+        for key in self.state_keys():
+            out[f"{prefix}{key}"] = ((n,), np.dtype(dtype))
+        return out
+
+    def state_arrays(self, prefix: str = "opt_") -> dict[str, np.ndarray]:
+        """The state as named arrays (copies): ``<prefix>t`` (int64, shape (1,)) and
+        ``<prefix><key>`` for each state key.  The one serialised form of optimizer state."""
+        out = {f"{prefix}t": np.array([self.t], dtype=np.int64)}
+        for key, arr in self.state.items():
+            out[f"{prefix}{key}"] = np.array(arr, copy=True)
+        return out
+
+    def load_state_arrays(self, arrays: Mapping[str, np.ndarray], prefix: str = "opt_",
+                          copy: bool = True) -> None:
+        """Read state written by :meth:`state_arrays`.  ``copy=False`` binds ``state`` to the
+        given arrays (resident state updated in place); a missing ``<prefix>t`` means 0."""
+        t = arrays.get(f"{prefix}t")
+        self.t = int(np.asarray(t).reshape(-1)[0]) if t is not None else 0
+        self.state = {}
+        for key in self.state_keys():
+            arr = arrays.get(f"{prefix}{key}")
+            if arr is not None:
+                self.state[key] = np.array(arr, copy=True) if copy else arr
+
+    def write_step(self, arrays: MutableMapping[str, np.ndarray], prefix: str = "opt_") -> None:
+        """Store the step count into arrays bound by ``load_state_arrays(..., copy=False)``."""
+        arrays[f"{prefix}t"][0] = self.t
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_config().items())})"
@@ -88,7 +157,7 @@ class RMSprop(Optimizer):
         self.alpha, self.eps = float(alpha), float(eps)
         self.weight_decay, self.momentum, self.centered = float(weight_decay), float(momentum), bool(centered)
 
-    def _needs(self):
+    def state_keys(self) -> tuple[str, ...]:
         need = ["square_avg"]
         if self.centered:
             need.append("grad_avg")
@@ -96,12 +165,12 @@ class RMSprop(Optimizer):
             need.append("momentum_buffer")
         return tuple(need)
 
-    def _step(self, params, grads):
-        _optim.rmsprop(params, grads, self.state["square_avg"], self.state.get("grad_avg"),
-                       self.state.get("momentum_buffer"), self.lr, self.alpha, self.eps,
-                       self.weight_decay, self.momentum)
+    def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
+        rmsprop(params, grads, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
+                lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay,
+                momentum=self.momentum)
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {"lr": self.lr, "alpha": self.alpha, "eps": self.eps,
                 "weight_decay": self.weight_decay, "momentum": self.momentum,
                 "centered": self.centered}
@@ -130,14 +199,15 @@ class SGD(Optimizer):
         self.momentum, self.dampening = float(momentum), float(dampening)
         self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
 
-    def _needs(self):
+    def state_keys(self) -> tuple[str, ...]:
         return ("momentum_buffer",) if self.momentum != 0 else ()
 
-    def _step(self, params, grads):
-        _optim.sgd(params, grads, self.state.get("momentum_buffer"), self.lr, self.momentum,
-                   self.dampening, self.weight_decay, self.nesterov, self.t == 1)
+    def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
+        sgd(params, grads, state.get("momentum_buffer"), lr=self.lr, momentum=self.momentum,
+            dampening=self.dampening, weight_decay=self.weight_decay, nesterov=self.nesterov,
+            first_step=t == 1)
 
-    def get_config(self):
+    def get_config(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
@@ -157,6 +227,7 @@ def get(optimizer: "str | Optimizer | None") -> Optimizer:
 
 
 def from_config(name: str, config: dict) -> Optimizer:
+    """The optimizer ``name`` (``Optimizer.name``) built from ``get_config()``'s dict."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown optimizer {name!r} in saved state")
     return _BY_NAME[name](**config)

@@ -61,6 +61,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sparknet import losses as losses_mod
+from sparknet import threads
 from sparknet import optim as optim_mod
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData, check_label_range, label_desc, shard_data
@@ -74,7 +75,6 @@ _SYNC = ("gradient", "average")
 # ------------------------------------------------------------------------- executor side
 #: fit key -> the worker's copy of the model (rebuilt from its config once per fit).
 _MODELS: dict[str, Sequential] = {}
-_BLAS_LIMIT: list[int] = []
 
 
 @dataclass
@@ -91,15 +91,6 @@ class _FitSpec:
     classification: bool
     int_input: bool
     y_shape: tuple[int, ...] = ()
-
-
-def _limit_blas(cpus: int) -> None:
-    """Limit BLAS threads in this Python worker to the task's cores (once per worker)."""
-    if _BLAS_LIMIT and _BLAS_LIMIT[0] == cpus:
-        return
-    from threadpoolctl import threadpool_limits
-    threadpool_limits(limits=max(1, int(cpus)))
-    _BLAS_LIMIT[:] = [cpus]
 
 
 def _worker_model(spec: _FitSpec) -> Sequential:
@@ -142,7 +133,7 @@ class _RoundTask:
         from pyspark import TaskContext
 
         tc = TaskContext.get()
-        _limit_blas(tc.cpus() if tc is not None else 1)
+        threads.set_worker_threads(tc.cpus() if tc is not None else 1)
         spec = self.spec
         x, y = shard["x"], shard["y"]
         n = int(y.shape[0])
@@ -185,10 +176,9 @@ class _RoundTask:
                 return [RoundResult(None, stats, [time.perf_counter() - t0])]
             opt = optim_mod.from_config(*spec.optimizer)
             if not probe:  # this partition's optimizer state, resident across rounds
-                P = model.n_params
-                opt.state = {k: shard.ensure(f"opt_{k}", (P,), model.dtype) for k in opt._needs()}
-                t_arr = shard.ensure("opt_t", (1,), np.int64)
-                opt.t = int(t_arr[0])
+                resident = {name: shard.ensure(name, shape, dt)
+                            for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype).items()}
+                opt.load_state_arrays(resident, copy=False)
             start = np.array(model.params, copy=True)
             b = spec.batch_size
             per_epoch = np.zeros((len(segments), len(STATS)))  # one stats row per epoch
@@ -203,7 +193,7 @@ class _RoundTask:
                     n_steps += 1
             step_time = (time.perf_counter() - t_loop) / max(1, n_steps)
             if not probe:
-                t_arr[0] = opt.t
+                opt.write_step(resident)
             # row-weighted delta: the driver divides the sum by the rows of all partitions
             vec = (model.params - start) * model.dtype.type(n_rows)
             stats = per_epoch if self.span > 1 else per_epoch[0]
@@ -240,6 +230,17 @@ def register_mode(name: str, runner: Callable, options: Callable | None = None) 
     EPOCH_RUNNERS[name] = runner
     if options is not None:
         MODE_OPTIONS[name] = options
+
+
+def resolve_mode(mode: str) -> str:
+    """``mode`` checked against the known training modes (``"sync"`` and every registered
+    one), importing a built-in mode's module (``"async"``) on first use."""
+    if mode in _BUILTIN_MODES and mode not in EPOCH_RUNNERS:
+        importlib.import_module(_BUILTIN_MODES[mode])
+    if mode != "sync" and mode not in EPOCH_RUNNERS:
+        known = ["sync", *sorted(set(EPOCH_RUNNERS) | set(_BUILTIN_MODES))]
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in known)}, got {mode!r}")
+    return mode
 
 
 class DataParallelTrainer:
@@ -292,13 +293,9 @@ class DataParallelTrainer:
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
                  **mode_options: Any) -> None:
-        if mode in _BUILTIN_MODES and mode not in EPOCH_RUNNERS:
-            importlib.import_module(_BUILTIN_MODES[mode])
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
-        if mode != "sync" and mode not in EPOCH_RUNNERS:
-            raise ValueError(f"mode must be 'sync'{''.join(', ' + repr(m) for m in EPOCH_RUNNERS)}, "
-                             f"got {mode!r}")
+        mode = resolve_mode(mode)
         if sync not in _SYNC:
             raise ValueError(f"sync must be 'gradient' or 'average', got {sync!r}")
         if local_steps != "auto" and (isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer))

@@ -37,41 +37,7 @@ __all__ = ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
 # BLAS spends more on synchronisation than it gains there (with 2 threads on 2 busy cores a
 # training step was measured 3x slower than with 1).  So every forward and backward runs
 # with BLAS capped at sparknet.threads.get_num_threads() (one unless changed), also when
-# called from a hand-written loop rather than fit/predict.
-_blas_libs: list | None = None
-
-
-class _BlasThreads:
-    """Context manager: cap the BLAS thread count at ``sparknet.threads.get_num_threads()``
-    (cheap when it already is), then restore it."""
-
-    __slots__ = ("_saved",)
-
-    def __enter__(self):
-        global _blas_libs
-        self._saved = None
-        limit = threads.get_num_threads()
-        if limit is None:
-            return self
-        if _blas_libs is None:
-            try:
-                from threadpoolctl import ThreadpoolController
-                _blas_libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
-            except Exception:  # threadpoolctl missing or unable to inspect: leave BLAS alone
-                _blas_libs = []
-        saved = []
-        for lib in _blas_libs:
-            n = lib.num_threads
-            if n > limit:
-                lib.set_num_threads(limit)
-                saved.append((lib, n))
-        self._saved = saved
-        return self
-
-    def __exit__(self, *exc):
-        for lib, n in self._saved or ():
-            lib.set_num_threads(n)
-        return False
+# called from a hand-written loop rather than fit/predict (sparknet.threads.capped).
 
 
 def _positive_int(value, what: str) -> int:
@@ -268,7 +234,7 @@ class SimpleRNN(_Recurrent):
         (h0,) = self._initial_state(N)
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
         p = self.params
-        with _BlasThreads():
+        with threads.capped():
             _recurrent.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
                                    self._act, b["xt"], b["zs"], b["hs"], y)
         hT = b["hs"][T].copy()
@@ -292,7 +258,7 @@ class SimpleRNN(_Recurrent):
         need_dx = getattr(self, "need_input_grad", True)
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
-        with _BlasThreads():
+        with threads.capped():
             _recurrent.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
                                     dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
                                     b["dxt"] if need_dx else None, dx,
@@ -378,7 +344,7 @@ class LSTM(_Recurrent):
         h0, c0 = self._initial_state(N)
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
         p = self.params
-        with _BlasThreads():
+        with threads.capped():
             _recurrent.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
                                     m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
         self._last_state = (b["hs"][T], b["cs"][T])
@@ -416,7 +382,7 @@ class LSTM(_Recurrent):
         need_dx = getattr(self, "need_input_grad", True)
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
-        with _BlasThreads():
+        with threads.capped():
             _recurrent.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
                                      b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
                                      b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
