@@ -50,3 +50,22 @@ def shakespeare_path():
     if not os.path.isfile(SHAKESPEARE):
         pytest.skip(f"Shakespeare text not found at {SHAKESPEARE}; set SPARKNET_SHAKESPEARE to its path")
     return SHAKESPEARE
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """scikit-learn's digits as ``(X_train, y_train, X_test, y_test)``: scaled to [0, 1], the
+    seeded stratified 25% test split of :func:`sparknet.datasets.load_digits`."""
+    from sparknet.datasets import load_digits
+
+    return load_digits(test_size=0.25, seed=0)
+
+
+@pytest.fixture(scope="session")
+def digits_xy():
+    """All 1,797 digits as ``(X, y)``: X scaled to [0, 1], y int64 class ids."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    return (X / 16.0), y.astype(np.int64)

@@ -9,12 +9,6 @@ import pytest
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.async_ps import AsyncPartitionError, inject_faults
 from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.datasets import load_digits
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits()
 
 
 def _mlp(seed=0):

@@ -11,12 +11,6 @@ import pytest
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data import split_indices
 from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.datasets import load_digits
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits()
 
 
 def _mlp(dtype="float32", hidden=32, seed=0, input_shape=None):

@@ -1,25 +1,18 @@
 """Sequential end to end: accuracy on real data, determinism, model files, bad input."""
 import json
-import os
 import time
 import zipfile
 
 import numpy as np
 import pytest
 
-import sparknet
 from sparknet import SGD, Dense, Dropout, RMSprop, Sequential, load_model
-from sparknet.datasets import load_digits, read_idx
+from sparknet.datasets import read_idx
 
 
 def digits_mlp(seed=0):
     return Sequential([Dense(256, activation="relu"), Dropout(0.2), Dense(128, activation="relu"),
                        Dropout(0.2), Dense(10, activation="softmax")], seed=seed)
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits(test_size=0.25, seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from sparknet import Dense, Flatten, Sequential  # noqa: E402
-from sparknet.datasets import load_digits  # noqa: E402
 from sparknet.layers import LSTM, Conv2D, MaxPool2D, SequenceMask  # noqa: E402
 from sparknet.ml import (SparkNetClassificationModel, SparkNetClassifier,  # noqa: E402
                          SparkNetRegressionModel, SparkNetRegressor)
@@ -31,11 +30,6 @@ FAST = dict(numPartitions=2, localSteps=64, batchSize=32)
 
 def _mlp(hidden=64, classes=10):
     return Sequential([Dense(hidden, activation="relu"), Dense(classes, activation="softmax")])
-
-
-@pytest.fixture(scope="module")
-def digits():
-    return load_digits()
 
 
 def _array_df(spark, X, y, elem="double"):

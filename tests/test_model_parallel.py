@@ -19,13 +19,6 @@ from sparknet.cluster.model_parallel import BlockStateLost, ModelParallel
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
-def digits():
-    from sklearn.datasets import load_digits
-    X, y = load_digits(return_X_y=True)
-    return (X / 16.0), y.astype(np.int64)
-
-
 def mlp():
     return [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
 
@@ -90,10 +83,10 @@ def check_same(mp, X, y, tol, steps=3, batch=64):
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-10), ("float32", 1e-5)])
 @pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
 @pytest.mark.parametrize("K", [1, 2, 3, 4])
-def test_same_maths_as_single_process(spark, digits, K, pair, dtype, tol):
+def test_same_maths_as_single_process(spark, digits_xy, K, pair, dtype, tol):
     """Every layer of a 3-layer MLP cut into K blocks (paired: layers 0 and 1 as a
     Megatron pair, the softmax head alone) trains to the single-process weights."""
-    X, y = digits
+    X, y = digits_xy
     mp = ModelParallel(mlp(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark, dtype=dtype,
                        seed=K, optimizer=RMSprop(lr=2e-3), name=f"same-{K}")
     try:
@@ -103,10 +96,10 @@ def test_same_maths_as_single_process(spark, digits, K, pair, dtype, tol):
         mp.close()
 
 
-def test_blocked_layer_between_driver_layers(spark, digits):
+def test_blocked_layer_between_driver_layers(spark, digits_xy):
     """Composition: a blocked middle layer between layers that run on the driver; the
     model also predicts like the single-process one."""
-    X, y = digits
+    X, y = digits_xy
     mp = ModelParallel(mlp(), BlockPlan({1: 3}), (64,), spark=spark, dtype="float64", seed=9,
                        optimizer=RMSprop(lr=2e-3), name="mixed")
     try:
@@ -119,10 +112,10 @@ def test_blocked_layer_between_driver_layers(spark, digits):
         mp.close()
 
 
-def test_fit_with_lookahead_one_exchange_per_step(spark, digits):
+def test_fit_with_lookahead_one_exchange_per_step(spark, digits_xy):
     """fit() runs the paired first stage's next forward pass inside the backward job: one
     Spark job per step, and still exactly single-process training (Sequential.fit)."""
-    X, y = digits
+    X, y = digits_xy
     mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64",
                        seed=4, optimizer=RMSprop(lr=2e-3), name="lookahead")
     try:
@@ -144,10 +137,10 @@ def test_fit_with_lookahead_one_exchange_per_step(spark, digits):
 @pytest.mark.parametrize("make_opt", [lambda: SGD(lr=0.1, momentum=0.9, nesterov=True),
                                       lambda: RMSprop(lr=1e-3, momentum=0.5, centered=True, weight_decay=1e-3)],
                          ids=["sgd-nesterov", "rmsprop-centered-momentum"])
-def test_optimizer_variants_in_process_blocks(digits, make_opt):
+def test_optimizer_variants_in_process_blocks(digits_xy, make_opt):
     """The executor code run in this process (spark=None): every optimizer state a block
     keeps (momentum, centred average, weight decay) matches single-process training."""
-    X, y = digits
+    X, y = digits_xy
     mp = ModelParallel([Dense(40, activation="sigmoid"), Dense(24, activation="relu"),
                         Dense(10, activation="softmax")], BlockPlan({0: 3, 1: 3, 2: 2}, pair=True), (64,),
                        dtype="float64", seed=3, optimizer=make_opt())
@@ -239,8 +232,8 @@ def test_driver_memory_below_one_blocked_layer_and_streamed_save_load(spark, tmp
 
 
 # ------------------------------------------------------------------ lost residency
-def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits, tmp_path):
-    X, y = digits
+def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy, tmp_path):
+    X, y = digits_xy
     X = X.astype(np.float32)
     batches = [(X[i * 50:(i + 1) * 50], y[i * 50:(i + 1) * 50]) for i in range(5)]
     mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, seed=2,
