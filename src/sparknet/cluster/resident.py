@@ -62,9 +62,14 @@ import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark import RDD
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +151,7 @@ class Shard:
         shape = tuple(int(s) for s in shape)
         cur = self.arrays.get(name)
         if cur is None:  # created by a job that ran in another Python worker?
-            path = os.path.join(self.info.directory, name + ".npy")
-            if os.path.exists(path):
-                cur = np.load(path, mmap_mode="r+", allow_pickle=False) if np.prod(shape) else \
-                    np.load(path, allow_pickle=False)
-                self.arrays[name] = cur
+            cur = self.get(name)
         if cur is not None and cur.shape == shape and cur.dtype == np.dtype(dtype):
             return cur
         return self.create(name, shape, dtype)
@@ -162,9 +163,7 @@ class Shard:
         if cur is None:
             path = os.path.join(self.info.directory, name + ".npy")
             if os.path.exists(path):
-                probe = np.load(path, mmap_mode="r", allow_pickle=False)
-                cur = (np.load(path, mmap_mode="r+", allow_pickle=False) if probe.size
-                       else np.load(path, allow_pickle=False))
+                cur = _open_npy(path)
                 self.arrays[name] = cur
         return cur
 
@@ -181,7 +180,7 @@ class Shard:
         mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
         del mm
         os.replace(tmp, path)
-        arr = np.load(path, mmap_mode="r+", allow_pickle=False)
+        arr = _open_npy(path)
         self.arrays[name] = arr
         return arr
 
@@ -207,7 +206,13 @@ def _spill(directory: str, name: str, arr: np.ndarray) -> np.ndarray:
     tmp = os.path.join(directory, f"{name}.{os.getpid()}.tmp.npy")
     np.save(tmp, np.ascontiguousarray(arr), allow_pickle=False)
     os.replace(tmp, path)
-    if arr.size == 0:  # numpy cannot memory-map an empty array
+    return _open_npy(path)
+
+
+def _open_npy(path: str) -> np.ndarray:
+    """The ``.npy`` file at ``path`` memory-mapped read-write (``r+``), so in-place writes
+    reach the file; an empty array is read into memory instead (there is nothing to map)."""
+    if np.load(path, mmap_mode="r", allow_pickle=False).size == 0:
         return np.load(path, allow_pickle=False)
     return np.load(path, mmap_mode="r+", allow_pickle=False)
 
@@ -218,10 +223,7 @@ def _load_dir(directory: str) -> dict[str, np.ndarray] | None:
     out = {}
     for fname in os.listdir(directory):
         if fname.endswith(".npy") and not fname.endswith(".tmp.npy"):
-            path = os.path.join(directory, fname)
-            arr = np.load(path, allow_pickle=False, mmap_mode="r")
-            out[fname[:-4]] = (np.load(path, mmap_mode="r+", allow_pickle=False)
-                               if arr.size else np.load(path, allow_pickle=False))
+            out[fname[:-4]] = _open_npy(os.path.join(directory, fname))
     return out
 
 
@@ -272,7 +274,7 @@ class _Builder:
     def __init__(self, key: str, build: Callable, base: str | None) -> None:
         self.key, self.build, self.base = key, build, base
 
-    def make(self, index: int, iterator: Iterator) -> ShardInfo:
+    def make(self, index: int, iterator: Iterable) -> ShardInfo:
         out = self.build(index, iterator)
         for _ in iterator:  # drain, so the worker can be reused
             pass
@@ -290,22 +292,25 @@ class _Builder:
         shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
         return ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta))
 
-    def __call__(self, index: int, iterator: Iterator) -> Iterator[ShardInfo]:
+    def __call__(self, index: int, iterator: Iterable) -> Iterator[ShardInfo]:
         yield self.make(index, iterator)
 
 
-def _arrow_builder(key: str, build: Callable, base: str | None):
+def _arrow_builder(key: str, build: Callable, base: str | None) -> Callable[[Iterator], Iterator["pa.RecordBatch"]]:
     """A ``mapInArrow`` function that builds the shard of the task's partition from its
     record batches and emits one row holding the pickled :class:`ShardInfo`."""
     builder = _Builder(key, build, base)
 
-    def run(batches):
+    def run(batches: Iterator) -> Iterator["pa.RecordBatch"]:
         import pickle
 
         import pyarrow as pa
         from pyspark import TaskContext
 
-        index = TaskContext.get().partitionId()
+        tc = TaskContext.get()
+        if tc is None:  # pragma: no cover - only ever called inside a Spark task
+            raise RuntimeError("the resident shard builder runs inside a Spark task")
+        index = tc.partitionId()
         info = builder.make(index, batches)
         yield pa.RecordBatch.from_pydict({"info": [pickle.dumps(info)]},
                                          schema=pa.schema([("info", pa.binary())]))
@@ -316,13 +321,13 @@ class _Dropper:
     def __init__(self, key: str) -> None:
         self.key = key
 
-    def __call__(self, iterator):
+    def __call__(self, iterator: Iterable) -> Iterator[int]:
         for _ in iterator:
             pass
         return iter([_drop_local(self.key)])
 
 
-def _unpickle_row(row) -> ShardInfo:
+def _unpickle_row(row: Any) -> ShardInfo:
     import pickle
     return pickle.loads(row[0])
 
@@ -333,7 +338,7 @@ class _Task:
     def __init__(self, fn: Callable, per_partition: bool) -> None:
         self.fn, self.per_partition = fn, per_partition
 
-    def __call__(self, index: int, iterator: Iterator[ShardInfo]):
+    def __call__(self, index: int, iterator: Iterable[ShardInfo]) -> Iterable:
         infos = list(iterator)
         if len(infos) != 1:
             raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, expected 1")
@@ -378,21 +383,27 @@ class Resident:
         anchor: the persisted anchor RDD (one :class:`ShardInfo` per partition).
     """
 
-    def __init__(self, rdd, build: Callable, name: str = "state", on_lost: str = "raise",
-                 spill_dir: str | None = None, cut_lineage: bool = True, _arrow_df=None) -> None:
+    def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
+                 spill_dir: str | None = None, cut_lineage: bool = True,
+                 _arrow_df: "DataFrame | None" = None) -> None:
         if on_lost not in ("raise", "rebuild"):
             raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
         self.key = f"{name}-{uuid.uuid4().hex[:12]}"
         self._rdd, self._df, self._build = rdd, _arrow_df, build
         self.on_lost, self.spill_dir, self.cut_lineage = on_lost, spill_dir, bool(cut_lineage)
-        self.sc = rdd.context if rdd is not None else _arrow_df.sparkSession.sparkContext
-        self.anchor = None
+        if rdd is not None:
+            self.sc = rdd.context
+        elif _arrow_df is not None:
+            self.sc = _arrow_df.sparkSession.sparkContext
+        else:
+            raise ValueError("Resident needs a source: an RDD (or from_dataframe's DataFrame)")
+        self.anchor: RDD[ShardInfo] | None = None
         self.infos: list[ShardInfo] = []
         self._materialise()
         _OPEN.add(self)
 
     @classmethod
-    def from_dataframe(cls, df, build: Callable, name: str = "state", on_lost: str = "raise",
+    def from_dataframe(cls, df: "DataFrame", build: Callable, name: str = "state", on_lost: str = "raise",
                        spill_dir: str | None = None) -> "Resident":
         """Build the shards from a DataFrame's partitions through Arrow (``mapInArrow``):
         ``build(index, batches)`` receives an iterator of ``pyarrow.RecordBatch``."""
@@ -407,6 +418,7 @@ class Resident:
             anchor = self._df.mapInArrow(func, "info binary").rdd.map(_unpickle_row,
                                                                       preservesPartitioning=True)
         else:
+            assert self._rdd is not None  # __init__ took an RDD or a DataFrame
             anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
                                                       preservesPartitioning=True)
         anchor.persist(StorageLevel.MEMORY_ONLY)
@@ -440,9 +452,11 @@ class Resident:
         _OPEN.discard(self)
 
     def _cleanup_files(self) -> None:
-        key = self.key
+        key, anchor = self.key, self.anchor
+        if anchor is None:
+            return
         try:
-            self.anchor.mapPartitions(_Dropper(key)).collect()
+            anchor.mapPartitions(_Dropper(key)).collect()
         except Exception as exc:  # pragma: no cover - executors already gone
             log.debug("resident %s: executor cleanup failed: %s", key, exc)
         for info in self.infos:  # files on the driver's host (local mode)
@@ -450,7 +464,7 @@ class Resident:
                 shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
         _drop_local(key)
         try:
-            self.anchor.unpersist()
+            anchor.unpersist()
         except Exception:  # pragma: no cover - context stopped
             pass
         self.anchor = None
@@ -458,18 +472,21 @@ class Resident:
     def __enter__(self) -> "Resident":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- jobs --------------------------------------------------------------
-    def mapPartitions(self, fn: Callable[[int, Shard], Iterable]):
+    def mapPartitions(self, fn: Callable[[int, Shard], Iterable]) -> "RDD":
         """A lazy RDD running ``fn(index, shard) -> iterable`` on each partition's shard
         (use it with any action: ``collect``, ``treeAggregate``, ``foreach`` with an
         accumulator...).  Wrap the action in :meth:`run_action` for lost-state handling."""
+        return self._live_anchor().mapPartitionsWithIndex(_Task(fn, per_partition=True),
+                                                          preservesPartitioning=True)
+
+    def _live_anchor(self) -> "RDD[ShardInfo]":
         if self.anchor is None:
             raise RuntimeError(f"resident state {self.key} is closed")
-        return self.anchor.mapPartitionsWithIndex(_Task(fn, per_partition=True),
-                                                  preservesPartitioning=True)
+        return self.anchor
 
     def run_action(self, action: Callable[[], Any], retry: bool = True) -> Any:
         """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs), turning an
@@ -492,16 +509,16 @@ class Resident:
     def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:
         """Run ``fn(index, shard)`` once per partition and return the results in
         partition order (a ``collect``; results should be small or param-sized)."""
-        def job():
-            rdd = self.anchor.mapPartitionsWithIndex(_Task(fn, per_partition=False),
-                                                     preservesPartitioning=True)
+        def job() -> list:
+            rdd = self._live_anchor().mapPartitionsWithIndex(_Task(fn, per_partition=False),
+                                                             preservesPartitioning=True)
             if description:
                 self.sc.setJobDescription(description)
             try:
                 return rdd.collect()
             finally:
                 if description:
-                    self.sc.setJobDescription(None)
+                    self.sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
         return self.run_action(job)
 
 
