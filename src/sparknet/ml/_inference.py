@@ -149,10 +149,10 @@ class BatchPredictor:
     def __call__(self, batches: Iterator) -> Iterator:
         from pyspark import TaskContext
 
-        from sparknet.cluster.data_parallel import _limit_blas
+        from sparknet import threads
 
         tc = TaskContext.get()
-        _limit_blas(tc.cpus() if tc is not None else 1)
+        threads.set_worker_threads(tc.cpus() if tc is not None else 1)
         model = _cached_model(self.key, self.bc)
         dim = int(np.prod(model.input_shape))
         for arr in batches:
