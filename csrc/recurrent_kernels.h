@@ -1,4 +1,4 @@
-/* Recurrent-layer kernels in plain C, included by src/sparknet/_recurrent.pyx:
+/* Recurrent-layer kernels in plain C, included by src/sparknet/_recurrent.pyx, _rnn.pyx and _lstm.pyx:
  * the fused LSTM/RNN gate rows (forward and backward, float and double), branch-free
  * float32 tanh/sigmoid, and a float32 AVX-512 GEMM over B packed in 32-column panels
  * (the recurrent weights are packed once per call and reused at every time step),
@@ -13,6 +13,12 @@
 #define SN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define SN_CLONES
+#endif
+/* each including module uses some of these static functions, not all */
+#if defined(__GNUC__)
+#define SN_UNUSED __attribute__((unused))
+#else
+#define SN_UNUSED
 #endif
 /* the gate blocks of one row are H apart and never overlap: let the compiler vectorise */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -67,7 +73,7 @@ static inline double sn_sigm_d(double x) {
 #define SN_DEFINE(T, S, ATTR)                                                              \
 /* LSTM forward of one row: a (4H) holds W_ih x + W_hh h (without bias) on entry and     \
    i, f, g, o on exit; writes c, tanh(c), h. */                                            \
-ATTR static void sn_lstm_fwd_##S(int H, T* restrict a, const T* restrict b,               \
+ATTR SN_UNUSED static void sn_lstm_fwd_##S(int H, T* restrict a, const T* restrict b,               \
                                  const T* restrict c_prev, T* restrict c,                  \
                                  T* restrict tc, T* restrict h) {                          \
     T* restrict ai = a; T* restrict af = a + H; T* restrict ag = a + 2 * H;                \
@@ -89,7 +95,7 @@ ATTR static void sn_lstm_fwd_##S(int H, T* restrict a, const T* restrict b,     
    their pre-activation gradients on exit (each j reads its four gates before writing).   \
    dh = dh_rec + dy (dy may be NULL); dc in/out (d/dc_t on entry, d/dc_{t-1} on exit);    \
    the gate gradients are added to db. */                                                  \
-ATTR static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,          \
+ATTR SN_UNUSED static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,          \
                                  const T* restrict tc, const T* restrict dh_rec,           \
                                  const T* restrict dy, T* restrict dc, T* restrict db) {   \
     T* ai = a; T* af = a + H; T* ag = a + 2 * H; T* ao = a + 3 * H;                        \
@@ -109,7 +115,7 @@ ATTR static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,
     }                                                                                      \
 }                                                                                          \
 /* RNN forward of one row: z (H) = W_ih x + W_hh h on entry; h = act(z + b) written. */    \
-ATTR static void sn_rnn_fwd_##S(int H, int act, const T* restrict z, const T* restrict b, \
+ATTR SN_UNUSED static void sn_rnn_fwd_##S(int H, int act, const T* restrict z, const T* restrict b, \
                                 T* restrict h) {                                           \
     int j;                                                                                 \
     if (act == 2) { SN_IVDEP for (j = 0; j < H; j++) h[j] = sn_tanh_##S(z[j] + b[j]); }              \
@@ -119,7 +125,7 @@ ATTR static void sn_rnn_fwd_##S(int H, int act, const T* restrict z, const T* re
 }                                                                                          \
 /* RNN backward of one row: dz = (dh_rec + dy) * act'(.) through the output h;           \
    writes dz and adds it to db. */                                                         \
-ATTR static void sn_rnn_bwd_##S(int H, int act, const T* restrict h,                      \
+ATTR SN_UNUSED static void sn_rnn_bwd_##S(int H, int act, const T* restrict h,                      \
                                 const T* restrict dh_rec, const T* restrict dy,            \
                                 T* restrict dz, T* restrict db) {                          \
     int j;                                                                                 \
@@ -193,7 +199,7 @@ static void sn_block1_avx512(int K, const float* A, const float* B, int ldb, flo
 /* B packed in panels of 32 columns: panel p holds B[0:K, 32p:32p+32] as K contiguous rows
    of 32 floats (zero padded), so a panel is one contiguous block whatever B's row stride
    (a power-of-two stride would map a panel's rows onto a few L1 sets). */
-__attribute__((target("avx512f")))
+__attribute__((target("avx512f"), unused))
 static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                             float* C, int ldc, int acc) {
     for (int j = 0; j < Nc; j += 32) {
@@ -250,7 +256,7 @@ static void sn_blockt1_avx512(int K, const float* At, int lda, const float* B, f
 }
 /* K is cut in chunks so that a chunk of a B panel (Kc x 32 floats) stays in L1/L2 while
    all row blocks of C accumulate over it. */
-__attribute__((target("avx512f")))
+__attribute__((target("avx512f"), unused))
 static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
                                float* C, int ldc, int acc) {
     const int Kc = 256;
@@ -272,17 +278,17 @@ static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int
         }
     }
 }
-static int sn_has_avx512(void) {
+SN_UNUSED static int sn_has_avx512(void) {
     static int has = -1;
     if (has < 0) { __builtin_cpu_init(); has = __builtin_cpu_supports("avx512f") ? 1 : 0; }
     return has;
 }
 #else
 #define SN_HAVE_AVX512 0
-static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+SN_UNUSED static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                             float* C, int ldc, int acc) { }
-static int sn_has_avx512(void) { return 0; }
-static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
+SN_UNUSED SN_UNUSED static int sn_has_avx512(void) { return 0; }
+SN_UNUSED static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
                                float* C, int ldc, int acc) { }
 #endif
 

@@ -8,7 +8,8 @@ unchanged, output zeros (when ``return_sequences=True``), and add nothing to the
 gradient.  Padding may be on either side: with ``return_sequences=False`` the output is
 the state at each sequence's last valid step.
 
-The math runs in the nogil kernels of :mod:`sparknet._recurrent`: one gemm for the input
+The math runs in the nogil kernels of :mod:`sparknet._rnn` and :mod:`sparknet._lstm` (their
+shared machinery in :mod:`sparknet._recurrent`): one gemm for the input
 projection of every time step, one gemm on the batch per step for the recurrence, fused
 gate nonlinearities, and backpropagation through time with one gemm for each weight
 gradient over all steps.
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet import _recurrent, initializers, threads
+from sparknet import _embedding, _lstm, _rnn, initializers, threads
 from sparknet.activations import activation_id, canonical_name
 from sparknet.layers.base import Layer, register
 
@@ -235,7 +236,7 @@ class SimpleRNN(_Recurrent):
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
         p = self.params
         with threads.capped():
-            _recurrent.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
+            _rnn.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
                                    self._act, b["xt"], b["zs"], b["hs"], y)
         hT = b["hs"][T].copy()
         self._last_state = (hT,)
@@ -259,7 +260,7 @@ class SimpleRNN(_Recurrent):
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
         with threads.capped():
-            _recurrent.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
+            _rnn.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
                                     dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
                                     b["dxt"] if need_dx else None, dx,
                                     g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
@@ -345,7 +346,7 @@ class LSTM(_Recurrent):
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
         p = self.params
         with threads.capped():
-            _recurrent.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
+            _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
                                     m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
         self._last_state = (b["hs"][T], b["cs"][T])
         if self.stateful:
@@ -383,7 +384,7 @@ class LSTM(_Recurrent):
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
         with threads.capped():
-            _recurrent.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
+            _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
                                      b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
                                      b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
                                      g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
@@ -470,7 +471,7 @@ class Embedding(Layer):
         ids = self._check_ids(x)
         flat = ids.reshape(-1)
         out = np.empty((flat.shape[0], self.dim), dtype=self.dtype)
-        _recurrent.embedding_forward(flat, self.params["embeddings"], out)
+        _embedding.embedding_forward(flat, self.params["embeddings"], out)
         self._ids = ids
         return out.reshape(ids.shape + (self.dim,))
 
@@ -487,7 +488,7 @@ class Embedding(Layer):
             raise RuntimeError(f"Embedding {self.name!r}: backward called before forward")
         flat = self._ids.reshape(-1)
         d = np.ascontiguousarray(dy, dtype=self.dtype).reshape(flat.shape[0], self.dim)
-        _recurrent.embedding_backward(flat, d, self.grads["embeddings"])
+        _embedding.embedding_backward(flat, d, self.grads["embeddings"])
         return None
 
     def get_config(self):

@@ -1,0 +1,69 @@
+# cython: language_level=3
+"""What the recurrent kernels share (``_rnn.pyx``, ``_lstm.pyx``): the products on the float32
+AVX-512 panel kernel or the BLAS, the batch-/time-major transposes, and the steps before the
+first time step and after the last.  All pointers are to C-contiguous (row-major) data;
+``floating`` is Cython's fused type (float32 and float64)."""
+
+from cython cimport floating
+
+# True when float32 products use the built-in AVX-512 panel kernel (CPU has it, not turned off)
+cdef bint own_kernel() noexcept nogil
+
+# raise ValueError(what) unless ok
+cdef int check(bint ok, str what) except -1
+
+# panels of 32 columns of B (K, Nc) = src (row stride ld), or src^T when transposed; NULL if out
+# of memory (the caller frees it)
+cdef float* pack_panels(const floating* src, Py_ssize_t ld, Py_ssize_t K, Py_ssize_t Nc,
+                        bint transposed) noexcept nogil
+
+# out (rows, G) = xt (rows, F) @ W_ih^T
+cdef void project_inputs(bint own, const floating* xt, const floating* w_ih, floating* out,
+                         Py_ssize_t rows, Py_ssize_t F, Py_ssize_t G) noexcept nogil
+
+# c (rows, Nc) (+)= a (rows, K) @ B, B = b^T when b_transposed else b; bp is B in panels (own)
+cdef void times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t K,
+                       const float* bp, const floating* b, bint b_transposed, Py_ssize_t Nc,
+                       floating* c, bint accumulate) noexcept nogil
+
+# dw (G, K) = dg^T (G, rows) @ src (rows, K)
+cdef void weight_grad(bint own, const floating* dg, const floating* src, floating* dw,
+                      Py_ssize_t rows, Py_ssize_t G, Py_ssize_t K) noexcept nogil
+
+# xt[t, n, :] = x[n, t, :]   and   x[n, t, :] = xt[t, n, :]
+cdef void to_time_major(const floating* x, floating* xt, Py_ssize_t N, Py_ssize_t T,
+                        Py_ssize_t F) noexcept nogil
+cdef void to_batch_major(const floating* xt, floating* x, Py_ssize_t N, Py_ssize_t T,
+                         Py_ssize_t F) noexcept nogil
+
+# s[:size] = s0[:size], or zeros when s0 is NULL
+cdef void init_state(floating* s, const floating* s0, Py_ssize_t size) noexcept nogil
+
+# the shape checks every forward kernel makes (messages start with ``kernel``)
+cdef int check_forward_buffers(str kernel, const floating[:, :, ::1] x, floating[:, :, ::1] xt,
+                               floating[:, :, ::1] pre, str pre_name, floating[:, :, ::1] hs,
+                               const floating[:, ::1] h0, const unsigned char[:, ::1] mask,
+                               floating[:, :, ::1] y, Py_ssize_t G, Py_ssize_t H) except -1
+
+# malloc the summed bias b (G,) and, when own, W_hh^T (H, G) in panels; MemoryError if out of memory
+cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_t G,
+                         floating** b, float** whT) except -1
+
+# before the first step: b = b_ih + b_hh; hs[0] = h0 (zeros when NULL); xt = x time-major and
+# pre (T*N, G) = xt @ W_ih^T
+cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, const floating* b_ih,
+                           const floating* b_hh, const floating* h0, floating* b, floating* xt,
+                           floating* pre, floating* hs, Py_ssize_t N, Py_ssize_t T, Py_ssize_t F,
+                           Py_ssize_t G, Py_ssize_t H) noexcept nogil
+
+# a backward over no step (T == 0 or N == 0): the weight gradients and db_hh zero
+cdef void zero_grads(floating* dw_ih, floating* dw_hh, floating* db_hh, Py_ssize_t F,
+                     Py_ssize_t G, Py_ssize_t H) noexcept nogil
+
+# after the last step: dW_hh = dg^T @ hs[0:T], dW_ih = dg^T @ xt, dx = (dg @ W_ih) batch-major
+# (when dx is not NULL), db_hh = db_ih
+cdef void backward_products(bint own, const floating* dg, const floating* hs, const floating* xt,
+                            const floating* w_ih, floating* dw_ih, floating* dw_hh,
+                            const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
+                            Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
+                            Py_ssize_t H) noexcept nogil
