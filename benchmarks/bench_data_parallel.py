@@ -94,6 +94,7 @@ def to_df(spark, X, y, partitions: int):
 
 def run_single(X, y, Xt, yt, args):
     from threadpoolctl import threadpool_limits
+
     from sparknet import RMSprop
     model = make_model(args.seed)
     opt = RMSprop(lr=args.lr)

@@ -13,7 +13,7 @@ the 10,000 test images after every epoch (on the executors, inside the timed fit
 
 The straggler is partition 1 slowed to half speed by an injected delay: after each of
 its training rounds it sleeps as long as that round computed
-(:func:`sparknet.cluster.async_ps.inject_faults` with ``slow={1: 1.0}``), as a busy or
+(:func:`sparknet.cluster.testing.inject_faults` with ``slow={1: 1.0}``), as a busy or
 older machine would be.  The same injection applies to the synchronous rounds.
 
 Reported per run: the fit's time to the target test accuracy (``--target``, 97%),
@@ -69,8 +69,8 @@ def time_to_target(times, accs, target):
 
 def run(spark, mode, data, args, straggler):
     from sparknet import RMSprop
-    from sparknet.cluster.async_ps import inject_faults
     from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.testing import inject_faults
 
     X, y, Xt, yt = data
     model = build_model(args.hidden)

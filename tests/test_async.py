@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.async_ps import AsyncPartitionError, inject_faults
+from sparknet.cluster.async_ps import AsyncPartitionError
 from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.testing import inject_faults
 
 
 def _mlp(seed=0):
@@ -204,3 +205,19 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
     acc = float(model.evaluate(Xt, yt)["accuracy"])
     print(f"accuracy after a rebuild: {acc:.4f}")
     assert acc > 0.85
+
+
+def test_fault_injection_enters_through_the_task_hook_and_leaves_with_the_block(spark, digits):
+    """inject_faults wraps only the training tasks (calibration and evaluation run
+    untouched), applies to synchronous rounds too, and is gone after its block."""
+    from sparknet.cluster import rounds
+
+    X, y, _, _ = digits
+    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=3)
+    with inject_faults(fail=[1]):
+        with pytest.raises(Exception, match=r"injected failure in partition 1 \(sparknet.cluster.testing"):
+            trainer.fit(X, y, epochs=1, batch_size=32, verbose=0)
+        assert set(trainer.evaluate(X, y)) == {"loss", "accuracy"}
+    assert rounds.set_task_wrapper(None) is None
+    _, h = trainer.fit(X, y, epochs=1, batch_size=32, verbose=0)
+    assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])

@@ -90,10 +90,11 @@ of the last applied update (the interrupted epoch is in the history, marked
 
 Testing and benchmark hooks
 ---------------------------
-:func:`inject_faults` makes a partition slower (it sleeps ``factor`` times its compute
-time after each training round: ``factor=1`` is half speed, as a busy or older machine
-would be; or a fixed number of seconds) or makes its training task raise.  It applies to synchronous and
-asynchronous training alike, so both are compared on the same straggler.
+:func:`sparknet.cluster.testing.inject_faults` makes a partition slower (it sleeps
+``factor`` times its compute time after each training round: ``factor=1`` is half
+speed, as a busy or older machine would be; or a fixed number of seconds) or makes its
+training task raise.  It applies to synchronous and asynchronous training alike, so
+both are compared on the same straggler.
 
 Example::
 
@@ -108,17 +109,17 @@ import contextlib
 import logging
 import math
 import queue
-import re
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from sparknet.cluster import data_parallel as dp
-from sparknet.cluster.params import STATS
+from sparknet.cluster.async_jobs import Launch, PartitionThread, executor_message
+from sparknet.cluster.fit import FitContext, RoundLog
+from sparknet.cluster.params import STATS, RoundResult
 from sparknet.cluster.resident import ResidentStateLost, lost_reason
 
 log = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ class AsyncOptions:
     coalesce: float = 0.15
 
 
-def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
+def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None, stale: str = "reject",
              on_update: Callable[[dict], Any] | None = None,
              delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
@@ -200,135 +201,9 @@ def _options(trainer, max_staleness: int | None = None, stale: str = "reject",
     return AsyncOptions(None if max_staleness is None else int(max_staleness), stale, on_update, w, c)
 
 
-# ------------------------------------------------------------------ fault injection
-class _FaultyRoundTask(dp._RoundTask):
-    """A training task with injected faults (see :func:`inject_faults`); pickled by
-    reference to this module, so the executors run the same code."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._slow = dict(_FAULTS["slow"])
-        self._delay = dict(_FAULTS["delay"])
-        self._fail = dict(_FAULTS["fail"])
-
-    def __call__(self, index: int, shard):
-        training = self.kind in ("average", "gradient")
-        if training and index in self._fail:
-            raise RuntimeError(self._fail[index])
-        t0 = time.perf_counter()
-        out = super().__call__(index, shard)
-        if training and (index in self._slow or index in self._delay):
-            spent = time.perf_counter() - t0
-            extra = self._slow.get(index, 0.0) * spent + self._delay.get(index, 0.0)
-            time.sleep(extra)
-            for r in out:  # the sleep is the slow machine's compute
-                r.times = [t + extra for t in r.times]
-        return out
-
-
-_FAULTS: dict[str, dict] = {"slow": {}, "delay": {}, "fail": {}}
-_FAULT_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] | None = None,
-                  fail: "dict[int, str] | list[int] | tuple[int, ...] | None" = None) -> Iterator[None]:
-    """Inject a straggler or a failing task into data-parallel training (tests and
-    benchmarks only).
-
-    Inside the ``with`` block, the training tasks of every
-    :class:`~sparknet.cluster.data_parallel.DataParallelTrainer` fit (synchronous and
-    asynchronous; calibration probes and evaluation are untouched) built on this
-    driver are replaced by a subclass that:
-
-    * for ``slow={p: factor}``, sleeps ``factor`` times its own compute time after each
-      training round of partition ``p`` (``factor=1.0``: the partition runs at half
-      speed, as a busy or older machine would); the sleep counts as its compute time;
-    * for ``delay={p: seconds}``, sleeps that many seconds after each training round of
-      partition ``p`` (a fixed slowdown, for tests that need a round to last long);
-    * for ``fail={p: message}`` (or a list of partitions), raises ``RuntimeError(message)``
-      in partition ``p``'s training task.
-
-    It works by swapping ``sparknet.cluster.data_parallel._RoundTask`` on the driver for
-    the duration of the block, so do not run other fits concurrently in the process.
-
-    Args:
-        slow: partition -> slowdown factor (>= 0).
-        delay: partition -> extra seconds per training round (>= 0).
-        fail: partitions whose training task raises, or partition -> message.
-
-    Raises:
-        ValueError: negative partition, factor or delay.
-    """
-    slow = {int(k): float(v) for k, v in (slow or {}).items()}
-    delay = {int(k): float(v) for k, v in (delay or {}).items()}
-    if isinstance(fail, (list, tuple)):
-        fail = {int(p): f"injected failure in partition {int(p)} (sparknet.cluster.async_ps.inject_faults)"
-                for p in fail}
-    fail = {int(k): str(v) for k, v in (fail or {}).items()}
-    for what, d in (("slow", slow), ("delay", delay)):
-        for k, v in d.items():
-            if k < 0 or not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"{what}: partition {k} value {v} (need partition >= 0 and a finite "
-                                 f"value >= 0)")
-    for k in fail:
-        if k < 0:
-            raise ValueError(f"fail: partition {k} must be >= 0")
-    with _FAULT_LOCK:
-        saved_cls, saved = dp._RoundTask, dict(_FAULTS)
-        _FAULTS.update(slow=slow, delay=delay, fail=fail)
-        dp._RoundTask = _FaultyRoundTask
-    try:
-        yield
-    finally:
-        with _FAULT_LOCK:
-            dp._RoundTask = saved_cls
-            _FAULTS.clear()
-            _FAULTS.update(saved)
-
-
-def _task_class():
-    """The training task class in force (the data-parallel one, or the faulty one)."""
-    return dp._RoundTask
-
-
 # ---------------------------------------------------------------------- driver side
-def _identity(it):
-    return it
-
-
-def _executor_message(exc: BaseException) -> str:
-    """The executor's Python exception line (``RuntimeError: ...``) out of a PySpark or
-    Py4J error, plus how many times Spark tried the task when it says so."""
-    text = str(exc)
-    head = text.split("\n\tat ", 1)[0]  # drop the Java frames
-    lines = [ln.strip() for ln in head.splitlines() if ln.strip()]
-    line = next((ln for ln in reversed(lines)
-                 if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", ln)
-                 and not ln.startswith(("org.apache.", "py4j.", "java."))), None)
-    if line is None:
-        line = (lines[-1] if lines else type(exc).__name__)
-    tries = re.search(r"failed (\d+) times", text)
-    if tries:
-        line += f" (Spark ran the task {tries.group(1)} time{'s' if tries.group(1) != '1' else ''})"
-    return line[:1000]
-
-
 @dataclass
-class _Launch:
-    """One asynchronous round of one partition."""
-
-    partition: int
-    version: int
-    bc: Any
-    epoch: int          # the partition's own pass over its shard
-    chunk: int
-    rows: int
-    started: float = 0.0
-
-
-@dataclass
-class _AsyncLog(dp._RoundLog):
+class _AsyncLog(RoundLog):
     """What one asynchronous epoch returns to the trainer (see ``register_mode``): the
     synchronous epoch's log plus history entries and whether the fit was interrupted."""
 
@@ -336,52 +211,29 @@ class _AsyncLog(dp._RoundLog):
     stop: bool = False
 
 
-class _PartitionThread:
-    """A driver thread that runs one partition's single-partition jobs, one at a time,
-    in its own Spark job group."""
+@dataclass
+class _Epoch:
+    """The state of one asynchronous epoch on the driver."""
 
-    def __init__(self, run: "_AsyncRun", index: int) -> None:
-        from pyspark import InheritableThread
+    epoch: int
+    last: bool                       # the fit's last epoch: stop at the budget
+    target: int                      # rows dispatched by the end of this epoch
+    workers: list[PartitionThread]
+    log: _AsyncLog = field(default_factory=_AsyncLog)
+    applied: int = 0
+    rejected: int = 0
+    downweighted: int = 0
+    staleness: list[int] = field(default_factory=list)       # of the applied deltas
+    held: dict[int, tuple[float, dict]] = field(default_factory=dict)  # partition -> (deadline, record)
 
-        self.run, self.index = run, index
-        self.group = f"{run.group}-p{index}"
-        self.inbox: "queue.Queue[_Launch | None]" = queue.Queue()
-        self.busy: _Launch | None = None
-        self.thread = InheritableThread(target=self._loop, name=f"sparknet-async-p{index}", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        run = self.run
-        sc = run.sc
-        sc.setJobGroup(self.group, f"sparknet async rounds, partition {self.index}", interruptOnCancel=True)
-        while True:
-            job = self.inbox.get()
-            if job is None:
-                return
-            try:
-                task = _task_class()(run.ctx.spec, job.bc, "average", epoch=job.epoch, rnd=job.chunk,
-                                     rounds=run.rounds)
-                rdd = run.resident.mapPartitions(task)
-                sc.setLocalProperty("spark.job.description",
-                                    f"sparknet async: partition {self.index} pass {job.epoch + 1} "
-                                    f"chunk {job.chunk + 1}/{run.rounds} at version {job.version}")
-                out = sc.runJob(rdd, _identity, partitions=[self.index])
-                run.results.put((self.index, job, out, None))
-            except BaseException as exc:  # noqa: BLE001 - reported to the driver loop
-                run.results.put((self.index, job, None, exc))
-
-    def submit(self, job: _Launch) -> None:
-        self.busy = job
-        self.inbox.put(job)
-
-    def stop(self) -> None:
-        self.inbox.put(None)
+    def busy(self) -> bool:
+        return bool(self.held) or any(w.busy is not None for w in self.workers)
 
 
 class _AsyncRun:
     """The asynchronous parameter server of one fit (lives across its epochs)."""
 
-    def __init__(self, trainer, ctx) -> None:
+    def __init__(self, trainer: dp.DataParallelTrainer, ctx: FitContext) -> None:
         self.trainer, self.ctx = trainer, ctx
         self.opts: AsyncOptions = trainer.mode_options
         self.model = ctx.model
@@ -399,19 +251,15 @@ class _AsyncRun:
         self.version = 0            # updates applied so far
         self.dispatched = 0         # rows handed out, all epochs
         self.cursor = {p: [0, 0] for p in range(self.P)}  # partition -> [pass, chunk]
-        self.est = {p: None for p in range(self.P)}       # EMA of a round's wall seconds
+        self.est: dict[int, float | None] = dict.fromkeys(range(self.P))  # EMA of a round's wall seconds
         self._bcs: dict[int, list] = {}                  # version -> [broadcast, refs]
         self.rebuilds = 0
         self.results: "queue.Queue[tuple]" = queue.Queue()
         self.t_start = time.perf_counter()
-        self.updates: list[dict] = []
-        history = getattr(ctx, "history", None)
-        if history is not None:
-            history.updates = self.updates
+        self.updates: list[dict] = ctx.history.updates if ctx.history is not None else []
         log.info("sparknet async: %d partitions, %d chunks per pass, max_staleness=%d (%s)",
                  self.P, self.rounds, self.max_staleness, self.opts.stale)
 
-    # -- broadcasts -------------------------------------------------------
     def _acquire(self) -> Any:
         ent = self._bcs.get(self.version)
         if ent is None:
@@ -446,11 +294,11 @@ class _AsyncRun:
         n = self.rows[p]
         return n * (chunk + 1) // self.rounds - n * chunk // self.rounds
 
-    def _launch(self, w: _PartitionThread) -> None:
+    def _launch(self, w: PartitionThread) -> None:
         p = w.index
         e, c = self.cursor[p]
         rows = self._chunk_rows(p, c)
-        job = _Launch(p, self.version, self._acquire(), e, c, rows, time.perf_counter())
+        job = Launch(p, self.version, self._acquire(), e, c, rows, time.perf_counter())
         c += 1
         if c >= self.rounds:
             e, c = e + 1, 0
@@ -458,153 +306,181 @@ class _AsyncRun:
         self.dispatched += rows
         w.submit(job)
 
-    def _may_launch(self, w: _PartitionThread, target: int, last: bool, workers) -> bool:
+    def _may_launch(self, w: PartitionThread, st: _Epoch) -> bool:
         if self.rows[w.index] == 0:
             return False
-        if self.dispatched < target:
+        if self.dispatched < st.target:
             return True
-        if last:
+        if st.last:
             return False
         # past the epoch's budget: one more round only if it should end before the
         # rounds still in flight (its rows count against the next epoch)
         now = time.perf_counter()
-        ends = [x.busy.started + (self.est[x.index] or 0.0) for x in workers if x.busy is not None]
+        ends = [x.busy.started + (self.est[x.index] or 0.0) for x in st.workers if x.busy is not None]
         mine = self.est[w.index]
         return bool(ends) and mine is not None and now + mine <= max(ends)
 
+    def _launch_if_due(self, w: PartitionThread, st: _Epoch) -> None:
+        if self._may_launch(w, st):
+            self._launch(w)
+
     # -- one epoch --------------------------------------------------------
     def epoch(self, epoch: int) -> _AsyncLog:
-        ctx, model, opts = self.ctx, self.model, self.opts
-        last = epoch == ctx.epochs - 1
+        """Run the rounds of ``epoch`` until its budget of rows is processed and every
+        round in flight has come back (or the fit is interrupted)."""
         target = (epoch + 1) * self.total
-        rl = _AsyncLog()
-        bar = getattr(ctx, "bar", None)
+        st = _Epoch(epoch, epoch == self.ctx.epochs - 1, target,
+                    [PartitionThread(self, p) for p in range(self.P)])
+        bar = self.ctx.bar
         if bar is not None:
             with contextlib.suppress(Exception):
                 bar.total = max(1, math.ceil(max(target - self.dispatched, 0) /
                                              max(1, self.total // (self.P * self.rounds))))
         t0 = time.perf_counter()
-        workers = [_PartitionThread(self, p) for p in range(self.P)]
-        applied = rejected = down = 0
-        stale_seen: list[int] = []
-        held: dict[int, tuple[float, dict]] = {}  # partition -> (deadline, its update's record)
-
-        def release(q: int) -> None:  # a deferred relaunch goes now; record how long it waited
-            _deadline, rec = held.pop(q)
-            rec["held"] = time.perf_counter() - self.t_start - rec["time"]
-            if self._may_launch(workers[q], target, last, workers):
-                self._launch(workers[q])
-
         failure: BaseException | None = None
         try:
-            for w in workers:
-                if self._may_launch(w, target, last, workers):
-                    self._launch(w)
-            while held or any(w.busy is not None for w in workers):
-                wait = 0.25
-                if held:
-                    wait = max(0.0, min(min(d for d, _ in held.values()) - time.perf_counter(), wait))
-                try:
-                    p, job, out, exc = self.results.get(timeout=wait)
-                except queue.Empty:
-                    now = time.perf_counter()
-                    for q in [q for q, (d, _) in held.items() if d <= now]:
-                        release(q)
-                    self._check_threads(workers)
-                    continue
-                w = workers[p]
-                w.busy = None
-                self._release(job.version)
-                if exc is not None:
-                    if lost_reason(exc) is not None and self._may_rebuild():
-                        self._rebuild(workers, job)
-                        held.clear()  # relaunched here with the others
-                        for x in workers:
-                            if x.busy is None and self._may_launch(x, target, last, workers):
-                                self._launch(x)
-                        continue
-                    raise self._failure(p, job, exc)
-                res = out[0] if out else None
-                wall = time.perf_counter() - job.started
-                self.est[p] = wall if self.est[p] is None else 0.5 * self.est[p] + 0.5 * wall
-                staleness = self.version - job.version
-                weight, ok = self.delta_weight, True
-                if staleness > self.max_staleness:
-                    if opts.stale == "reject":
-                        weight, ok = 0.0, False
-                        rejected += 1
-                    else:
-                        weight *= (1.0 + self.max_staleness) / (1.0 + staleness)
-                        down += 1
-                rows = 0
-                loss = float("nan")
-                if res is not None:
-                    rl.stats += res.stats
-                    rl.compute += max(res.times) if res.times else 0.0
-                    rows = int(res.stat("samples"))
-                    if res.stat("weight_sum") > 0:
-                        loss = res.stat("loss_sum") / res.stat("weight_sum")
-                    if ok and res.vec is not None and rows > 0:
-                        model.params += (res.vec * model.dtype.type(weight / rows)).astype(
-                            model.dtype, copy=False)
-                        self.version += 1
-                        applied += 1
-                        stale_seen.append(staleness)
-                        if self.version - 1 in self._bcs and self._bcs[self.version - 1][1] <= 0:
-                            self._destroy(self.version - 1)
-                    elif ok:
-                        ok = False  # an empty round: nothing to apply
-                rl.rounds += 1
-                for q in list(held):  # a fresher model: the deferred relaunches go now
-                    release(q)
-                hold = self._hold(w, workers)
-                rec = {"epoch": epoch, "partition": p, "version": job.version, "staleness": staleness,
-                       "weight": weight if ok else 0.0, "applied": ok, "rows": rows, "loss": loss,
-                       "time": time.perf_counter() - self.t_start, "update": self.version,
-                       "held": 0.0}
-                self.updates.append(rec)
-                if opts.on_update is not None:  # before its relaunch: it sees this update's model
-                    opts.on_update(dict(rec))
-                if hold > 0:
-                    held[p] = (time.perf_counter() + hold, rec)
-                elif self._may_launch(w, target, last, workers):
-                    self._launch(w)
-                if bar is not None:
-                    bar.update(1)
-                    w_sum = max(rl.stats[1], 1e-12)
-                    post = {"loss": f"{rl.stats[0] / w_sum:.4f}", "stale": staleness}
-                    bar.set_postfix(post, refresh=False)
+            self._serve(st)
         except KeyboardInterrupt:
-            n = self._cancel(workers)
+            n = self._cancel(st.workers)
             log.warning("sparknet async: interrupted; cancelled %d outstanding job(s); the model is "
                         "as of update %d", n, self.version)
-            rl.stop = True
+            st.log.stop = True
         except BaseException as exc:
             failure = exc
             raise
         finally:
-            if failure is not None:
-                self._cancel(workers)
-            for w in workers:
-                w.stop()
-            for w in workers:
-                w.thread.join(timeout=5.0)
-            self._drop_broadcasts()
-        rl.wall = (time.perf_counter() - t0) * max(1, self.P)
-        st = dict(zip(STATS, rl.stats))
-        rl.logs = {
+            self._end(st, cancel=failure is not None)
+        st.log.wall = (time.perf_counter() - t0) * max(1, self.P)
+        st.log.logs = self._epoch_logs(st)
+        return st.log
+
+    def _serve(self, st: _Epoch) -> None:
+        """The driver loop: launch, then take each arriving result until none is out."""
+        for w in st.workers:
+            self._launch_if_due(w, st)
+        while st.busy():
+            wait = 0.25
+            if st.held:
+                wait = max(0.0, min(min(d for d, _ in st.held.values()) - time.perf_counter(), wait))
+            try:
+                p, job, out, exc = self.results.get(timeout=wait)
+            except queue.Empty:
+                now = time.perf_counter()
+                for q in [q for q, (d, _) in st.held.items() if d <= now]:
+                    self._relaunch_held(st, q)
+                self._check_threads(st.workers)
+                continue
+            st.workers[p].busy = None
+            self._release(job.version)
+            if exc is not None:
+                self._recover(st, p, job, exc)
+            else:
+                self._arrive(st, p, job, out[0] if out else None)
+
+    def _recover(self, st: _Epoch, p: int, job: Launch, exc: BaseException) -> None:
+        """A failed job: lost shards are rebuilt and every partition relaunched (at most
+        twice per fit); anything else ends the fit."""
+        if lost_reason(exc) is None or not self._may_rebuild():
+            raise self._failure(p, job, exc)
+        self._rebuild(st.workers, job)
+        st.held.clear()  # relaunched here with the others
+        for x in st.workers:
+            if x.busy is None:
+                self._launch_if_due(x, st)
+
+    def _arrive(self, st: _Epoch, p: int, job: Launch, res: RoundResult | None) -> None:
+        """A partition's delta is back: weigh it by its staleness, apply it, record it,
+        then relaunch the partition (now, or held for a round due soon)."""
+        w = st.workers[p]
+        wall = time.perf_counter() - job.started
+        prev = self.est[p]
+        self.est[p] = wall if prev is None else 0.5 * prev + 0.5 * wall
+        staleness = self.version - job.version
+        weight, ok = self._weigh(st, staleness)
+        rows, loss = 0, float("nan")
+        if res is not None:
+            rows, loss, ok = self._apply(st, res, staleness, weight, ok)
+        st.log.rounds += 1
+        for q in list(st.held):  # a fresher model: the deferred relaunches go now
+            self._relaunch_held(st, q)
+        hold = self._hold(w, st.workers)
+        rec = {"epoch": st.epoch, "partition": p, "version": job.version, "staleness": staleness,
+               "weight": weight if ok else 0.0, "applied": ok, "rows": rows, "loss": loss,
+               "time": time.perf_counter() - self.t_start, "update": self.version, "held": 0.0}
+        self.updates.append(rec)
+        if self.opts.on_update is not None:  # before its relaunch: it sees this update's model
+            self.opts.on_update(dict(rec))
+        if hold > 0:
+            st.held[p] = (time.perf_counter() + hold, rec)
+        else:
+            self._launch_if_due(w, st)
+        bar = self.ctx.bar
+        if bar is not None:
+            bar.update(1)
+            w_sum = max(st.log.stats[1], 1e-12)
+            bar.set_postfix({"loss": f"{st.log.stats[0] / w_sum:.4f}", "stale": staleness}, refresh=False)
+
+    def _weigh(self, st: _Epoch, staleness: int) -> tuple[float, bool]:
+        """(weight, whether to apply) of a delta ``staleness`` updates old."""
+        if staleness <= self.max_staleness:
+            return self.delta_weight, True
+        if self.opts.stale == "reject":
+            st.rejected += 1
+            return 0.0, False
+        st.downweighted += 1
+        return self.delta_weight * (1.0 + self.max_staleness) / (1.0 + staleness), True
+
+    def _apply(self, st: _Epoch, res: RoundResult, staleness: int, weight: float,
+               ok: bool) -> tuple[int, float, bool]:
+        """``params += weight * delta / rows`` when ``ok`` and the round had rows;
+        returns (rows, the round's mean loss, whether it was applied)."""
+        model = self.model
+        st.log.stats += res.stats
+        st.log.compute += max(res.times) if res.times else 0.0
+        rows = int(res.stat("samples"))
+        loss = res.stat("loss_sum") / res.stat("weight_sum") if res.stat("weight_sum") > 0 else float("nan")
+        if not (ok and res.vec is not None and rows > 0):
+            return rows, loss, False  # rejected, or an empty round: nothing to apply
+        model.params += (res.vec * model.dtype.type(weight / rows)).astype(model.dtype, copy=False)
+        self.version += 1
+        st.applied += 1
+        st.staleness.append(staleness)
+        if self.version - 1 in self._bcs and self._bcs[self.version - 1][1] <= 0:
+            self._destroy(self.version - 1)
+        return rows, loss, True
+
+    def _relaunch_held(self, st: _Epoch, q: int) -> None:
+        """A deferred relaunch goes now; its update's record says how long it waited."""
+        _deadline, rec = st.held.pop(q)
+        rec["held"] = time.perf_counter() - self.t_start - rec["time"]
+        self._launch_if_due(st.workers[q], st)
+
+    def _end(self, st: _Epoch, cancel: bool) -> None:
+        if cancel:
+            self._cancel(st.workers)
+        for w in st.workers:
+            w.stop()
+        for w in st.workers:
+            w.thread.join(timeout=5.0)
+        self._drop_broadcasts()
+
+    def _epoch_logs(self, st: _Epoch) -> dict[str, float]:
+        """The epoch's history entries besides the synchronous ones."""
+        rl = st.log
+        stats = dict(zip(STATS, rl.stats))
+        seen = st.staleness
+        return {
             "rounds": rl.rounds,
-            "local_steps": st["steps"] / max(rl.rounds, 1),
-            "updates": applied, "rejected": rejected, "downweighted": down,
-            "staleness_mean": float(np.mean(stale_seen)) if stale_seen else 0.0,
-            "staleness_max": float(max(stale_seen)) if stale_seen else 0.0,
-            "max_staleness": self.max_staleness, "samples": st["samples"],
+            "local_steps": stats["steps"] / max(rl.rounds, 1),
+            "updates": st.applied, "rejected": st.rejected, "downweighted": st.downweighted,
+            "staleness_mean": float(np.mean(seen)) if seen else 0.0,
+            "staleness_max": float(max(seen)) if seen else 0.0,
+            "max_staleness": self.max_staleness, "samples": stats["samples"],
             "rounds_per_pass": self.rounds,
             "interrupted": 1.0 if rl.stop else 0.0,
         }
-        return rl
 
-    def _hold(self, w: _PartitionThread, workers) -> float:
+    def _hold(self, w: PartitionThread, workers: list[PartitionThread]) -> float:
         """Seconds ``w``'s relaunch may wait (0: relaunch now): the whole window,
         ``coalesce`` x ``w``'s own round time, when another partition's round is due
         within it (or overdue, or has no finished round to predict it by).  Any
@@ -624,16 +500,16 @@ class _AsyncRun:
                 return window
         return 0.0
 
-    def _check_threads(self, workers) -> None:
+    def _check_threads(self, workers: list[PartitionThread]) -> None:
         for w in workers:
             if w.busy is not None and not w.thread.is_alive():
                 raise AsyncPartitionError(w.index, f"the driver thread of partition {w.index} died "
                                                    f"without a result")
 
-    def _failure(self, p: int, job: _Launch, exc: BaseException) -> BaseException:
+    def _failure(self, p: int, job: Launch, exc: BaseException) -> BaseException:
         if isinstance(exc, KeyboardInterrupt):
             return exc
-        msg = _executor_message(exc)
+        msg = executor_message(exc)
         reason = lost_reason(exc)
         if reason is not None:
             return ResidentStateLost(f"partition {p}: {reason}")
@@ -645,7 +521,7 @@ class _AsyncRun:
     def _may_rebuild(self) -> bool:
         return self.resident.on_lost == "rebuild" and self.rebuilds < 2
 
-    def _rebuild(self, workers, lost: _Launch) -> None:
+    def _rebuild(self, workers: list[PartitionThread], lost: Launch) -> None:
         """A shard's files vanished (its executor's host changed or they were deleted):
         stop the other rounds, rebuild every shard from the source, as the synchronous
         rounds do; the rows of the lost and cancelled rounds go back into the budget."""
@@ -658,7 +534,7 @@ class _AsyncRun:
                     "shards (partition optimizer state restarts from zero)", lost.partition)
         self.resident.rebuild()
 
-    def _cancel(self, workers) -> int:
+    def _cancel(self, workers: list[PartitionThread]) -> int:
         """Cancel every outstanding job and wait (bounded) until each has ended."""
         busy = [w for w in workers if w.busy is not None]
         for w in busy:
@@ -680,14 +556,13 @@ class _AsyncRun:
         return len(busy)
 
 
-def async_epoch(trainer, ctx, epoch: int) -> _AsyncLog:
+def async_epoch(trainer: dp.DataParallelTrainer, ctx: FitContext, epoch: int) -> _AsyncLog:
     """The epoch runner of ``mode="async"`` (registered with
-    :func:`~sparknet.cluster.data_parallel.register_mode`)."""
-    run = getattr(ctx, "_async_run", None)
-    if run is None:
-        run = _AsyncRun(trainer, ctx)
-        ctx._async_run = run
-    return run.epoch(epoch)
+    :func:`~sparknet.cluster.data_parallel.register_mode`); the fit's asynchronous
+    server lives in ``ctx.mode_state`` across its epochs."""
+    if ctx.mode_state is None:
+        ctx.mode_state = _AsyncRun(trainer, ctx)
+    return ctx.mode_state.epoch(epoch)
 
 
 dp.register_mode("async", async_epoch, options=_options)

@@ -47,6 +47,9 @@ Example::
     trainer = DataParallelTrainer(model, spark, num_partitions=2)
     model, history = trainer.fit(df, epochs=10, batch_size=64, validation_data=val_df)
     history["val_accuracy"][-1], history["spark_overhead"]
+
+The executor side of a round is :mod:`sparknet.cluster.rounds`; the driver side of
+one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.cluster.fit`.
 """
 from __future__ import annotations
 
@@ -55,161 +58,28 @@ import logging
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from sparknet import losses as losses_mod
-from sparknet import threads
 from sparknet import optim as optim_mod
+from sparknet._validation import positive_int
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData, check_label_range, label_desc, shard_data
-from sparknet.cluster.params import STATS, ParameterServer, RoundResult
-from sparknet.model import History, Sequential
+from sparknet.cluster.fit import FitContext, FitHistory, RoundLog
+from sparknet.cluster.params import STATS, ParameterServer
+from sparknet.cluster.rounds import FitSpec
+from sparknet.model import Sequential
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
 _SYNC = ("gradient", "average")
 
-# ------------------------------------------------------------------------- executor side
-#: fit key -> the worker's copy of the model (rebuilt from its config once per fit).
-_MODELS: dict[str, Sequential] = {}
-
-
-@dataclass
-class _FitSpec:
-    """What every task of a fit needs (small; travels with each task)."""
-
-    key: str
-    config: dict
-    loss: str
-    optimizer: tuple[str, dict]
-    batch_size: int
-    seed: int
-    input_shape: tuple[int, ...]
-    classification: bool
-    int_input: bool
-    y_shape: tuple[int, ...] = ()
-
-
-def _worker_model(spec: _FitSpec) -> Sequential:
-    model = _MODELS.get(spec.key)
-    if model is None:
-        _MODELS.clear()  # one fit at a time per worker: free the previous fit's model
-        model = Sequential.from_config(spec.config)
-        if not model.built:
-            model.build(spec.input_shape)
-        _MODELS[spec.key] = model
-    return model
-
-
-def _round_rows(n: int, seed: int, epoch: int, index: int, rnd: int, rounds: int) -> np.ndarray:
-    perm = np.random.default_rng([seed, epoch, index]).permutation(n)
-    return perm[n * rnd // rounds: n * (rnd + 1) // rounds]
-
-
-class _RoundTask:
-    """One partition's part of a round.  ``kind`` is ``"gradient"``, ``"average"``,
-    ``"eval"`` or ``"probe"`` (timed local steps, nothing kept)."""
-
-    def __init__(self, spec: _FitSpec, bc, kind: str, epoch: int = 0, rnd: int = 0,
-                 rounds: int = 1, probe_steps: int = 0, span: int = 1) -> None:
-        self.spec, self.bc, self.kind = spec, bc, kind
-        self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
-        self.span = max(1, int(span))  # epochs in this round ("average" only; then rounds == 1)
-
-    def _batch(self, x, y, rows):
-        spec = self.spec
-        xb = x[rows].reshape((len(rows),) + spec.input_shape)
-        if spec.int_input:
-            xb = xb.astype(np.int64)
-        yb = y[rows]
-        if spec.y_shape:
-            yb = yb.reshape((len(rows),) + spec.y_shape)
-        return xb, yb
-
-    def __call__(self, index: int, shard):
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        threads.set_worker_threads(tc.cpus() if tc is not None else 1)
-        spec = self.spec
-        x, y = shard["x"], shard["y"]
-        n = int(y.shape[0])
-        stats = np.zeros(len(STATS))
-        if n == 0:
-            return [RoundResult(None, stats, [0.0])]
-        t0 = time.perf_counter()
-        model = _worker_model(spec)
-        model.set_params(self.bc.value)
-        loss = losses_mod.get(spec.loss)
-        for i, layer in enumerate(model.layers):  # dropout & co: seeded per task
-            layer.rng = np.random.default_rng([spec.seed, self.epoch, self.rnd, index, i, 7])
-        vec = None
-        if self.kind == "eval":
-            for lo in range(0, n, 1024):
-                rows = np.arange(lo, min(n, lo + 1024))
-                xb, yb = self._batch(x, y, rows)
-                s, w, c = model.loss_and_grad(xb, yb, loss, need_grad=False, training=False)
-                stats += (s, w, 0.0 if math.isnan(c) else c, len(rows), 0)
-        elif self.kind == "gradient":
-            rows = _round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)
-            if len(rows) == 0:
-                return [RoundResult(None, stats, [time.perf_counter() - t0])]
-            xb, yb = self._batch(x, y, rows)
-            s, w, c = model.loss_and_grad(xb, yb, loss, scale=1.0)
-            vec = np.array(model.grads, copy=True)
-            stats += (s, w, 0.0 if math.isnan(c) else c, len(rows), 1)
-        else:
-            probe = self.kind == "probe"
-            if probe:
-                rng = np.random.default_rng([spec.seed, 99, index])
-                segments = [rng.integers(0, n, size=spec.batch_size * self.probe_steps)]
-            elif self.span > 1:  # whole epochs, one after the other
-                segments = [_round_rows(n, spec.seed, self.epoch + i, index, 0, 1)
-                            for i in range(self.span)]
-            else:
-                segments = [_round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)]
-            n_rows = sum(len(r) for r in segments)
-            if n_rows == 0:
-                return [RoundResult(None, stats, [time.perf_counter() - t0])]
-            opt = optim_mod.from_config(*spec.optimizer)
-            if not probe:  # this partition's optimizer state, resident across rounds
-                resident = {name: shard.ensure(name, shape, dt)
-                            for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype).items()}
-                opt.load_state_arrays(resident, copy=False)
-            start = np.array(model.params, copy=True)
-            b = spec.batch_size
-            per_epoch = np.zeros((len(segments), len(STATS)))  # one stats row per epoch
-            t_loop = time.perf_counter()
-            n_steps = 0
-            for e, rows in enumerate(segments):
-                for lo in range(0, len(rows), b):
-                    xb, yb = self._batch(x, y, rows[lo:lo + b])
-                    s, w, c = model.loss_and_grad(xb, yb, loss)
-                    opt.step(model.params, model.grads)
-                    per_epoch[e] += (s, w, 0.0 if math.isnan(c) else c, xb.shape[0], 1)
-                    n_steps += 1
-            step_time = (time.perf_counter() - t_loop) / max(1, n_steps)
-            if not probe:
-                opt.write_step(resident)
-            # row-weighted delta: the driver divides the sum by the rows of all partitions
-            vec = (model.params - start) * model.dtype.type(n_rows)
-            stats = per_epoch if self.span > 1 else per_epoch[0]
-            return [RoundResult(vec, stats, [time.perf_counter() - t0], step_time)]
-        return [RoundResult(vec, stats, [time.perf_counter() - t0])]
-
-
-# --------------------------------------------------------------------------- driver side
-@dataclass
-class _RoundLog:
-    wall: float = 0.0
-    compute: float = 0.0
-    rounds: int = 0
-    stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
-
-
+# ------------------------------------------------------------------------ training modes
 #: Extra training modes registered by other modules: name -> ``f(trainer, ctx, epoch)``
 #: running one epoch and returning ``(stats array, wall seconds, compute seconds, rounds)``.
 EPOCH_RUNNERS: dict[str, Callable] = {}
@@ -287,9 +157,9 @@ class DataParallelTrainer:
             ``max_overhead``.
     """
 
-    def __init__(self, model: Sequential, spark=None, num_partitions: int | None = None,
-                 mode: str = "sync", sync: str = "average", local_steps: "int | str" = "auto",
-                 optimizer: "optim_mod.Optimizer | str | None" = None,
+    def __init__(self, model: Sequential, spark: "SparkSession | None" = None,
+                 num_partitions: int | None = None, mode: str = "sync", sync: str = "average",
+                 local_steps: "int | str" = "auto", optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
                  **mode_options: Any) -> None:
@@ -298,48 +168,42 @@ class DataParallelTrainer:
         mode = resolve_mode(mode)
         if sync not in _SYNC:
             raise ValueError(f"sync must be 'gradient' or 'average', got {sync!r}")
-        if local_steps != "auto" and (isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer))
-                                      or local_steps <= 0):
-            raise ValueError(f"local_steps must be a positive integer or 'auto', got {local_steps!r}")
+        if local_steps != "auto":
+            positive_int(local_steps, "local_steps", extra="or 'auto'")
         if not 0.0 < float(max_overhead) < 1.0:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
-        if (isinstance(max_epochs_per_round, bool) or not isinstance(max_epochs_per_round, (int, np.integer))
-                or max_epochs_per_round <= 0):
-            raise ValueError(f"max_epochs_per_round must be a positive integer, got {max_epochs_per_round!r}")
-        if num_partitions is not None and (isinstance(num_partitions, bool) or
-                                           not isinstance(num_partitions, (int, np.integer)) or
-                                           num_partitions <= 0):
-            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+        self.max_epochs_per_round = positive_int(max_epochs_per_round, "max_epochs_per_round")
+        self.num_partitions = None if num_partitions is None else positive_int(num_partitions, "num_partitions")
         self.model = model
         self._spark = spark
-        self.num_partitions = None if num_partitions is None else int(num_partitions)
         self.mode, self.sync, self.local_steps = mode, sync, local_steps
         self.optimizer = optim_mod.get(optimizer)
         if loss is not None:
             model._loss = losses_mod.get(loss)
         self.max_overhead = float(max_overhead)
-        self.max_epochs_per_round = int(max_epochs_per_round)
         self.reduce = reduce
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
+        self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
         elif mode_options:
             raise TypeError(f"mode={mode!r} takes no options {sorted(mode_options)}")
 
     @property
-    def spark(self):
+    def spark(self) -> "SparkSession":
+        """The session the trainer runs on (the active one, or a new one, on first use)."""
         if self._spark is None:
             from sparknet.cluster.session import get_spark
             self._spark = get_spark()
         return self._spark
 
     # ----------------------------------------------------------------- fit
-    def fit(self, data, y=None, epochs: int = 10, batch_size: int = 32, validation_data=None,
-            features_col: str = "features", label_col: str = "label",
-            verbose: int = 1) -> tuple[Sequential, History]:
+    def fit(self, data: Any, y: Any = None, epochs: int = 10, batch_size: int = 32,
+            validation_data: Any = None, features_col: str = "features", label_col: str = "label",
+            verbose: int = 1) -> tuple[Sequential, FitHistory]:
         """Train for ``epochs`` passes over ``data``.
 
         Args:
@@ -358,7 +222,8 @@ class DataParallelTrainer:
 
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
-            place) and a :class:`~sparknet.model.History` with, per epoch, ``loss``,
+            place) and a :class:`~sparknet.cluster.fit.FitHistory` (a
+            :class:`~sparknet.model.History`) with, per epoch, ``loss``,
             ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``val_time``
             (seconds of the validation job), ``time`` (the epoch's seconds, validation
             included), ``rounds`` (rounds of the epoch; ``1/m`` for a round of ``m``
@@ -366,164 +231,196 @@ class DataParallelTrainer:
             (the measured share of the round time not spent computing in the slowest
             task).  Validation runs when a round ends: epochs that end inside a round
             of several epochs have ``NaN`` ``val_*`` values, and the round's training
-            time is shared equally by its epochs (the last one adding the validation's).  ``history.setup_time`` holds the seconds
-            spent before the first epoch (loading the data onto the executors, checks,
-            calibration).
+            time is shared equally by its epochs (the last one adding the validation's).
+            ``history.setup_time`` holds the seconds spent before the first epoch
+            (loading the data onto the executors, checks, calibration).
 
         Raises:
             ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
                 labels out of range, empty data), always before the first round.
         """
-        from sparknet.model import _positive
-        from sparknet.progress import progress_bar
-
-        epochs = _positive(epochs, "epochs")
-        batch_size = _positive(batch_size, "batch_size")
+        epochs = positive_int(epochs, "epochs")
+        batch_size = positive_int(batch_size, "batch_size")
         model = self.model
         sc = self.spark.sparkContext
         classification = _is_classifier(model)
-        key = uuid.uuid4().hex[:12]
         t_fit = time.perf_counter()
-
         # numpy input: build the model from its shape before splitting (labels checked on the driver)
         if not model.built and isinstance(data, np.ndarray) and data.ndim >= 2:
             model.build(data.shape[1:])
-        n_classes = model.output_shape[-1] if (model.built and classification) else None
-        sc.setJobDescription("sparknet: loading training data onto the executors")
+        key = uuid.uuid4().hex[:12]
+        cols = (features_col, label_col)
         train = val = None
         ps = None
         try:
-            train = shard_data(data, y, sc=sc, num_partitions=self.num_partitions,
-                               features_col=features_col, label_col=label_col, dtype=model.dtype,
-                               classification=classification, n_classes=n_classes,
-                               sample_shape=model.input_shape, seed=self.seed,
-                               what="training data", name=f"train-{key}")
-            if not model.built:
-                model.build((train.dim,))
-            loss = model.loss
-            if classification:
-                check_label_range(train.resident.infos, model.output_shape[-1], "training data",
-                                  label_desc(train.source, label_col))
+            sc.setJobDescription("sparknet: loading training data onto the executors")
+            train = self._load(data, y, cols, classification, self.num_partitions, "training data",
+                               f"train-{key}")
             if validation_data is not None:
                 vdata, vy = _split_validation(validation_data)
                 sc.setJobDescription("sparknet: loading validation data onto the executors")
-                val = shard_data(vdata, vy, sc=sc, num_partitions=train.num_partitions,
-                                 features_col=features_col, label_col=label_col, dtype=model.dtype,
-                                 classification=classification,
-                                 n_classes=model.output_shape[-1] if classification else None,
-                                 sample_shape=model.input_shape, seed=self.seed,
-                                 what="validation data", name=f"val-{key}")
-                if classification:
-                    check_label_range(val.resident.infos, model.output_shape[-1], "validation data",
-                                      label_desc(val.source, label_col))
-            spec = _FitSpec(
-                key=key, config=model.get_config(), loss=loss.name,
-                optimizer=(self.optimizer.name, self.optimizer.get_config()),
-                batch_size=batch_size, seed=self.seed, input_shape=tuple(model.input_shape),
-                classification=classification,
-                int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
-                y_shape=() if classification else tuple(model.output_shape))
+                val = self._load(vdata, vy, cols, classification, train.num_partitions, "validation data",
+                                 f"val-{key}")
             ps = ParameterServer(sc, model.params, reduce=self.reduce)
-            ctx = _FitContext(self, spec, train, val, ps, epochs, batch_size)
-            ctx.calibrate()
-            self.cost = ctx.cost
-            history = History()
-            ctx.history = history
-            history.setup_time = time.perf_counter() - t_fit
-            log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
-                     "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
-                     self.sync, ctx.describe_round(), ctx.rounds,
-                     100 * ctx.cost.overhead(ctx.steps_per_round))
-            epoch = 0
-            while epoch < epochs:
-                t0 = time.perf_counter()
-                span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
-                desc = (f"epoch {epoch + 1}/{epochs}" if span == 1 else
-                        f"epochs {epoch + 1}-{epoch + span}/{epochs}")
-                with progress_bar(total=ctx.rounds, desc=desc, unit="round",
-                                  disable=not verbose) as bar:
-                    if self.mode == "sync":
-                        rl = ctx.sync_epoch(epoch, bar, span)
-                        ctx.resize(rl, span)
-                    else:
-                        ctx.bar = bar
-                        rl = EPOCH_RUNNERS[self.mode](self, ctx, epoch)
-                stop = bool(getattr(rl, "stop", False))
-                rows = np.atleast_2d(rl.stats)
-                if rows.shape[0] != span:  # a round with no rows anywhere: zeros for each epoch
-                    rows = np.broadcast_to(rows.sum(axis=0), (span, len(STATS)))
-                train_time = time.perf_counter() - t0
-                val_logs: dict[str, float] = {}
-                if val is not None and not stop:
-                    tv = time.perf_counter()
-                    val_logs = ctx.evaluate(val, f"sparknet epoch {epoch + span}/{epochs} validation")
-                    val_logs["val_time"] = time.perf_counter() - tv
-                shared = {  # the round's figures, the same for each of its epochs
-                    "rounds": rl.rounds / span,
-                    "local_steps": (rows[:, STATS.index("steps")].sum() /
-                                    max(rl.rounds * max(1, train.num_partitions), 1)),
-                    "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
-                    **getattr(rl, "logs", {})}
-                for i in range(span):
-                    st = dict(zip(STATS, rows[i]))
-                    w = max(st["weight_sum"], 1e-12)
-                    logs = {"loss": st["loss_sum"] / w}
-                    if classification:
-                        logs["accuracy"] = st["correct"] / w
-                    if val_logs:
-                        logs.update(val_logs if i == span - 1 else dict.fromkeys(val_logs, math.nan))
-                    logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if i == span - 1 else 0.0)
-                    logs.update(shared)
-                    history.append(epoch + i, **logs)
-                    log.info("epoch %d/%d: %s", epoch + i + 1, epochs,
-                             ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
-                epoch += span
-                if stop:
-                    break
-                if not np.isfinite(logs["loss"]):
-                    raise FloatingPointError(f"training loss became {logs['loss']} in epoch {epoch}; "
-                                             f"lower the learning rate (now {self.optimizer.lr})")
+            ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps, epochs, batch_size,
+                             history=FitHistory())
+            self._calibrate(ctx, t_fit)
+            self._train(ctx, verbose)
             model.optimizer = self.optimizer
-            return model, history
+            assert ctx.history is not None
+            return model, ctx.history
         finally:
-            sc.setJobDescription(None)
+            sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
             if ps is not None:
                 ps.close()
             for d in (train, val):
                 if d is not None:
                     d.close()
 
-    def evaluate(self, data, y=None, features_col: str = "features", label_col: str = "label") -> dict:
+    def _load(self, data: Any, y: Any, cols: tuple[str, str], classification: bool,
+              num_partitions: int | None, what: str, name: str) -> ShardedData:
+        """``data`` on the executors, checked; builds the model from the data's feature
+        length when it is not built yet."""
+        model = self.model
+        features_col, label_col = cols
+        n_classes = _n_outputs(model) if (model.built and classification) else None
+        d = shard_data(data, y, sc=self.spark.sparkContext, num_partitions=num_partitions,
+                       features_col=features_col, label_col=label_col, dtype=model.dtype,
+                       classification=classification, n_classes=n_classes,
+                       sample_shape=model.input_shape, seed=self.seed, what=what, name=name)
+        try:
+            if not model.built:
+                model.build((d.dim,))
+            if classification:
+                check_label_range(d.resident.infos, _n_outputs(model), what, label_desc(d.source, label_col))
+        except BaseException:
+            d.close()
+            raise
+        return d
+
+    def _spec(self, key: str, batch_size: int, classification: bool) -> FitSpec:
+        """What every task of the fit (or evaluation) ``key`` needs; the model is built."""
+        model = self.model
+        return FitSpec(key=key, config=model.get_config(), loss=model.loss.name,
+                       optimizer=(self.optimizer.name, self.optimizer.get_config()),
+                       batch_size=batch_size, seed=self.seed, input_shape=_shape(model.input_shape),
+                       classification=classification,
+                       int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
+                       y_shape=() if classification else _shape(model.output_shape))
+
+    def _calibrate(self, ctx: FitContext, t_fit: float) -> None:
+        """Size the rounds from probe rounds; the fit's setup ends here."""
+        ctx.calibrate()
+        self.cost = ctx.cost
+        assert ctx.history is not None and ctx.cost is not None
+        ctx.history.setup_time = time.perf_counter() - t_fit
+        train = ctx.train
+        log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
+                 "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
+                 self.sync, ctx.describe_round(), ctx.rounds, 100 * ctx.cost.overhead(ctx.steps_per_round))
+
+    def _train(self, ctx: FitContext, verbose: int) -> None:
+        """The epochs of the fit, each validated and recorded in ``ctx.history``."""
+        epochs, epoch = ctx.epochs, 0
+        while epoch < epochs:
+            t0 = time.perf_counter()
+            span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
+            rl = self._run_epochs(ctx, epoch, span, verbose)
+            stop = bool(getattr(rl, "stop", False))
+            train_time = time.perf_counter() - t0
+            val_logs: dict[str, float] = {}
+            if ctx.val is not None and not stop:
+                tv = time.perf_counter()
+                val_logs = ctx.evaluate(ctx.val, f"sparknet epoch {epoch + span}/{epochs} validation")
+                val_logs["val_time"] = time.perf_counter() - tv
+            loss = self._record(ctx, epoch, span, rl, train_time, val_logs)
+            epoch += span
+            if stop:
+                break
+            if not np.isfinite(loss):
+                raise FloatingPointError(f"training loss became {loss} in epoch {epoch}; "
+                                         f"lower the learning rate (now {self.optimizer.lr})")
+
+    def _run_epochs(self, ctx: FitContext, epoch: int, span: int, verbose: int) -> RoundLog:
+        """The rounds of epoch ``epoch`` (``span`` epochs for a multi-epoch round), under a
+        progress bar: synchronous rounds, or the registered mode's epoch runner."""
+        from sparknet.progress import progress_bar
+
+        epochs = ctx.epochs
+        desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
+        with progress_bar(total=ctx.rounds, desc=desc, unit="round", disable=not verbose) as bar:
+            if self.mode == "sync":
+                rl = ctx.sync_epoch(epoch, bar, span)
+                ctx.resize(rl, span)
+                return rl
+            ctx.bar = bar
+            try:
+                return EPOCH_RUNNERS[self.mode](self, ctx, epoch)
+            finally:
+                ctx.bar = None
+
+    def _record(self, ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_time: float,
+                val_logs: dict[str, float]) -> float:
+        """One history entry per epoch of the round(s) just run; returns the last one's loss.
+        The round's figures and training time are shared by its epochs; validation (run
+        when the round ends) goes to the last, the others get ``NaN``."""
+        assert ctx.history is not None
+        rows = np.atleast_2d(rl.stats)
+        if rows.shape[0] != span:  # a round with no rows anywhere: zeros for each epoch
+            rows = np.broadcast_to(rows.sum(axis=0), (span, len(STATS)))
+        shared = {  # the round's figures, the same for each of its epochs
+            "rounds": rl.rounds / span,
+            "local_steps": (rows[:, STATS.index("steps")].sum() /
+                            max(rl.rounds * max(1, ctx.train.num_partitions), 1)),
+            "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
+            **getattr(rl, "logs", {})}
+        loss = math.nan
+        for i in range(span):
+            last = i == span - 1
+            st = dict(zip(STATS, rows[i]))
+            w = max(st["weight_sum"], 1e-12)
+            logs = {"loss": st["loss_sum"] / w}
+            if ctx.spec.classification:
+                logs["accuracy"] = st["correct"] / w
+            if val_logs:
+                logs.update(val_logs if last else dict.fromkeys(val_logs, math.nan))
+            logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if last else 0.0)
+            logs.update(shared)
+            ctx.history.append(epoch + i, **logs)
+            log.info("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+            loss = logs["loss"]
+        return loss
+
+    def evaluate(self, data: Any, y: Any = None, features_col: str = "features",
+                 label_col: str = "label") -> dict[str, float]:
         """Mean loss (and accuracy) of the model on ``data`` (any input :meth:`fit` takes),
         computed on the executors."""
         model = self.model
         if not model.built:
             raise RuntimeError("the model is not built: fit it first")
-        sc = self.spark.sparkContext
         classification = model.loss.is_classification
         key = uuid.uuid4().hex[:12]
-        d = shard_data(data, y, sc=sc, num_partitions=self.num_partitions, features_col=features_col,
-                       label_col=label_col, dtype=model.dtype, classification=classification,
-                       n_classes=model.output_shape[-1] if classification else None,
-                       sample_shape=model.input_shape, seed=self.seed, what="evaluation data",
-                       name=f"eval-{key}")
-        ps = ParameterServer(sc, model.params, reduce=self.reduce)
+        d = self._load(data, y, (features_col, label_col), classification, self.num_partitions,
+                       "evaluation data", f"eval-{key}")
+        ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
         try:
-            if classification:
-                check_label_range(d.resident.infos, model.output_shape[-1], "evaluation data",
-                                  label_desc(d.source, label_col))
-            spec = _FitSpec(key=key, config=model.get_config(), loss=model.loss.name,
-                            optimizer=(self.optimizer.name, self.optimizer.get_config()), batch_size=1,
-                            seed=self.seed, input_shape=tuple(model.input_shape),
-                            classification=classification,
-                            int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
-                            y_shape=() if classification else tuple(model.output_shape))
-            ctx = _FitContext(self, spec, d, None, ps, 1, 1)
+            ctx = FitContext(self, self._spec(key, 1, classification), d, None, ps, 1, 1)
             out = ctx.evaluate(d, "sparknet evaluate")
             return {k[4:]: v for k, v in out.items()}
         finally:
             ps.close()
             d.close()
+
+
+def _shape(shape: "tuple[int, ...] | None") -> tuple[int, ...]:
+    if shape is None:
+        raise RuntimeError("the model is not built")
+    return tuple(shape)
+
+
+def _n_outputs(model: Sequential) -> int:
+    """Outputs of a built model (its classes, for a classifier)."""
+    return _shape(model.output_shape)[-1]
 
 
 def _is_classifier(model: Sequential) -> bool:
@@ -534,7 +431,7 @@ def _is_classifier(model: Sequential) -> bool:
     return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
 
 
-def _split_validation(validation_data):
+def _split_validation(validation_data: Any) -> tuple[Any, Any]:
     from sparknet.cluster.data import _is_dataframe, _is_rdd
     if _is_dataframe(validation_data) or _is_rdd(validation_data):
         return validation_data, None
@@ -543,164 +440,7 @@ def _split_validation(validation_data):
     raise ValueError("validation_data must be a DataFrame, an RDD of (x, y) pairs or a tuple (X_val, y_val)")
 
 
-class _FitContext:
-    """The state of one fit on the driver: rounds, calibration, evaluation."""
-
-    def __init__(self, trainer: DataParallelTrainer, spec: _FitSpec, train: ShardedData,
-                 val: ShardedData | None, ps: ParameterServer, epochs: int, batch_size: int) -> None:
-        self.trainer, self.spec, self.train, self.val, self.ps = trainer, spec, train, val, ps
-        self.epochs, self.batch_size = epochs, batch_size
-        self.model = trainer.model
-        self.sc = ps.sc
-        self.cost: RoundCostModel | None = None
-        self.rounds = 1
-        self.steps_per_round = 1
-        self.epochs_per_round = 1
-
-    def describe_round(self) -> str:
-        if self.trainer.sync == "gradient":
-            return f"1 global step of {self.batch_size} rows"
-        if self.epochs_per_round > 1:
-            return (f"{self.epochs_per_round} epochs (~{self.steps_per_round} local steps of "
-                    f"{self.batch_size} rows)")
-        return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
-
-    def _size(self, steps_epoch: int, tau: int) -> None:
-        """Rounds per epoch (or epochs per round) for ``tau`` local steps per round."""
-        if tau > steps_epoch and self.trainer.mode == "sync":
-            self.rounds = 1
-            self.epochs_per_round = max(1, min(self.trainer.max_epochs_per_round,
-                                               tau // steps_epoch if self.trainer.local_steps != "auto"
-                                               else math.ceil(tau / steps_epoch)))
-        else:
-            self.rounds = max(1, steps_epoch // tau if self.trainer.local_steps == "auto"
-                              else math.ceil(steps_epoch / tau))
-            self.epochs_per_round = 1
-        self.steps_per_round = math.ceil(steps_epoch / self.rounds) * self.epochs_per_round
-
-    # -- calibration ------------------------------------------------------
-    def _probe(self, steps: int) -> tuple[float, float, float]:
-        """One timed round that changes nothing: (wall seconds, slowest task's compute,
-        seconds of one local step)."""
-        t0 = time.perf_counter()
-        bc = self.ps.broadcast()
-        task = _RoundTask(self.spec, bc, "probe", probe_steps=steps)
-        rdd = self.train.resident.mapPartitions(task)
-        self.sc.setJobDescription("sparknet: calibrating the round length")
-        res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
-        return time.perf_counter() - t0, max(res.times) if res.times else 0.0, res.step_time
-
-    def calibrate(self) -> None:
-        """Measure Spark's fixed cost and the compute of a local step; size the rounds."""
-        tr, sync = self.trainer, self.trainer.sync
-        n_max = max(self.train.rows)
-        if sync == "gradient":
-            per_part = math.ceil(self.batch_size * n_max / max(self.train.total, 1))
-            self.rounds = math.ceil(self.train.total / self.batch_size)
-        else:
-            per_part = self.batch_size
-        saved = self.spec.batch_size
-        self.spec.batch_size = max(1, per_part)
-        try:
-            self._probe(2)  # warm-up: worker start, model build, attach
-            wall, comp, t_step = self._probe(4)
-        finally:
-            self.spec.batch_size = saved
-        t_step = max(t_step, 1e-6)
-        t_fixed = max(wall - comp, 1e-4)
-        self.cost = RoundCostModel(t_fixed, t_step, int(self.model.params.nbytes))
-        if sync == "gradient":
-            self.steps_per_round = 1
-            over = self.cost.overhead(1)
-            if over > tr.max_overhead:
-                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
-                            "compute) against %.0f ms of Spark's fixed cost (predicted share %.0f%%); "
-                            "a larger batch_size or sync='average' amortises it", self.batch_size,
-                            1e3 * t_step, 1e3 * t_fixed, 100 * over)
-            return
-        steps_epoch = max(1, math.ceil(n_max / self.batch_size))
-        tau = self.cost.steps_for(tr.max_overhead) if tr.local_steps == "auto" else int(tr.local_steps)
-        self._size(steps_epoch, tau)
-        if self.cost.overhead(self.steps_per_round) > tr.max_overhead:
-            log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
-                     "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
-                     "(max_epochs_per_round=%d)", self.epochs_per_round, self.steps_per_round,
-                     1e3 * self.steps_per_round * t_step, 1e3 * t_fixed, 100 * tr.max_overhead,
-                     tr.max_epochs_per_round)
-
-    def resize(self, rl: _RoundLog, span: int = 1) -> None:
-        """Re-size the next rounds from the ones just measured (``sync="average"`` with
-        ``local_steps="auto"``): the probe only sees a few steps, a round sees them all."""
-        tr = self.trainer
-        if tr.sync != "average" or tr.local_steps != "auto" or rl.rounds == 0 or rl.wall <= 0:
-            return
-        steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
-        steps = math.ceil(steps_epoch / self.rounds) * span  # local steps of one measured round
-        t_step = rl.compute / (rl.rounds * steps)
-        t_fixed = max(rl.wall - rl.compute, 0.0) / rl.rounds
-        if t_step <= 0:
-            return
-        self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
-        tr.cost = self.cost
-        before = (self.rounds, self.epochs_per_round, self.steps_per_round)
-        self._size(steps_epoch, self.cost.steps_for(tr.max_overhead))
-        if (self.steps_per_round < before[2]
-                and self.cost.overhead(self.steps_per_round) > 0.7 * tr.max_overhead):
-            # shorter rounds only with a margin: no flip-flopping on noise
-            self.rounds, self.epochs_per_round, self.steps_per_round = before
-        if (self.rounds, self.epochs_per_round) != before[:2]:
-            log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
-                     1e3 * t_fixed, 1e3 * t_step, self.describe_round())
-
-    # -- rounds -----------------------------------------------------------
-    def sync_epoch(self, epoch: int, bar, span: int = 1) -> _RoundLog:
-        """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it)."""
-        tr, model = self.trainer, self.model
-        rl = _RoundLog()
-        E, R = self.epochs, (1 if span > 1 else self.rounds)
-        which = f"epoch {epoch + 1}/{E}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{E}"
-        for r in range(R):
-            t0 = time.perf_counter()
-            bc = self.ps.broadcast()
-            task = _RoundTask(self.spec, bc, tr.sync, epoch=epoch, rnd=r, rounds=R, span=span)
-            rdd = self.train.resident.mapPartitions(task)
-            self.sc.setJobDescription(f"sparknet {which} round {r + 1}/{R}")
-            res = self.train.resident.run_action(lambda: self.ps.gather(rdd))
-            if res.vec is not None:
-                if tr.sync == "gradient":
-                    w = res.stat("weight_sum")
-                    grad = res.vec / model.dtype.type(w) if w > 0 else res.vec * 0
-                    tr.optimizer.step(model.params, np.ascontiguousarray(grad, dtype=model.dtype))
-                else:
-                    rows = res.stat("samples")
-                    if rows > 0:
-                        model.params += (res.vec / model.dtype.type(rows)).astype(model.dtype, copy=False)
-            rl.wall += time.perf_counter() - t0
-            rl.compute += max(res.times) if res.times else 0.0
-            rl.rounds += 1
-            rl.stats = rl.stats + res.stats
-            bar.update(1)
-            run = np.atleast_2d(rl.stats).sum(axis=0)  # running over the epoch(s) so far
-            w = max(run[1], 1e-12)
-            post = {"loss": f"{run[0] / w:.4f}"}
-            if self.spec.classification:
-                post["acc"] = f"{run[2] / w:.4f}"
-            bar.set_postfix(post, refresh=False)
-        return rl
-
-    def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:
-        bc = self.ps.broadcast()
-        rdd = data.resident.mapPartitions(_RoundTask(self.spec, bc, "eval"))
-        self.sc.setJobDescription(description)
-        res = data.resident.run_action(lambda: self.ps.gather(rdd))
-        w = max(res.stat("weight_sum"), 1e-12)
-        out = {"val_loss": res.stat("loss_sum") / w}
-        if self.spec.classification:
-            out["val_accuracy"] = res.stat("correct") / w
-        return out
-
-
-def demo(spark=None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,
+def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,
          verbose: "int | bool" = 1) -> float:
     """Train a 64-128-10 MLP on scikit-learn's digits on Spark (tau-averaging rounds) and
     return its accuracy on the held-out quarter.

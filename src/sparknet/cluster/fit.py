@@ -1,0 +1,251 @@
+"""Driver side of one data-parallel fit: the round length (calibration and re-sizing),
+the synchronous rounds and evaluation on the executors.
+
+:class:`~sparknet.cluster.data_parallel.DataParallelTrainer` makes one
+:class:`FitContext` per ``fit`` (or ``evaluate``); the epoch runner of a registered
+mode (``mode="async"``) receives it too.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparknet.cluster.cost import RoundCostModel
+from sparknet.cluster.data import ShardedData
+from sparknet.cluster.params import STATS, ParameterServer, RoundResult
+from sparknet.cluster.rounds import FitSpec, TaskKind, make_task
+from sparknet.model import History, Sequential
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+
+    from sparknet.cluster.data_parallel import DataParallelTrainer
+
+log = logging.getLogger(__name__)
+
+
+class FitHistory(History):
+    """The :class:`~sparknet.model.History` of a data-parallel fit.
+
+    Attributes:
+        setup_time: seconds spent before the first epoch (loading the data onto the
+            executors, checks, calibration).
+        updates: one record per arriving delta (``mode="async"``; empty otherwise).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setup_time = 0.0
+        self.updates: list[dict[str, Any]] = []
+
+
+@dataclass
+class RoundLog:
+    """What the rounds of one epoch (or of one multi-epoch round) add up to."""
+
+    wall: float = 0.0
+    compute: float = 0.0
+    rounds: int = 0
+    stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
+
+
+@dataclass
+class FitContext:
+    """The state of one fit on the driver: rounds, calibration, evaluation.
+
+    Attributes:
+        trainer: the trainer running the fit.
+        spec: what every task of the fit needs.
+        train: the resident training shards.
+        val: the resident validation shards, if any.
+        ps: the parameter server (broadcasts and sums).
+        epochs: epochs of the fit.
+        batch_size: the fit's ``batch_size``.
+        history: the fit's history (``None`` for ``evaluate``).
+        cost: the round cost model, once calibrated.
+        rounds: rounds per epoch.
+        steps_per_round: local steps per partition in one round.
+        epochs_per_round: epochs one round spans (``sync="average"``).
+        bar: the progress bar of the running epoch (registered modes update it).
+        mode_state: what a registered mode keeps across the epochs of the fit.
+    """
+
+    trainer: DataParallelTrainer
+    spec: FitSpec
+    train: ShardedData
+    val: ShardedData | None
+    ps: ParameterServer
+    epochs: int
+    batch_size: int
+    history: FitHistory | None = None
+    cost: RoundCostModel | None = None
+    rounds: int = 1
+    steps_per_round: int = 1
+    epochs_per_round: int = 1
+    bar: Any = None
+    mode_state: Any = None
+
+    @property
+    def model(self) -> Sequential:
+        return self.trainer.model
+
+    @property
+    def sc(self) -> SparkContext:
+        return self.ps.sc
+
+    def describe_round(self) -> str:
+        if self.trainer.sync == "gradient":
+            return f"1 global step of {self.batch_size} rows"
+        if self.epochs_per_round > 1:
+            return (f"{self.epochs_per_round} epochs (~{self.steps_per_round} local steps of "
+                    f"{self.batch_size} rows)")
+        return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
+
+    def _size(self, steps_epoch: int, tau: int) -> None:
+        """Rounds per epoch (or epochs per round) for ``tau`` local steps per round."""
+        tr = self.trainer
+        if tau > steps_epoch and tr.mode == "sync":
+            self.rounds = 1
+            self.epochs_per_round = max(1, min(tr.max_epochs_per_round,
+                                               tau // steps_epoch if tr.local_steps != "auto"
+                                               else math.ceil(tau / steps_epoch)))
+        else:
+            self.rounds = max(1, steps_epoch // tau if tr.local_steps == "auto"
+                              else math.ceil(steps_epoch / tau))
+            self.epochs_per_round = 1
+        self.steps_per_round = math.ceil(steps_epoch / self.rounds) * self.epochs_per_round
+
+    def _run(self, data: ShardedData, task: Any, description: str) -> RoundResult:
+        """One round: ``task`` over every shard of ``data``, summed by the server."""
+        rdd = data.resident.mapPartitions(task)
+        self.sc.setJobDescription(description)
+        return data.resident.run_action(lambda: self.ps.gather(rdd))
+
+    # -- calibration ------------------------------------------------------
+    def _probe(self, steps: int) -> tuple[float, float, float]:
+        """One timed round that changes nothing: (wall seconds, slowest task's compute,
+        seconds of one local step)."""
+        t0 = time.perf_counter()
+        task = make_task(self.spec, self.ps.broadcast(), TaskKind.PROBE, probe_steps=steps)
+        res = self._run(self.train, task, "sparknet: calibrating the round length")
+        return time.perf_counter() - t0, max(res.times) if res.times else 0.0, res.step_time
+
+    def _measure(self, per_part: int) -> RoundCostModel:
+        """Spark's fixed cost and one local step's compute, from probe rounds of
+        ``per_part`` rows per step."""
+        saved = self.spec.batch_size
+        self.spec.batch_size = max(1, per_part)
+        try:
+            self._probe(2)  # warm-up: worker start, model build, attach
+            wall, comp, t_step = self._probe(4)
+        finally:
+            self.spec.batch_size = saved
+        return RoundCostModel(max(wall - comp, 1e-4), max(t_step, 1e-6), int(self.model.params.nbytes))
+
+    def calibrate(self) -> None:
+        """Measure Spark's fixed cost and the compute of a local step; size the rounds."""
+        tr = self.trainer
+        n_max = max(self.train.rows)
+        if tr.sync == "gradient":
+            self.rounds = math.ceil(self.train.total / self.batch_size)
+            cost = self.cost = self._measure(math.ceil(self.batch_size * n_max / max(self.train.total, 1)))
+            self.steps_per_round = 1
+            over = cost.overhead(1)
+            if over > tr.max_overhead:
+                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
+                            "compute) against %.0f ms of Spark's fixed cost (predicted share %.0f%%); "
+                            "a larger batch_size or sync='average' amortises it", self.batch_size,
+                            1e3 * cost.t_step, 1e3 * cost.t_fixed, 100 * over)
+            return
+        cost = self.cost = self._measure(self.batch_size)
+        steps_epoch = max(1, math.ceil(n_max / self.batch_size))
+        tau = cost.steps_for(tr.max_overhead) if tr.local_steps == "auto" else int(tr.local_steps)
+        self._size(steps_epoch, tau)
+        if cost.overhead(self.steps_per_round) > tr.max_overhead:
+            log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
+                     "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
+                     "(max_epochs_per_round=%d)", self.epochs_per_round, self.steps_per_round,
+                     1e3 * self.steps_per_round * cost.t_step, 1e3 * cost.t_fixed, 100 * tr.max_overhead,
+                     tr.max_epochs_per_round)
+
+    def resize(self, rl: RoundLog, span: int = 1) -> None:
+        """Re-size the next rounds from the ones just measured (``sync="average"`` with
+        ``local_steps="auto"``): the probe only sees a few steps, a round sees them all."""
+        tr = self.trainer
+        if tr.sync != "average" or tr.local_steps != "auto" or rl.rounds == 0 or rl.wall <= 0:
+            return
+        steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
+        steps = math.ceil(steps_epoch / self.rounds) * span  # local steps of one measured round
+        t_step = rl.compute / (rl.rounds * steps)
+        t_fixed = max(rl.wall - rl.compute, 0.0) / rl.rounds
+        if t_step <= 0:
+            return
+        cost = self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
+        tr.cost = cost
+        before = (self.rounds, self.epochs_per_round, self.steps_per_round)
+        self._size(steps_epoch, cost.steps_for(tr.max_overhead))
+        if (self.steps_per_round < before[2]
+                and cost.overhead(self.steps_per_round) > 0.7 * tr.max_overhead):
+            # shorter rounds only with a margin: no flip-flopping on noise
+            self.rounds, self.epochs_per_round, self.steps_per_round = before
+        if (self.rounds, self.epochs_per_round) != before[:2]:
+            log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
+                     1e3 * t_fixed, 1e3 * t_step, self.describe_round())
+
+    # -- rounds -----------------------------------------------------------
+    def sync_epoch(self, epoch: int, bar: Any, span: int = 1) -> RoundLog:
+        """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it)."""
+        rl = RoundLog()
+        E, R = self.epochs, (1 if span > 1 else self.rounds)
+        which = f"epoch {epoch + 1}/{E}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{E}"
+        for r in range(R):
+            t0 = time.perf_counter()
+            task = make_task(self.spec, self.ps.broadcast(), self.trainer.sync, epoch=epoch, rnd=r,
+                             rounds=R, span=span)
+            res = self._run(self.train, task, f"sparknet {which} round {r + 1}/{R}")
+            self._apply(res)
+            rl.wall += time.perf_counter() - t0
+            rl.compute += max(res.times) if res.times else 0.0
+            rl.rounds += 1
+            rl.stats = rl.stats + res.stats
+            bar.update(1)
+            bar.set_postfix(self._running(rl.stats), refresh=False)
+        return rl
+
+    def _apply(self, res: RoundResult) -> None:
+        """The round's sum into the parameters: one optimizer step on the mean gradient
+        (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``)."""
+        model = self.model
+        if res.vec is None:
+            return
+        if self.trainer.sync == "gradient":
+            w = res.stat("weight_sum")
+            grad = res.vec / model.dtype.type(w) if w > 0 else res.vec * 0
+            self.trainer.optimizer.step(model.params, np.ascontiguousarray(grad, dtype=model.dtype))
+        else:
+            rows = res.stat("samples")
+            if rows > 0:
+                model.params += (res.vec / model.dtype.type(rows)).astype(model.dtype, copy=False)
+
+    def _running(self, stats: np.ndarray) -> dict[str, str]:
+        """The progress bar's running loss (and accuracy) over the epoch(s) so far."""
+        run = np.atleast_2d(stats).sum(axis=0)
+        w = max(run[1], 1e-12)
+        post = {"loss": f"{run[0] / w:.4f}"}
+        if self.spec.classification:
+            post["acc"] = f"{run[2] / w:.4f}"
+        return post
+
+    def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:
+        """``val_loss`` (and ``val_accuracy``) of the current parameters on ``data``."""
+        res = self._run(data, make_task(self.spec, self.ps.broadcast(), TaskKind.EVAL), description)
+        w = max(res.stat("weight_sum"), 1e-12)
+        out = {"val_loss": res.stat("loss_sum") / w}
+        if self.spec.classification:
+            out["val_accuracy"] = res.stat("correct") / w
+        return out
