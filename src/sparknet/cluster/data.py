@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from sparknet._validation import check_array, check_labels
-from sparknet.cluster.resident import Resident
+from sparknet._validation import check_array, check_labels, positive_int
+from sparknet.cluster.resident import Resident, ShardInfo
+
+if TYPE_CHECKING:
+    from pyspark import RDD, SparkContext
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +88,8 @@ def _summarise(x: np.ndarray | None, y: np.ndarray | None, classification: bool,
     return meta
 
 
-def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype, extra: dict):
+def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype: Any,
+            extra: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     meta = _summarise(x, y, classification, extra)
     x = np.ascontiguousarray(x, dtype=dtype)
     if classification:
@@ -95,7 +100,7 @@ def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype, extra: di
     return {"x": x, "y": y}, meta
 
 
-def _list_column(col, what: str, extra: dict):
+def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
     """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
     import pyarrow as pa
 
@@ -131,7 +136,7 @@ class _ArrowBuild:
     def __init__(self, classification: bool, dtype: str) -> None:
         self.classification, self.dtype = classification, dtype
 
-    def __call__(self, index: int, batches: Iterator) -> tuple[dict, dict]:
+    def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
         import pyarrow as pa
 
         batches = list(batches)
@@ -155,8 +160,10 @@ class _PairsBuild:
     def __init__(self, classification: bool, dtype: str) -> None:
         self.classification, self.dtype = classification, dtype
 
-    def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
-        xs, ys, extra = [], [], {}
+    def __call__(self, index: int, it: Iterable) -> tuple[dict, dict]:
+        xs: list[np.ndarray] = []
+        ys: list[Any] = []
+        extra: dict[str, Any] = {}
         for k, item in enumerate(it):
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
                 extra.setdefault("pair_bad", (k, type(item).__name__))
@@ -191,7 +198,7 @@ class _NumpyBuild:
 
 
 # ------------------------------------------------------------------------- driver side
-def _is_dataframe(data) -> bool:
+def _is_dataframe(data: Any) -> bool:
     try:
         from pyspark.sql import DataFrame
     except ImportError:  # pragma: no cover
@@ -205,12 +212,13 @@ def _is_dataframe(data) -> bool:
         return False
 
 
-def _is_rdd(data) -> bool:
+def _is_rdd(data: Any) -> bool:
     from pyspark import RDD
     return isinstance(data, RDD)
 
 
-def _dataframe_columns(df, features_col: str, label_col: str, dtype: str, classification: bool):
+def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: str,
+                       classification: bool) -> DataFrame:
     """Select features and label as Arrow-friendly array/double columns (JVM side)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
@@ -246,10 +254,11 @@ def _dataframe_columns(df, features_col: str, label_col: str, dtype: str, classi
     return df.select(fcol.alias("x"), lcol.alias("y"))
 
 
-def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: str = "features",
-               label_col: str = "label", dtype: Any = np.float32, classification: bool = True,
-               n_classes: int | None = None, sample_shape: tuple | None = None, seed: int = 0,
-               what: str = "training data", name: str = "data") -> ShardedData:
+def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: int | None,
+               features_col: str = "features", label_col: str = "label", dtype: Any = np.float32,
+               classification: bool = True, n_classes: int | None = None,
+               sample_shape: tuple | None = None, seed: int = 0, what: str = "training data",
+               name: str = "data") -> ShardedData:
     """Put training data on the executors, one contiguous shard per partition, checked.
 
     Args:
@@ -280,52 +289,21 @@ def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: st
             ``[0, n_classes)``, feature length not matching the model.
     """
     dtype = np.dtype(dtype).name
-    if num_partitions is not None and (isinstance(num_partitions, bool) or int(num_partitions) <= 0):
-        raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
-    fcol, lcol = features_col, label_col
+    if num_partitions is not None:
+        num_partitions = positive_int(num_partitions, "num_partitions")
     if _is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
-        try:
-            import pyarrow  # noqa: F401
-        except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
-            raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
-                              "pip install 'sparknet[arrow]'") from exc
-        df = _dataframe_columns(data, features_col, label_col, dtype, classification)
-        if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
-            df = df.repartition(int(num_partitions))
-        res = Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name,
-                                      on_lost="rebuild")
-        source = "dataframe"
+        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name)
+        source, fcol, lcol = "dataframe", features_col, label_col
     elif _is_rdd(data):
         if y is not None:
             raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
-        rdd = data
-        if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
-            rdd = rdd.repartition(int(num_partitions))
-        res = Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
+        res = _from_rdd(data, dtype, classification, num_partitions, name)
         source, fcol, lcol = "rdd", "x", "y"
     else:
-        if y is None:
-            raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
-        X = check_array(data, name="X" if what == "training data" else "X_val", dtype=dtype)
-        yname = "y" if what == "training data" else "y_val"
-        if classification:
-            Y = check_labels(y, X.shape[0], n_classes, name=yname)
-        else:
-            Y = check_array(y, name=yname, dtype=dtype)
-            if Y.shape[0] != X.shape[0]:
-                raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
-        if sample_shape is not None and int(np.prod(X.shape[1:])) != int(np.prod(sample_shape)):
-            xname = "X" if what == "training data" else "X_val"
-            raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the model "
-                             f"expects {int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
-        X = X.reshape(X.shape[0], -1)
-        parts = int(num_partitions or sc.defaultParallelism)
-        pieces = [(np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))
-                  for i in split_indices(X.shape[0], parts, seed)]
-        rdd = sc.parallelize(pieces, parts)
-        res = Resident(rdd, _NumpyBuild(), name=name, on_lost="rebuild")
+        X, Y = _check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
+        res = _from_numpy(sc, X, Y, num_partitions, seed, name)
         source, fcol, lcol = "numpy", "X", "y"
     try:
         dim = _check_meta(res, what, source, fcol, lcol, classification, n_classes, sample_shape)
@@ -333,6 +311,52 @@ def shard_data(data, y=None, *, sc, num_partitions: int | None, features_col: st
         res.close()
         raise
     return ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source)
+
+
+def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
+                    num_partitions: int | None, name: str) -> Resident:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
+        raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
+                          "pip install 'sparknet[arrow]'") from exc
+    df = _dataframe_columns(data, features_col, label_col, dtype, classification)
+    if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
+        df = df.repartition(int(num_partitions))
+    return Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name, on_lost="rebuild")
+
+
+def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | None, name: str) -> Resident:
+    if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
+        rdd = rdd.repartition(int(num_partitions))
+    return Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
+
+
+def _check_numpy(data: Any, y: Any, dtype: str, classification: bool, n_classes: int | None,
+                 sample_shape: tuple | None, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy input checked on the driver: ``(X flattened per row, labels or targets)``."""
+    if y is None:
+        raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
+    xname, yname = ("X", "y") if what == "training data" else ("X_val", "y_val")
+    X = check_array(data, name=xname, dtype=dtype)
+    if classification:
+        Y = check_labels(y, X.shape[0], n_classes, name=yname)
+    else:
+        Y = check_array(y, name=yname, dtype=dtype)
+        if Y.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
+    if sample_shape is not None and int(np.prod(X.shape[1:])) != int(np.prod(sample_shape)):
+        raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the model "
+                         f"expects {int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
+    return X.reshape(X.shape[0], -1), Y
+
+
+def _from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
+                name: str) -> Resident:
+    parts = int(num_partitions or sc.defaultParallelism)
+    pieces = [(np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))
+              for i in split_indices(X.shape[0], parts, seed)]
+    return Resident(sc.parallelize(pieces, parts), _NumpyBuild(), name=name, on_lost="rebuild")
 
 
 def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, classification: bool,
@@ -390,7 +414,7 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
     return dim
 
 
-def label_range(infos) -> tuple[float, float] | None:
+def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:
     """Smallest and largest class id over all shards (None without labels)."""
     los = [i.meta["y_min"] for i in infos if "y_min" in i.meta]
     his = [i.meta["y_max"] for i in infos if "y_max" in i.meta]
@@ -401,7 +425,7 @@ def label_desc(source: str, label_col: str) -> str:
     return {"dataframe": f"label column {label_col!r}", "rdd": "y of the (x, y) pairs"}.get(source, "y")
 
 
-def check_label_range(infos, n_classes: int, what: str, ldesc: str) -> None:
+def check_label_range(infos: list[ShardInfo], n_classes: int, what: str, ldesc: str) -> None:
     """Raise ``ValueError`` when a class id lies outside ``[0, n_classes)``."""
     rng = label_range(infos)
     if rng is None:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from pyspark.accumulators import AccumulatorParam
+
+if TYPE_CHECKING:
+    from pyspark import RDD, Accumulator, Broadcast, SparkContext
 
 log = logging.getLogger(__name__)
 
@@ -97,21 +100,21 @@ class ParameterServer:
         ValueError: unknown ``reduce``.
     """
 
-    def __init__(self, sc, params: np.ndarray, reduce: str = "tree", tree_depth: int = 2) -> None:
+    def __init__(self, sc: SparkContext, params: np.ndarray, reduce: str = "tree", tree_depth: int = 2) -> None:
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
         self.sc, self.params, self.reduce, self.tree_depth = sc, params, reduce, int(tree_depth)
-        self._bc = None
+        self._bc: Broadcast | None = None
         self.bytes_out = 0
 
-    def broadcast(self):
+    def broadcast(self) -> Broadcast:
         """A ``Broadcast`` of the current parameters; the previous one is unpersisted."""
         self._drop(destroy=False)
-        self._bc = self.sc.broadcast(np.ascontiguousarray(self.params))
+        bc = self._bc = self.sc.broadcast(np.ascontiguousarray(self.params))
         self.bytes_out += int(self.params.nbytes)
-        return self._bc
+        return bc
 
-    def gather(self, rdd) -> RoundResult:
+    def gather(self, rdd: RDD) -> RoundResult:
         """Sum the :class:`RoundResult` s of ``rdd`` (one per task) with the chosen primitive."""
         if self.reduce == "tree":
             out = rdd.treeAggregate(RoundResult(), _seq, _seq, depth=self.tree_depth)
@@ -135,14 +138,14 @@ class ParameterServer:
 
 
 class _Adder:
-    def __init__(self, acc) -> None:
+    def __init__(self, acc: Accumulator) -> None:
         self.acc = acc
 
     def __call__(self, r: RoundResult) -> None:
         self.acc.add(r)
 
 
-def measure_primitives(sc, n_params: int, partitions: int, repeats: int = 5,
+def measure_primitives(sc: SparkContext, n_params: int, partitions: int, repeats: int = 5,
                        dtype: Any = np.float32) -> dict[str, float]:
     """Median seconds of a round that broadcasts ``n_params`` values and brings one
     ``n_params`` vector back from each of ``partitions`` tasks, with each primitive.
@@ -168,8 +171,8 @@ def measure_primitives(sc, n_params: int, partitions: int, repeats: int = 5,
 
 
 class _Echo:
-    def __init__(self, bc) -> None:
+    def __init__(self, bc: Broadcast) -> None:
         self.bc = bc
 
-    def __call__(self, _):
+    def __call__(self, _: Any) -> RoundResult:
         return RoundResult(np.array(self.bc.value, copy=True), np.zeros(len(STATS)), [0.0])

@@ -7,6 +7,10 @@ import re
 import shutil
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,8 @@ def check_java(min_version: int = 17) -> str:
     return java
 
 
-def get_spark(master: str | None = None, app_name: str = "sparknet", conf: dict | None = None):
+def get_spark(master: str | None = None, app_name: str = "sparknet",
+              conf: dict | None = None) -> SparkSession:
     """The active SparkSession, or a new one (default master ``local[*]``).
 
     Sets ``PYSPARK_PYTHON`` to this interpreter (so executors import the same
@@ -105,7 +110,7 @@ def get_spark(master: str | None = None, app_name: str = "sparknet", conf: dict 
     return spark
 
 
-def _warn_settings(spark) -> None:
+def _warn_settings(spark: SparkSession) -> None:
     sc = spark.sparkContext
     wait = sc.getConf().get("spark.locality.wait.process")
     if wait is None and sc.master and not sc.master.startswith("local"):
