@@ -1,10 +1,19 @@
 """Input checks that fail early with messages naming what is wrong."""
 from __future__ import annotations
 
+from typing import Any, Literal, Sequence, overload
+
 import numpy as np
+from numpy.typing import DTypeLike
 
 
-def positive_int(value, what: str, *, allow_none: bool = False, extra: str = "") -> int | None:
+@overload
+def positive_int(value: Any, what: str, *, allow_none: Literal[False] = ..., extra: str = "") -> int: ...
+@overload
+def positive_int(value: Any, what: str, *, allow_none: bool, extra: str = "") -> int | None: ...
+
+
+def positive_int(value: Any, what: str, *, allow_none: bool = False, extra: str = "") -> int | None:
     """``value`` as an ``int`` when it is a positive integer (not a bool); else ``ValueError``
     naming ``what``.  ``allow_none`` lets ``None`` through; ``extra`` names other accepted
     values in the message (``"or 'auto'"``)."""
@@ -17,8 +26,8 @@ def positive_int(value, what: str, *, allow_none: bool = False, extra: str = "")
     return int(value)
 
 
-def check_array(X, name: str = "X", sample_shape: tuple | None = None, dtype=np.float32,
-                allow_int: bool = False) -> np.ndarray:
+def check_array(X: Any, name: str = "X", sample_shape: Sequence[int] | None = None,
+                dtype: DTypeLike = np.float32, allow_int: bool = False) -> np.ndarray:
     """Return ``X`` as a C-contiguous array of ``dtype`` (or int64 when ``allow_int``).
 
     Raises ``ValueError`` naming the problem: non-numeric dtype, ragged rows, no rows,
@@ -54,7 +63,8 @@ def check_array(X, name: str = "X", sample_shape: tuple | None = None, dtype=np.
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
-def check_labels(y, n: int, n_classes: int | None, name: str = "y", lead_shape=None) -> np.ndarray:
+def check_labels(y: Any, n: int, n_classes: int | None, name: str = "y",
+                 lead_shape: Sequence[int] | None = None) -> np.ndarray:
     """Class ids as int64; checks length, integrality and range ``[0, n_classes)``."""
     arr = np.asarray(y)
     if arr.dtype == object or arr.dtype.kind not in "biuf":
@@ -78,7 +88,7 @@ def check_labels(y, n: int, n_classes: int | None, name: str = "y", lead_shape=N
     return np.ascontiguousarray(labels)
 
 
-def check_targets(y, n: int, out_shape: tuple, dtype, name: str = "y") -> np.ndarray:
+def check_targets(y: Any, n: int, out_shape: Sequence[int], dtype: DTypeLike, name: str = "y") -> np.ndarray:
     """Regression targets: same per-sample shape as the model output."""
     arr = check_array(y, name=name, dtype=dtype)
     if arr.shape[0] != n:
@@ -91,7 +101,7 @@ def check_targets(y, n: int, out_shape: tuple, dtype, name: str = "y") -> np.nda
     return arr
 
 
-def check_mask(mask, x_shape: tuple, name: str = "mask") -> np.ndarray | None:
+def check_mask(mask: Any, x_shape: Sequence[int], name: str = "mask") -> np.ndarray | None:
     """A (N, T) mask of 0/1 matching the first two axes of X."""
     if mask is None:
         return None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparknet import _activations
+import sparknet._activations as _activations
 
 #: kernel ids, shared with ``_activations.pxd``
 IDS = {"identity": 0, "linear": 0, None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, "softmax": 4}
@@ -20,7 +20,29 @@ def activation_id(name: str | None) -> int:
 
 
 def canonical_name(name: str | None) -> str:
+    """The one name of an activation (``None`` and ``"linear"`` become ``"identity"``)."""
     return CANONICAL[activation_id(name)]
+
+
+class FusedActivation:
+    """Mixin of a layer whose kernel applies its activation (``Dense``, ``Conv2D``,
+    ``Activation``).  When such a layer ends the model in a softmax that the loss takes
+    over, :class:`~sparknet.model.Sequential` sets :attr:`emit_logits` and the kernel then
+    applies the identity instead."""
+
+    activation: str
+    #: set by Sequential when a trailing softmax is fused into the loss
+    emit_logits: bool
+
+    def _set_activation(self, activation: str | None) -> None:
+        self.activation = canonical_name(activation)
+        self._act = activation_id(activation)
+        self.emit_logits = False
+
+    @property
+    def _kernel_act(self) -> int:
+        """The activation id the kernel applies: identity when the loss owns the softmax."""
+        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
 
 
 def _as_2d(a: np.ndarray) -> np.ndarray:

@@ -9,11 +9,12 @@ may overwrite ``dy``.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
-ParamSpec = tuple  # (name, shape)
+#: ``(name, shape)`` of one parameter array
+ParamSpec = tuple[str, tuple[int, ...]]
 
 #: layer class name -> class, for rebuilding a model from its JSON architecture
 REGISTRY: dict[str, type["Layer"]] = {}
@@ -82,16 +83,18 @@ class Layer:
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         raise NotImplementedError
 
-    def backward(self, dy: np.ndarray) -> np.ndarray:
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        """The gradient with respect to the input, or None when :attr:`need_input_grad`
+        is False (or the input has none, as token ids)."""
         raise NotImplementedError
 
     # -- (de)serialisation ------------------------------------------------
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         """JSON-serialisable constructor arguments."""
         return {"name": self.name}
 
     @classmethod
-    def from_config(cls, config: dict) -> "Layer":
+    def from_config(cls, config: dict[str, Any]) -> "Layer":
         return cls(**config)
 
     @property
@@ -105,3 +108,17 @@ class Layer:
     def _check_built(self) -> None:
         if not self.built:
             raise RuntimeError(f"layer {self.name!r} is not built; add it to a Sequential model first")
+
+    def _shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``(input_shape, output_shape)`` of the built layer (RuntimeError before :meth:`build`)."""
+        self._check_built()
+        assert self.input_shape is not None and self.output_shape is not None
+        return self.input_shape, self.output_shape
+
+
+class MaskedLayer(Protocol):
+    """What a layer with ``supports_masking = True`` provides: a ``forward`` taking the
+    ``(N, T)`` mask of its input (None when every step is real)."""
+
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray: ...

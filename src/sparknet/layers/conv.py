@@ -28,26 +28,37 @@ Its feature maps are 24x24x6, 12x12x6, 8x8x12, 4x4x12 and 1x1x12; it trains with
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Any, Union
 
-from sparknet import _conv, _pool, initializers
-from sparknet.activations import activation_id, canonical_name
-from sparknet.layers.base import Layer, register
+import numpy as np
+from numpy.typing import DTypeLike
+
+import sparknet._conv as _conv
+import sparknet._pool as _pool
+from sparknet import initializers
+from sparknet._validation import positive_int
+from sparknet.activations import FusedActivation
+from sparknet.layers.base import Layer, ParamSpec, register
 
 PADDINGS = ("valid", "same")
 
+#: a window size, stride or dilation: one int for both axes, or ``(height, width)``
+IntPair = Union[int, "tuple[int, int]", "list[int]"]
 
-def _pair(value, what: str) -> tuple[int, int]:
+
+def _pair(value: IntPair, what: str) -> tuple[int, int]:
     """An int or a pair of ints, each >= 1, as a tuple of two ints."""
     items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if len(items) != 2 or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1
-                              for v in items):
-        raise ValueError(f"{what} must be a positive integer or a pair of positive integers, "
-                         f"got {value!r}")
-    return int(items[0]), int(items[1])
+    msg = f"{what} must be a positive integer or a pair of positive integers, got {value!r}"
+    if len(items) != 2:
+        raise ValueError(msg)
+    try:
+        return positive_int(items[0], what), positive_int(items[1], what)
+    except ValueError:
+        raise ValueError(msg) from None
 
 
-def _padding(value, what: str) -> str:
+def _padding(value: Any, what: str) -> str:
     if not isinstance(value, str) or value.lower() not in PADDINGS:
         raise ValueError(f"{what} padding must be 'valid' or 'same', got {value!r}")
     return value.lower()
@@ -68,15 +79,15 @@ def _image_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int, 
             f"{type(layer).__name__} {layer.name!r} needs images of per-sample shape (H, W, C) "
             f"(channels last), got per-sample shape {tuple(input_shape)} (rank {len(input_shape)}); "
             f"give gray-scale images a channel axis, e.g. X.reshape(-1, H, W, 1)")
-    return input_shape  # type: ignore[return-value]
+    H, W, C = input_shape
+    return H, W, C
 
 
 def _check_batch(layer: Layer, x: np.ndarray) -> np.ndarray:
     """Validate a forward input against the built shape; return it C-contiguous."""
-    layer._check_built()
+    H, W, C = layer._shapes()[0]
     x = np.asarray(x)
     what = f"{type(layer).__name__} {layer.name!r}"
-    H, W, C = layer.input_shape
     if x.ndim != 4:
         raise ValueError(f"{what} expects a batch of images (N, H, W, C) = (N, {H}, {W}, {C}), "
                          f"got an array of rank {x.ndim} with shape {x.shape}")
@@ -92,13 +103,13 @@ def _check_batch(layer: Layer, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=layer.dtype)
 
 
-def _writable(a: np.ndarray, dtype) -> np.ndarray:
+def _writable(a: np.ndarray, dtype: DTypeLike) -> np.ndarray:
     a = np.ascontiguousarray(a, dtype=dtype)
     return a if a.flags.writeable else a.copy()
 
 
 @register
-class Conv2D(Layer):
+class Conv2D(FusedActivation, Layer):
     """2-D convolution (cross-correlation, as in every deep learning library), channels-last.
 
     ``y[n, i, j, f] = act(b[f] + sum over (p, q, c) of kernel[p, q, c, f] *
@@ -130,27 +141,22 @@ class Conv2D(Layer):
             in :meth:`forward` for a batch of the wrong rank, channel count or size.
     """
 
-    def __init__(self, filters: int, kernel_size, strides=1, padding: str = "valid",
-                 dilation=1, activation: str | None = None, use_bias: bool = True,
+    def __init__(self, filters: int, kernel_size: IntPair, strides: IntPair = 1, padding: str = "valid",
+                 dilation: IntPair = 1, activation: str | None = None, use_bias: bool = True,
                  kernel_initializer: str = "auto", name: str | None = None) -> None:
         super().__init__(name)
-        if isinstance(filters, bool) or not isinstance(filters, (int, np.integer)) or filters < 1:
-            raise ValueError(f"Conv2D filters must be a positive integer, got {filters!r}")
-        self.filters = int(filters)
+        self.filters = positive_int(filters, "Conv2D filters")
         self.kernel_size = _pair(kernel_size, "Conv2D kernel_size")
         self.strides = _pair(strides, "Conv2D strides")
         self.padding = _padding(padding, "Conv2D")
         self.dilation = _pair(dilation, "Conv2D dilation")
-        self.activation = canonical_name(activation)
-        self._act = activation_id(activation)
+        self._set_activation(activation)
         self.use_bias = bool(use_bias)
         if kernel_initializer != "auto":
             initializers.check_name(kernel_initializer)
         self.kernel_initializer = kernel_initializer
-        #: set by Sequential when a trailing softmax is fused into the loss
-        self.emit_logits = False
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         H, W, C = _image_shape(self, input_shape)
         (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.strides, self.dilation
         eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
@@ -163,14 +169,14 @@ class Conv2D(Layer):
         ow, self._pl = _out_and_pad(W, ew, sw, self.padding)
         return (oh, ow, self.filters)
 
-    def param_specs(self):
+    def param_specs(self) -> list[ParamSpec]:
         kh, kw = self.kernel_size
-        specs = [("kernel", (kh, kw, self.in_channels, self.filters))]
+        specs: list[ParamSpec] = [("kernel", (kh, kw, self.in_channels, self.filters))]
         if self.use_bias:
             specs.append(("bias", (self.filters,)))
         return specs
 
-    def init_params(self, params, rng):
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
         init = self.kernel_initializer
         if init == "auto":
             init = "he_uniform" if self.activation == "relu" else "glorot_uniform"
@@ -180,23 +186,19 @@ class Conv2D(Layer):
         if self.use_bias:
             params["bias"][...] = 0
 
-    @property
-    def _kernel_act(self) -> int:
-        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
-
-    def _geometry(self) -> dict:
+    def _geometry(self) -> dict[str, int]:
         return dict(sh=self.strides[0], sw=self.strides[1], ph=self._pt, pw=self._pl,
                     dh=self.dilation[0], dw=self.dilation[1])
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         x = _check_batch(self, x)
-        y = np.empty((x.shape[0],) + self.output_shape, dtype=self.dtype)
+        y = np.empty((x.shape[0],) + self._shapes()[1], dtype=self.dtype)
         _conv.forward(x, self.params["kernel"], self.params.get("bias"), y,
                       act=self._kernel_act, **self._geometry())
         self._x, self._y = x, y
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         d = _writable(dy, self.dtype)
         if d.shape != self._y.shape:
             raise ValueError(f"Conv2D {self.name!r}: gradient has shape {d.shape}, "
@@ -207,7 +209,7 @@ class Conv2D(Layer):
                        self.grads.get("bias"), act=self._kernel_act, **self._geometry())
         return dx
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"filters": self.filters, "kernel_size": list(self.kernel_size),
                 "strides": list(self.strides), "padding": self.padding,
                 "dilation": list(self.dilation), "activation": self.activation,
@@ -218,15 +220,16 @@ class Conv2D(Layer):
 class _Pool2D(Layer):
     """Shared construction and shape logic of the pooling layers."""
 
-    def __init__(self, pool_size=2, strides=None, padding: str = "valid",
+    def __init__(self, pool_size: IntPair = 2, strides: IntPair | None = None, padding: str = "valid",
                  name: str | None = None) -> None:
         super().__init__(name)
         kind = type(self).__name__
         self.pool_size = _pair(pool_size, f"{kind} pool_size")
         self.strides = self.pool_size if strides is None else _pair(strides, f"{kind} strides")
         self.padding = _padding(padding, kind)
+        self._n = 0
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         H, W, C = _image_shape(self, input_shape)
         (ph, pw), (sh, sw) = self.pool_size, self.strides
         if self.padding == "valid" and (ph > H or pw > W):
@@ -239,10 +242,15 @@ class _Pool2D(Layer):
         ow, self._pl = _out_and_pad(W, pw, sw, self.padding)
         return (oh, ow, C)
 
-    def _geometry(self) -> dict:
+    def _geometry(self) -> dict[str, int]:
         return dict(sh=self.strides[0], sw=self.strides[1], pt=self._pt, pl=self._pl)
 
-    def get_config(self):
+    def _batch_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The input and output shape of the last forward batch (``self._n`` samples)."""
+        in_shape, out_shape = self._shapes()
+        return (self._n,) + in_shape, (self._n,) + out_shape
+
+    def get_config(self) -> dict[str, Any]:
         return {"pool_size": list(self.pool_size), "strides": list(self.strides),
                 "padding": self.padding, "name": self.name}
 
@@ -265,23 +273,24 @@ class MaxPool2D(_Pool2D):
     Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, C)``.
     """
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         x = _check_batch(self, x)
-        n = x.shape[0]
-        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
-        arg = np.empty((n,) + self.output_shape, dtype=np.int32)
+        self._n = x.shape[0]
+        out_shape = self._batch_shapes()[1]
+        y = np.empty(out_shape, dtype=self.dtype)
+        arg = np.empty(out_shape, dtype=np.int32)
         _pool.max_forward(x, y, arg, self.pool_size[0], self.pool_size[1], **self._geometry())
-        self._arg, self._n = arg, n
+        self._arg = arg
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         d = np.ascontiguousarray(dy, dtype=self.dtype)
         if d.shape != self._arg.shape:
             raise ValueError(f"MaxPool2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._arg.shape}")
         if not self.need_input_grad:
             return None
-        dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
+        dx = np.empty(self._batch_shapes()[0], dtype=self.dtype)
         _pool.max_backward(d, self._arg, dx, self.pool_size[0], self.pool_size[1],
                            **self._geometry())
         return dx
@@ -301,21 +310,21 @@ class AvgPool2D(_Pool2D):
     Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, C)``.
     """
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         x = _check_batch(self, x)
-        n = x.shape[0]
-        y = np.empty((n,) + self.output_shape, dtype=self.dtype)
+        self._n = x.shape[0]
+        y = np.empty(self._batch_shapes()[1], dtype=self.dtype)
         _pool.avg_forward(x, y, self.pool_size[0], self.pool_size[1], **self._geometry())
-        self._n = n
         return y
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         d = np.ascontiguousarray(dy, dtype=self.dtype)
-        if d.shape != (self._n,) + self.output_shape:
+        in_shape, out_shape = self._batch_shapes()
+        if d.shape != out_shape:
             raise ValueError(f"AvgPool2D {self.name!r}: gradient has shape {d.shape}, "
-                             f"the output was {(self._n,) + self.output_shape}")
+                             f"the output was {out_shape}")
         if not self.need_input_grad:
             return None
-        dx = np.empty((self._n,) + self.input_shape, dtype=self.dtype)
+        dx = np.empty(in_shape, dtype=self.dtype)
         _pool.avg_backward(d, dx, self.pool_size[0], self.pool_size[1], **self._geometry())
         return dx

@@ -1,21 +1,20 @@
 """Core layers: Dense, Activation, Dropout, Flatten."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from sparknet import _dense, initializers
-from sparknet.activations import activation_id, canonical_name
-from sparknet.layers.base import Layer, register
-
-
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
+import sparknet._activations as _activations
+import sparknet._dense as _dense
+from sparknet import initializers
+from sparknet._validation import positive_int
+from sparknet.activations import FusedActivation
+from sparknet.layers.base import Layer, ParamSpec, register
 
 
 @register
-class Dense(Layer):
+class Dense(FusedActivation, Layer):
     """Fully connected layer: ``y = activation(x @ W.T + b)``.
 
     Applies to the last axis, so a ``(N, T, F)`` sequence gets the same dense map at
@@ -40,30 +39,27 @@ class Dense(Layer):
     def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
                  kernel_initializer: str = "auto", name: str | None = None) -> None:
         super().__init__(name)
-        self.units = _positive_int(units, "Dense units")
-        self.activation = canonical_name(activation)
-        self._act = activation_id(activation)
+        self.units = positive_int(units, "Dense units")
+        self._set_activation(activation)
         self.use_bias = bool(use_bias)
         if kernel_initializer != "auto":
             initializers.check_name(kernel_initializer)
         self.kernel_initializer = kernel_initializer
-        #: set by Sequential when a trailing softmax is fused into the loss
-        self.emit_logits = False
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) < 1 or input_shape[-1] <= 0:
             raise ValueError(f"Dense {self.name!r} needs inputs with a last axis of positive size, "
                              f"got per-sample shape {input_shape}")
         self.in_features = int(input_shape[-1])
         return tuple(input_shape[:-1]) + (self.units,)
 
-    def param_specs(self):
-        specs = [("kernel", (self.units, self.in_features))]
+    def param_specs(self) -> list[ParamSpec]:
+        specs: list[ParamSpec] = [("kernel", (self.units, self.in_features))]
         if self.use_bias:
             specs.append(("bias", (self.units,)))
         return specs
 
-    def init_params(self, params, rng):
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
         init = self.kernel_initializer
         if init == "auto":
             init = "he_uniform" if self.activation == "relu" else "glorot_uniform"
@@ -71,11 +67,7 @@ class Dense(Layer):
         if self.use_bias:
             params["bias"][...] = 0
 
-    @property
-    def _kernel_act(self) -> int:
-        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
-
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         self._check_built()
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, self.in_features), dtype=self.dtype)
@@ -84,7 +76,7 @@ class Dense(Layer):
         self._x, self._y = x2, y
         return y.reshape(lead + (self.units,))
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         lead = dy.shape[:-1]
         d = np.ascontiguousarray(dy.reshape(-1, self.units), dtype=self.dtype)
         if not d.flags.writeable:
@@ -94,13 +86,13 @@ class Dense(Layer):
                         self.grads.get("bias"), self._kernel_act)
         return None if dx is None else dx.reshape(lead + (self.in_features,))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"units": self.units, "activation": self.activation, "use_bias": self.use_bias,
                 "kernel_initializer": self.kernel_initializer, "name": self.name}
 
 
 @register
-class Activation(Layer):
+class Activation(FusedActivation, Layer):
     """Elementwise activation layer (softmax acts on the last axis).
 
     Args:
@@ -109,31 +101,23 @@ class Activation(Layer):
 
     def __init__(self, activation: str, name: str | None = None) -> None:
         super().__init__(name)
-        self.activation = canonical_name(activation)
-        self._act = activation_id(activation)
-        self.emit_logits = False
+        self._set_activation(activation)
 
-    @property
-    def _kernel_act(self) -> int:
-        return 0 if (self.emit_logits and self.activation == "softmax") else self._act
-
-    def forward(self, x, training=False):
-        from sparknet import _activations
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         y = np.array(x, dtype=self.dtype, order="C", copy=True)
         if y.size and self._kernel_act:
             _activations.forward(self._kernel_act, y.reshape(-1, y.shape[-1]))
         self._y = y
         return y
 
-    def backward(self, dy):
-        from sparknet import _activations
+    def backward(self, dy: np.ndarray) -> np.ndarray:
         d = np.array(dy, dtype=self.dtype, order="C", copy=True)
         if d.size and self._kernel_act:
             _activations.backward(self._kernel_act, self._y.reshape(-1, d.shape[-1]),
                                   d.reshape(-1, d.shape[-1]))
         return d
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"activation": self.activation, "name": self.name}
 
 
@@ -151,8 +135,9 @@ class Dropout(Layer):
         if not (0.0 <= float(rate) < 1.0):
             raise ValueError(f"Dropout rate must be in [0, 1), got {rate!r}")
         self.rate = float(rate)
+        self._mask: np.ndarray | None = None
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         if not training or self.rate == 0.0:
             self._mask = None
             return x
@@ -161,12 +146,12 @@ class Dropout(Layer):
         self._mask *= self.dtype.type(1.0 / keep)
         return x * self._mask
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray:
         if self._mask is None:
             return dy
         return dy * self._mask
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"rate": self.rate, "name": self.name}
 
 
@@ -174,15 +159,15 @@ class Dropout(Layer):
 class Flatten(Layer):
     """Flatten each sample to one axis: ``(N, d1, d2, ...)`` -> ``(N, d1 * d2 * ...)``."""
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return (int(np.prod(input_shape)),)
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         self._shape = x.shape
         return x.reshape(x.shape[0], -1)
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray:
         return dy.reshape(self._shape)
 
-    def compute_mask(self, mask):
+    def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         return None

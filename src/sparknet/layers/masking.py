@@ -2,6 +2,8 @@
 one flat array per row (Spark DataFrames, the data-parallel trainer)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from sparknet.layers.base import Layer, register
@@ -32,13 +34,13 @@ class SequenceMask(Layer):
         super().__init__(name)
         self._mask: np.ndarray | None = None
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 2 or input_shape[-1] < 2:
             raise ValueError(f"SequenceMask {self.name!r} takes steps of (features + 1 mask value), "
                              f"shape (T, F + 1) with F >= 1; got per-sample shape {tuple(input_shape)}")
         return (int(input_shape[0]), int(input_shape[1]) - 1)
 
-    def forward(self, x, training=False, mask=None):
+    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(x)
         m = x[..., -1] > 0.5
         if mask is not None:
@@ -46,15 +48,15 @@ class SequenceMask(Layer):
         self._mask = m
         return np.ascontiguousarray(x[..., :-1])
 
-    def compute_mask(self, mask):
+    def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         return self._mask
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         if not self.need_input_grad:
             return None
         dx = np.zeros(dy.shape[:-1] + (dy.shape[-1] + 1,), dtype=dy.dtype)
         dx[..., :-1] = dy
         return dx
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"name": self.name}

@@ -23,13 +23,17 @@ a token stream out that way.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
-from sparknet import _embedding, _lstm, _rnn, initializers, threads
+import sparknet._embedding as _embedding
+import sparknet._lstm as _lstm
+import sparknet._rnn as _rnn
+from sparknet import initializers, threads
+from sparknet._validation import positive_int
 from sparknet.activations import activation_id, canonical_name
-from sparknet.layers.base import Layer, register
+from sparknet.layers.base import Layer, ParamSpec, register
 
 __all__ = ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
 
@@ -41,13 +45,7 @@ __all__ = ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
 # called from a hand-written loop rather than fit/predict (sparknet.threads.capped).
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def reset_states(model) -> None:
+def reset_states(model: Any) -> None:
     """Call ``reset_states()`` on every stateful layer of ``model`` (start of a new text)."""
     for layer in getattr(model, "layers", ()):
         if hasattr(layer, "reset_states"):
@@ -65,7 +63,7 @@ class _Recurrent(Layer):
                  kernel_initializer: str = "glorot_uniform",
                  recurrent_initializer: str = "orthogonal", name: str | None = None) -> None:
         super().__init__(name)
-        self.units = _positive_int(units, f"{type(self).__name__} units")
+        self.units = positive_int(units, f"{type(self).__name__} units")
         self.return_sequences = bool(return_sequences)
         self.stateful = bool(stateful)
         self.kernel_initializer = initializers.check_name(kernel_initializer)
@@ -73,11 +71,11 @@ class _Recurrent(Layer):
         self._state: tuple[np.ndarray, ...] | None = None
         self._last_state: tuple[np.ndarray, ...] | None = None
         self._bufs: dict[str, np.ndarray] = {}
-        self._buf_key: tuple | None = None
+        self._buf_key: tuple[Any, ...] | None = None
         self._fwd: dict[str, Any] | None = None
 
     # -- construction -------------------------------------------------------
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 2:
             raise ValueError(
                 f"{type(self).__name__} {self.name!r} takes sequences (N, T, features); got per-sample "
@@ -89,12 +87,12 @@ class _Recurrent(Layer):
     def _out_shape(self, T: int) -> tuple[int, ...]:
         return (T, self.units) if self.return_sequences else (self.units,)
 
-    def param_specs(self):
+    def param_specs(self) -> list[ParamSpec]:
         G = self._gate_count * self.units
         return [("weight_ih", (G, self.in_features)), ("weight_hh", (G, self.units)),
                 ("bias_ih", (G,)), ("bias_hh", (G,))]
 
-    def init_params(self, params, rng):
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
         H, k = self.units, self._gate_count
         # each gate's block is initialised as a layer of its own
         for g in range(k):
@@ -106,7 +104,7 @@ class _Recurrent(Layer):
         params["bias_hh"][...] = 0
 
     # -- state ----------------------------------------------------------------
-    def reset_states(self, states=None) -> None:
+    def reset_states(self, states: np.ndarray | Iterable[np.ndarray] | None = None) -> None:
         """Forget the carried state (the next call starts from zeros, any batch size), or
         set it: ``states`` is ``h`` of shape ``(N, units)`` (SimpleRNN) or ``(h, c)`` (LSTM).
 
@@ -120,13 +118,11 @@ class _Recurrent(Layer):
         if not self.stateful:
             raise ValueError(f"{type(self).__name__} {self.name!r} is not stateful (stateful=False): "
                              f"it always starts from a zero state")
-        if isinstance(states, np.ndarray):
-            states = (states,)
-        states = tuple(states)
-        if len(states) != self._n_states:
-            raise ValueError(f"{type(self).__name__} has {self._n_states} state array(s), got {len(states)}")
-        out = []
-        for s in states:
+        given = (states,) if isinstance(states, np.ndarray) else tuple(states)
+        if len(given) != self._n_states:
+            raise ValueError(f"{type(self).__name__} has {self._n_states} state array(s), got {len(given)}")
+        out: list[np.ndarray] = []
+        for s in given:
             a = np.array(s, dtype=self.dtype, order="C", copy=True)
             if a.ndim != 2 or a.shape[1] != self.units or (out and a.shape != out[0].shape):
                 raise ValueError(f"{type(self).__name__} state must have shape (N, {self.units}), "
@@ -140,7 +136,7 @@ class _Recurrent(Layer):
         return None if self._last_state is None else tuple(s.copy() for s in self._last_state)
 
     # -- helpers ----------------------------------------------------------------
-    def _check_input(self, x, mask):
+    def _check_input(self, x: Any, mask: Any) -> tuple[np.ndarray, np.ndarray | None]:
         self._check_built()
         x = np.asarray(x)
         if x.ndim != 3 or x.shape[2] != self.in_features:
@@ -163,7 +159,7 @@ class _Recurrent(Layer):
                 m = np.ascontiguousarray(mk).view(np.uint8)
         return x, m
 
-    def _initial_state(self, N):
+    def _initial_state(self, N: int) -> tuple[np.ndarray | None, ...]:
         if not self.stateful or self._state is None:
             return (None,) * self._n_states
         if self._state[0].shape[0] != N:
@@ -173,17 +169,17 @@ class _Recurrent(Layer):
                 f"samples divisible by it, shuffle=False) or call reset_states() first")
         return self._state
 
-    def _buffers(self, N: int, T: int, spec: dict[str, tuple]) -> dict[str, np.ndarray]:
+    def _buffers(self, N: int, T: int, spec: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         key = (N, T, self.dtype)
         if self._buf_key != key:
             self._bufs = {k: np.empty(s, dtype=self.dtype) for k, s in spec.items()}
             self._buf_key = key
         return self._bufs
 
-    def compute_mask(self, mask):
+    def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         return mask if self.return_sequences else None
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"units": self.units, "return_sequences": self.return_sequences,
                 "stateful": self.stateful, "kernel_initializer": self.kernel_initializer,
                 "recurrent_initializer": self.recurrent_initializer, "name": self.name}
@@ -226,7 +222,7 @@ class SimpleRNN(_Recurrent):
         self.activation = act
         self._act = activation_id(act)
 
-    def forward(self, x, training=False, mask=None):
+    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
         x, m = self._check_input(x, mask)
         N, T, F = x.shape
         H = self.units
@@ -237,15 +233,15 @@ class SimpleRNN(_Recurrent):
         p = self.params
         with threads.capped():
             _rnn.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
-                                   self._act, b["xt"], b["zs"], b["hs"], y)
+                             self._act, b["xt"], b["zs"], b["hs"], y)
         hT = b["hs"][T].copy()
         self._last_state = (hT,)
         if self.stateful:
             self._state = (hT.copy(),)
         self._fwd = {"N": N, "T": T, "mask": m}
-        return y if self.return_sequences else hT
+        return hT if y is None else y
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         f = self._fwd
         if f is None:
             raise RuntimeError(f"SimpleRNN {self.name!r}: backward called before forward")
@@ -256,17 +252,17 @@ class SimpleRNN(_Recurrent):
         if dy.shape != want:
             raise ValueError(f"SimpleRNN {self.name!r}: output gradient has shape {dy.shape}, expected {want}")
         dy_seq, dh_last = (dy, None) if self.return_sequences else (None, dy)
-        need_dx = getattr(self, "need_input_grad", True)
+        need_dx = self.need_input_grad
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
         with threads.capped():
             _rnn.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
-                                    dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
-                                    b["dxt"] if need_dx else None, dx,
-                                    g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+                              dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
+                              b["dxt"] if need_dx else None, dx,
+                              g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         return dx
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         cfg = super().get_config()
         cfg["activation"] = self.activation
         return cfg
@@ -325,17 +321,17 @@ class LSTM(_Recurrent):
                              "Sequential model has one output); read layer.states after a call instead")
         self.unit_forget_bias = bool(unit_forget_bias)
 
-    def _out_shape(self, T):
+    def _out_shape(self, T: int) -> tuple[int, ...]:
         if self.return_state:
             return (2 * self.units,)
         return super()._out_shape(T)
 
-    def init_params(self, params, rng):
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
         super().init_params(params, rng)
         if self.unit_forget_bias:
             params["bias_ih"][self.units:2 * self.units] = 1
 
-    def forward(self, x, training=False, mask=None):
+    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
         x, m = self._check_input(x, mask)
         N, T, F = x.shape
         H = self.units
@@ -347,23 +343,23 @@ class LSTM(_Recurrent):
         p = self.params
         with threads.capped():
             _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
-                                    m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
+                               m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
         self._last_state = (b["hs"][T], b["cs"][T])
         if self.stateful:
             self._state = (b["hs"][T].copy(), b["cs"][T].copy())
         self._fwd = {"N": N, "T": T, "mask": m}
-        if self.return_sequences:
+        if y is not None:
             return y
         if self.return_state:
             return np.concatenate([b["hs"][T], b["cs"][T]], axis=1)
         return b["hs"][T].copy()
 
     @property
-    def states(self):
+    def states(self) -> tuple[np.ndarray, ...] | None:
         """The final ``(h, c)`` of the last forward call (copies), or None."""
         return super().states
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
         f = self._fwd
         if f is None:
             raise RuntimeError(f"LSTM {self.name!r}: backward called before forward")
@@ -380,17 +376,17 @@ class LSTM(_Recurrent):
             dh_last, dc_last = np.ascontiguousarray(dy[:, :H]), np.ascontiguousarray(dy[:, H:])
         else:
             dh_last = dy
-        need_dx = getattr(self, "need_input_grad", True)
+        need_dx = self.need_input_grad
         dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
         g, p = self.grads, self.params
         with threads.capped():
             _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
-                                     b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
-                                     b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
-                                     g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+                                b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
+                                b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
+                                g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         return dx
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         cfg = super().get_config()
         cfg.update(return_state=self.return_state, unit_forget_bias=self.unit_forget_bias)
         return cfg
@@ -422,8 +418,8 @@ class Embedding(Layer):
     def __init__(self, vocab: int, dim: int, mask_zero: bool = False,
                  embeddings_initializer: str = "normal", name: str | None = None) -> None:
         super().__init__(name)
-        self.vocab = _positive_int(vocab, "Embedding vocab")
-        self.dim = _positive_int(dim, "Embedding dim")
+        self.vocab = positive_int(vocab, "Embedding vocab")
+        self.dim = positive_int(dim, "Embedding dim")
         self.mask_zero = bool(mask_zero)
         if embeddings_initializer not in ("normal", "uniform"):
             raise ValueError(f"Embedding embeddings_initializer must be 'normal' or 'uniform', "
@@ -431,22 +427,22 @@ class Embedding(Layer):
         self.embeddings_initializer = embeddings_initializer
         self._ids: np.ndarray | None = None
 
-    def _build(self, input_shape):
+    def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) < 1:
             raise ValueError(f"Embedding {self.name!r} takes ids of shape (N, T), got per-sample "
                              f"shape {tuple(input_shape)}")
         return tuple(input_shape) + (self.dim,)
 
-    def param_specs(self):
+    def param_specs(self) -> list[ParamSpec]:
         return [("embeddings", (self.vocab, self.dim))]
 
-    def init_params(self, params, rng):
+    def init_params(self, params: dict[str, np.ndarray], rng: np.random.Generator) -> None:
         if self.embeddings_initializer == "normal":
             params["embeddings"][...] = rng.standard_normal(params["embeddings"].shape)
         else:
             params["embeddings"][...] = rng.uniform(-0.05, 0.05, params["embeddings"].shape)
 
-    def _check_ids(self, x) -> np.ndarray:
+    def _check_ids(self, x: Any) -> np.ndarray:
         ids = np.asarray(x)
         if ids.dtype == object or ids.dtype.kind not in "biuf":
             raise ValueError(f"Embedding {self.name!r} takes integer token ids, got dtype {ids.dtype} "
@@ -466,7 +462,7 @@ class Embedding(Layer):
                                  f"[0, {self.vocab}) (vocab={self.vocab})")
         return ids
 
-    def forward(self, x, training=False):
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         self._check_built()
         ids = self._check_ids(x)
         flat = ids.reshape(-1)
@@ -475,7 +471,7 @@ class Embedding(Layer):
         self._ids = ids
         return out.reshape(ids.shape + (self.dim,))
 
-    def compute_mask(self, mask):
+    def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         if not self.mask_zero or self._ids is None:
             return mask
         m = self._ids != 0
@@ -483,7 +479,7 @@ class Embedding(Layer):
             m = m.reshape(m.shape[0], m.shape[1], -1).all(axis=2)
         return m if mask is None else (np.asarray(mask) != 0) & m
 
-    def backward(self, dy):
+    def backward(self, dy: np.ndarray) -> None:
         if self._ids is None:
             raise RuntimeError(f"Embedding {self.name!r}: backward called before forward")
         flat = self._ids.reshape(-1)
@@ -491,6 +487,6 @@ class Embedding(Layer):
         _embedding.embedding_backward(flat, d, self.grads["embeddings"])
         return None
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"vocab": self.vocab, "dim": self.dim, "mask_zero": self.mask_zero,
                 "embeddings_initializer": self.embeddings_initializer, "name": self.name}
