@@ -19,9 +19,16 @@ import json
 import os
 import tempfile
 import zipfile
-from typing import IO, Any, Iterator
+from typing import IO, TYPE_CHECKING, Any, Iterator, Literal, Union, overload
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from sparknet.model import Sequential
+    from sparknet.optim import Optimizer
+
+#: a file path: a string or an ``os.PathLike``
+PathLike = Union[str, "os.PathLike[str]"]
 
 FORMAT = "sparknet-model"
 VERSION = 1
@@ -50,11 +57,14 @@ def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
 
 
 def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
+    # typed loosely: numpy's stubs would read a key named "allow_pickle" as that flag
+    entries: dict[str, Any] = arrays
     with atomic_write(path) as fh:
-        np.savez(fh, **arrays)
+        np.savez(fh, **entries)
 
 
-def save_model(model, path, optimizer=None, extra: dict | None = None) -> None:
+def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
+               extra: dict[str, Any] | None = None) -> None:
     """Write ``model`` (built) and optionally ``optimizer`` state to ``path`` atomically."""
     if not model.built:
         raise ValueError("cannot save a model that is not built (fit it or call build first)")
@@ -74,13 +84,13 @@ def save_model(model, path, optimizer=None, extra: dict | None = None) -> None:
     _atomic_savez(path, arrays)
 
 
-def _read(path) -> dict[str, np.ndarray]:
+def _read(path: PathLike) -> dict[str, np.ndarray]:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no model file at {path!r}")
     if not zipfile.is_zipfile(path):
         raise ValueError(f"{path!r} is not a sparknet model file (not an npz archive)")
-    out = {}
+    out: dict[str, np.ndarray] = {}
     with np.load(path, allow_pickle=False) as data:
         for key in data.files:
             try:
@@ -101,14 +111,23 @@ def _read(path) -> dict[str, np.ndarray]:
     return out
 
 
-def load_model(path, with_optimizer: bool = False, with_extra: bool = False):
+@overload
+def load_model(path: PathLike, with_optimizer: Literal[False] = ..., with_extra: Literal[False] = ...
+               ) -> Sequential: ...
+@overload
+def load_model(path: PathLike, with_optimizer: bool = ..., with_extra: bool = ...
+               ) -> Sequential | tuple[Any, ...]: ...
+
+
+def load_model(path: PathLike, with_optimizer: bool = False, with_extra: bool = False
+               ) -> Sequential | tuple[Any, ...]:
     """Load a model saved by :func:`save_model`.
 
     Returns the model, or a tuple ``(model, optimizer_or_None[, extra_dict])`` when
     ``with_optimizer`` / ``with_extra`` ask for them.
     """
-    from sparknet.model import Sequential
     from sparknet import optim
+    from sparknet.model import Sequential
 
     data = _read(path)
     try:

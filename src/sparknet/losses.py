@@ -9,24 +9,33 @@ total, and writes ``scale * d(sum)/d(out)`` where ``scale`` defaults to
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from sparknet import _losses
+import sparknet._losses as _losses
 
 
 class Loss:
+    """A loss: :meth:`value_and_grad` of the model's output against its targets."""
+
     name = "loss"
     #: True when targets are class ids and accuracy is meaningful
     is_classification = False
 
-    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
+                       scale: float | None = None, need_grad: bool = True
+                       ) -> tuple[float, float, np.ndarray | None]:
+        """``(weighted loss sum, weight total, gradient)``: the gradient, of ``out``'s shape,
+        is ``scale * d(sum)/d(out)`` (``scale`` defaults to ``1 / weight total``), or None
+        when not ``need_grad``."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
 
-def _flat_weight(weight, rows, dtype):
+def _flat_weight(weight: np.ndarray | None, rows: int, dtype: np.dtype) -> np.ndarray | None:
     if weight is None:
         return None
     w = np.ascontiguousarray(np.asarray(weight, dtype=dtype).reshape(-1))
@@ -42,7 +51,9 @@ class SoftmaxCrossEntropy(Loss):
     name = "cross_entropy"
     is_classification = True
 
-    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
+                       scale: float | None = None, need_grad: bool = True
+                       ) -> tuple[float, float, np.ndarray | None]:
         C = out.shape[-1]
         z = np.ascontiguousarray(out.reshape(-1, C))
         t = np.ascontiguousarray(np.asarray(target).reshape(-1), dtype=np.int64)
@@ -54,7 +65,7 @@ class SoftmaxCrossEntropy(Loss):
             scale = 1.0 / total_w if total_w > 0 else 0.0
         grad = np.empty_like(z) if need_grad else None
         s = _losses.softmax_cross_entropy(z, t, w, grad, float(scale))
-        return s, total_w, (grad.reshape(out.shape) if need_grad else None)
+        return s, total_w, (None if grad is None else grad.reshape(out.shape))
 
 
 class MeanSquaredError(Loss):
@@ -62,7 +73,9 @@ class MeanSquaredError(Loss):
 
     name = "mse"
 
-    def value_and_grad(self, out, target, weight=None, scale=None, need_grad=True):
+    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
+                       scale: float | None = None, need_grad: bool = True
+                       ) -> tuple[float, float, np.ndarray | None]:
         D = out.shape[-1]
         o = np.ascontiguousarray(out.reshape(-1, D))
         t = np.ascontiguousarray(np.asarray(target, dtype=o.dtype).reshape(-1, D))
@@ -74,7 +87,7 @@ class MeanSquaredError(Loss):
             scale = 1.0 / total_w if total_w > 0 else 0.0
         grad = np.empty_like(o) if need_grad else None
         s = _losses.mean_squared_error(o, t, w, grad, float(scale))
-        return s, total_w, (grad.reshape(out.shape) if need_grad else None)
+        return s, total_w, (None if grad is None else grad.reshape(out.shape))
 
 
 _ALIASES = {

@@ -1,17 +1,24 @@
 """``Sequential``: a stack of layers over one flat parameter buffer and one flat gradient buffer."""
 from __future__ import annotations
 
+import os
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, cast
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
-from sparknet._validation import check_array, check_labels, check_mask, check_targets
-from sparknet.activations import softmax
-from sparknet.layers.base import REGISTRY, Layer
+from sparknet._validation import check_array, check_labels, check_mask, check_targets, positive_int
+from sparknet.activations import FusedActivation, softmax
+from sparknet.activations import grad as act_grad
+from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
 from sparknet.threads import blas_threads
+
+#: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``
+ValidationData = Sequence[Any]
+#: a callback of :meth:`Sequential.fit`: ``f(epoch, logs)``; returning True stops training
+Callback = Callable[[int, dict[str, float]], Any]
 
 
 class History:
@@ -89,6 +96,8 @@ class Sequential:
         self.output_shape: tuple[int, ...] | None = None
         self.built = False
         self._softmax_head = False
+        self._slices: list[dict[str, tuple[int, int, tuple[int, ...]]]] = []
+        self._out_mask: np.ndarray | None = None
         self._rng = np.random.default_rng(self.seed)
         if input_shape is not None:
             self.build(input_shape)
@@ -111,7 +120,7 @@ class Sequential:
         if any(d <= 0 for d in shape):
             raise ValueError(f"input_shape must have positive sizes, got {shape}")
         self.input_shape = shape
-        specs = []
+        specs: list[list[tuple[str, tuple[int, ...]]]] = []
         for i, layer in enumerate(self.layers):
             layer.rng = np.random.default_rng([self.seed, i, 1])
             try:
@@ -123,10 +132,12 @@ class Sequential:
         n = sum(int(np.prod(s)) for sp in specs for _, s in sp)
         self.params = np.zeros(n, dtype=self.dtype)
         self.grads = np.zeros(n, dtype=self.dtype)
-        self._slices: list[dict[str, tuple[int, int, tuple]]] = []
+        self._slices = []
         off = 0
         for i, (layer, sp) in enumerate(zip(self.layers, specs)):
-            pv, gv, sl = {}, {}, {}
+            pv: dict[str, np.ndarray] = {}
+            gv: dict[str, np.ndarray] = {}
+            sl: dict[str, tuple[int, int, tuple[int, ...]]] = {}
             for pname, pshape in sp:
                 size = int(np.prod(pshape))
                 pv[pname] = self.params[off:off + size].reshape(pshape)
@@ -136,10 +147,12 @@ class Sequential:
             self._slices.append(sl)
             layer.init_params(pv, np.random.default_rng([self.seed, i]))
             layer.bind(pv, gv)
+        # a trailing softmax is fused into the loss: the last layer then emits logits
         last = self.layers[-1]
-        self._softmax_head = getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
-        if self._softmax_head:
+        self._softmax_head = False
+        if isinstance(last, FusedActivation) and last.activation == "softmax":
             last.emit_logits = True
+            self._softmax_head = True
         self.built = True
         return self
 
@@ -151,7 +164,7 @@ class Sequential:
     def n_params(self) -> int:
         return int(self.params.shape[0])
 
-    def param_slices(self) -> list[dict[str, tuple[int, int, tuple]]]:
+    def param_slices(self) -> list[dict[str, tuple[int, int, tuple[int, ...]]]]:
         """For each layer, ``{name: (start, stop, shape)}`` of its parameters in :attr:`params`."""
         return self._slices
 
@@ -169,7 +182,7 @@ class Sequential:
         """Run the layers.  Returns logits when the last layer ends in softmax."""
         for layer in self.layers:
             if layer.supports_masking:
-                x = layer.forward(x, training=training, mask=mask)
+                x = cast(MaskedLayer, layer).forward(x, training=training, mask=mask)
             else:
                 x = layer.forward(x, training=training)
             mask = layer.compute_mask(mask)
@@ -182,23 +195,31 @@ class Sequential:
         ``input_grad`` is false: the first layer then skips computing it)."""
         first = self.layers[0]
         first.need_input_grad = bool(input_grad)
+        d: np.ndarray | None = dout
         try:
             for layer in reversed(self.layers):
-                dout = layer.backward(dout)
+                assert d is not None, f"layer {layer.name!r} got no output gradient"
+                d = layer.backward(d)
         finally:
             first.need_input_grad = True
-        return dout if input_grad else None
+        return d if input_grad else None
 
-    def _prepare_x(self, X, name: str = "X") -> np.ndarray:
+    def _built_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if self.input_shape is None or self.output_shape is None:
+            raise RuntimeError("the model is not built yet: call fit() or build(input_shape) first")
+        return self.input_shape, self.output_shape
+
+    def _prepare_x(self, X: Any, name: str = "X") -> np.ndarray:
         first = self.layers[0] if self.layers else None
         allow_int = bool(first is not None and first.accepts_int_input)
         return check_array(X, name=name, sample_shape=self.input_shape if self.built else None,
                            dtype=self.dtype, allow_int=allow_int)
 
-    def _prepare_y(self, y, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
+    def _prepare_y(self, y: Any, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
+        out_shape = self._built_shapes()[1]
         if loss.is_classification:
-            return check_labels(y, n, self.output_shape[-1], name=name, lead_shape=self.output_shape[:-1])
-        return check_targets(y, n, self.output_shape, self.dtype, name=name)
+            return check_labels(y, n, out_shape[-1], name=name, lead_shape=out_shape[:-1])
+        return check_targets(y, n, out_shape, self.dtype, name=name)
 
     def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "losses_mod.Loss | None" = None,
                       mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
@@ -223,9 +244,8 @@ class Sequential:
         if self._softmax_head and not loss.is_classification:
             pred = softmax(out)
         s, w, g = loss.value_and_grad(pred, y, weight=weight, scale=scale, need_grad=need_grad)
-        if need_grad:
+        if g is not None:
             if pred is not out:
-                from sparknet.activations import grad as act_grad
                 g = act_grad("softmax", pred, g)
             self.backward(g, input_grad=False)
         correct = float("nan")
@@ -234,9 +254,9 @@ class Sequential:
             correct = float(hit.sum() if weight is None else (hit * weight).sum())
         return float(s), float(w), correct
 
-    def train_on_batch(self, x, y, optimizer: "optim_mod.Optimizer | str | None" = None,
-                       loss: "losses_mod.Loss | str | None" = None, mask=None,
-                       sample_weight=None) -> tuple[float, float]:
+    def train_on_batch(self, x: np.ndarray, y: np.ndarray, optimizer: "optim_mod.Optimizer | str | None" = None,
+                       loss: "losses_mod.Loss | str | None" = None, mask: np.ndarray | None = None,
+                       sample_weight: np.ndarray | None = None) -> tuple[float, float]:
         """One optimizer step on a validated batch; returns (mean loss, accuracy)."""
         opt = optimizer if isinstance(optimizer, optim_mod.Optimizer) else self._get_optimizer(optimizer)
         lo = losses_mod.get(loss) if loss is not None else self.loss
@@ -244,7 +264,7 @@ class Sequential:
         opt.step(self.params, self.grads)
         return (s / w if w else 0.0), (c / w if w else float("nan"))
 
-    def _get_optimizer(self, optimizer) -> optim_mod.Optimizer:
+    def _get_optimizer(self, optimizer: "optim_mod.Optimizer | str | None") -> optim_mod.Optimizer:
         if optimizer is None:
             if self.optimizer is None:
                 self.optimizer = optim_mod.RMSprop()
@@ -254,11 +274,11 @@ class Sequential:
         return opt
 
     # --------------------------------------------------------------- train
-    def fit(self, X, y, epochs: int = 10, batch_size: int = 32,
-            validation_data: tuple | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
-            loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask=None,
-            sample_weight=None, verbose: int = 1,
-            callbacks: Sequence[Callable[[int, dict], Any]] = (), num_threads: int | None = 0) -> History:
+    def fit(self, X: Any, y: Any, epochs: int = 10, batch_size: int = 32,
+            validation_data: ValidationData | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
+            loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
+            sample_weight: Any = None, verbose: int = 1,
+            callbacks: Sequence[Callback] = (), num_threads: int | None = 0) -> History:
         """Train with minibatch gradient descent.
 
         Args:
@@ -290,10 +310,11 @@ class Sequential:
             return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
                              mask, sample_weight, verbose, callbacks)
 
-    def _fit(self, X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle, mask,
-             sample_weight, verbose, callbacks) -> History:
-        epochs = _positive(epochs, "epochs")
-        batch_size = _positive(batch_size, "batch_size")
+    def _fit(self, X: Any, y: Any, epochs: int, batch_size: int, validation_data: ValidationData | None,
+             optimizer: "optim_mod.Optimizer | str | None", loss: "losses_mod.Loss | str | None", shuffle: bool,
+             mask: Any, sample_weight: Any, verbose: int, callbacks: Sequence[Callback]) -> History:
+        epochs = positive_int(epochs, "epochs")
+        batch_size = positive_int(batch_size, "batch_size")
         if loss is not None:
             self._loss = losses_mod.get(loss)
         X = self._prepare_x(X)
@@ -352,7 +373,8 @@ class Sequential:
                 break
         return history
 
-    def _prepare_validation(self, validation_data, lo):
+    def _prepare_validation(self, validation_data: ValidationData | None, lo: losses_mod.Loss
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
         if validation_data is None:
             return None
         if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
@@ -363,7 +385,7 @@ class Sequential:
         return Xv, yv, mv
 
     # ----------------------------------------------------------- inference
-    def _batched_forward(self, X, batch_size: int, mask=None) -> np.ndarray:
+    def _batched_forward(self, X: np.ndarray, batch_size: int, mask: np.ndarray | None = None) -> np.ndarray:
         outs = []
         with blas_threads():
             for i in range(0, X.shape[0], batch_size):
@@ -371,38 +393,38 @@ class Sequential:
                 outs.append(np.array(self.forward(X[i:i + batch_size], training=False, mask=mb)))
         return np.concatenate(outs, axis=0)
 
-    def _checked_input(self, X, mask=None):
+    def _checked_input(self, X: Any, mask: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
         if not self.built:
             raise RuntimeError("the model is not built yet: call fit() or build(input_shape) first")
         X = self._prepare_x(X)
         return X, check_mask(mask, X.shape)
 
-    def predict_output(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+    def predict_output(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """The network's output for ``X`` (probabilities when it ends in softmax)."""
         X, mask = self._checked_input(X, mask)
-        out = self._batched_forward(X, _positive(batch_size, "batch_size"), mask)
+        out = self._batched_forward(X, positive_int(batch_size, "batch_size"), mask)
         return softmax(out) if self._softmax_head else out
 
-    def predict_proba(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+    def predict_proba(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """Class probabilities (softmax of the logits), shape ``(N, ..., classes)``."""
         X, mask = self._checked_input(X, mask)
-        return softmax(self._batched_forward(X, _positive(batch_size, "batch_size"), mask))
+        return softmax(self._batched_forward(X, positive_int(batch_size, "batch_size"), mask))
 
-    def predict(self, X, batch_size: int = 512, mask=None) -> np.ndarray:
+    def predict(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """Class ids for a classifier (argmax of the output), raw outputs for regression."""
         if self.is_classifier:
             X, mask = self._checked_input(X, mask)
-            return self._batched_forward(X, _positive(batch_size, "batch_size"), mask).argmax(axis=-1)
+            return self._batched_forward(X, positive_int(batch_size, "batch_size"), mask).argmax(axis=-1)
         return self.predict_output(X, batch_size, mask)
 
-    def evaluate(self, X, y, batch_size: int = 512, mask=None,
+    def evaluate(self, X: Any, y: Any, batch_size: int = 512, mask: Any = None,
                  loss: "losses_mod.Loss | str | None" = None, _validated: bool = False) -> dict[str, float]:
         """Mean loss (and accuracy for classifiers) on ``(X, y)`` without training."""
         lo = losses_mod.get(loss) if loss is not None else self.loss
         if not _validated:
             X, mask = self._checked_input(X, mask)
             y = self._prepare_y(y, X.shape[0], lo)
-        batch_size = _positive(batch_size, "batch_size")
+        batch_size = positive_int(batch_size, "batch_size")
         tot_s = tot_w = tot_c = 0.0
         with blas_threads():
             for i in range(0, X.shape[0], batch_size):
@@ -416,13 +438,13 @@ class Sequential:
         return res
 
     # ------------------------------------------------------- serialisation
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
         """JSON-serialisable architecture (layers, shapes, dtype, seed, loss)."""
         return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
                             loss=self._loss, name=self.name)
 
     @classmethod
-    def from_config(cls, config: dict) -> "Sequential":
+    def from_config(cls, config: dict[str, Any]) -> "Sequential":
         return cls(layers_from_config(config["layers"]), input_shape=config.get("input_shape"),
                    dtype=config.get("dtype", "float32"), seed=config.get("seed", 0), loss=config.get("loss"),
                    name=config.get("name", "sequential"))
@@ -444,14 +466,14 @@ class Sequential:
             raise ValueError(f"parameter vector has shape {flat.shape}, the model has {self.params.shape}")
         self.params[...] = flat
 
-    def save(self, path, optimizer: "optim_mod.Optimizer | None" = None) -> None:
+    def save(self, path: str | os.PathLike[str], optimizer: "optim_mod.Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
         from sparknet.io import save_model
         save_model(self, path, optimizer=optimizer)
 
     @classmethod
-    def load(cls, path) -> "Sequential":
+    def load(cls, path: str | os.PathLike[str]) -> "Sequential":
         """Read a model written by :meth:`save` (no code is run: no pickle)."""
         from sparknet.io import load_model
         return load_model(path)
@@ -470,7 +492,7 @@ class Sequential:
 
 
 def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any, seed: int | None,
-                 loss: "losses_mod.Loss | str | None", name: str = "sequential") -> dict:
+                 loss: "losses_mod.Loss | str | None", name: str = "sequential") -> dict[str, Any]:
     """The JSON architecture of a stack of layers: what :meth:`Sequential.get_config` returns
     and :meth:`Sequential.from_config` reads (model files, workers, model-parallel saves)."""
     return {
@@ -481,7 +503,7 @@ def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, 
     }
 
 
-def layers_from_config(specs: Sequence[dict]) -> list[Layer]:
+def layers_from_config(specs: Sequence[dict[str, Any]]) -> list[Layer]:
     """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
     layers = []
     for spec in specs:
@@ -490,9 +512,3 @@ def layers_from_config(specs: Sequence[dict]) -> list[Layer]:
             raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
         layers.append(klass.from_config(dict(spec["config"])))
     return layers
-
-
-def _positive(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
