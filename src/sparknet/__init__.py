@@ -4,13 +4,23 @@ The single-process core: :class:`~sparknet.model.Sequential` over layers from
 :mod:`sparknet.layers`, losses in :mod:`sparknet.losses`, optimizers in
 :mod:`sparknet.optim`.  Distributed training lives in :mod:`sparknet.cluster`.
 """
-from sparknet.layers import Activation, Dense, Dropout, Flatten, Layer
-from sparknet.layers import AvgPool2D, Conv2D, MaxPool2D
-from sparknet.layers import LSTM, Embedding, SimpleRNN
+from sparknet.io import load_model, save_model
+from sparknet.layers import (
+    LSTM,
+    Activation,
+    AvgPool2D,
+    Conv2D,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    Layer,
+    MaxPool2D,
+    SimpleRNN,
+)
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
 from sparknet.optim import SGD, Optimizer, RMSprop
-from sparknet.io import load_model, save_model
 
 __version__ = "0.1.0"
 

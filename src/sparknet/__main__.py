@@ -13,15 +13,19 @@ import logging
 import shutil
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparknet.model import Sequential
 
 
-def _digits_mlp(seed: int = 0):
+def _digits_mlp(seed: int = 0) -> Sequential:
     from sparknet import Dense, Dropout, Sequential
     return Sequential([Dense(256, activation="relu"), Dropout(0.2), Dense(128, activation="relu"),
                        Dropout(0.2), Dense(10, activation="softmax")], seed=seed)
 
 
-def _demo_local(args) -> float:
+def _demo_local(args: argparse.Namespace) -> float:
     from sparknet import RMSprop
     from sparknet.datasets import load_digits
     Xtr, ytr, Xte, yte = load_digits(seed=args.seed)
@@ -31,12 +35,12 @@ def _demo_local(args) -> float:
     return model.evaluate(Xte, yte)["accuracy"]
 
 
-def _demo_spark(args) -> float:
-    from sparknet.cluster import demo as cluster_demo  # noqa: F401  (available once the trainer is)
+def _demo_spark(args: argparse.Namespace) -> float:
+    from sparknet.cluster import demo as cluster_demo
     return cluster_demo(epochs=args.epochs, seed=args.seed, verbose=not args.quiet)
 
 
-def cmd_demo(args) -> int:
+def cmd_demo(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     mode = "one process"
     use_spark = not args.local
@@ -60,7 +64,7 @@ def cmd_demo(args) -> int:
     return 0 if acc >= 0.97 else 1
 
 
-def cmd_train(args) -> int:
+def cmd_train(args: argparse.Namespace) -> int:
     from sparknet import Dense, RMSprop, Sequential
     from sparknet.datasets import load_digits, load_mnist
     if args.data == "digits":
@@ -84,9 +88,10 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     import numpy
     import scipy
+
     import sparknet
     print(f"sparknet {sparknet.__version__}, numpy {numpy.__version__}, scipy {scipy.__version__}, "
           f"python {sys.version.split()[0]}")

@@ -11,12 +11,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
+
+from sparknet._validation import positive_int
 
 __all__ = ["pad_sequences", "lengths_to_mask", "char_vocab", "bptt_batches"]
 
 
-def pad_sequences(seqs: Sequence, maxlen: int | None = None, padding: str = "post",
-                  truncating: str = "post", value: Any = 0, dtype: Any = None):
+def pad_sequences(seqs: Sequence[Any], maxlen: int | None = None, padding: str = "post",
+                  truncating: str = "post", value: Any = 0, dtype: DTypeLike | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Pad (and cut) variable-length sequences into one array plus a mask.
 
     Args:
@@ -73,11 +77,7 @@ def pad_sequences(seqs: Sequence, maxlen: int | None = None, padding: str = "pos
         arrs.append(a)
     if feat is None:
         raise ValueError("every sequence is empty; nothing to pad")
-    if maxlen is None:
-        maxlen = max(a.shape[0] for a in arrs)
-    elif isinstance(maxlen, bool) or not isinstance(maxlen, (int, np.integer)) or maxlen <= 0:
-        raise ValueError(f"maxlen must be a positive integer, got {maxlen!r}")
-    maxlen = int(maxlen)
+    maxlen = max(a.shape[0] for a in arrs) if maxlen is None else positive_int(maxlen, "maxlen")
     if dtype is None:
         dtype = np.int64 if all(a.dtype.kind in "biu" for a in arrs if a.size) else np.float32
     X = np.full((n, maxlen) + tuple(feat), value, dtype=dtype)
@@ -98,7 +98,7 @@ def pad_sequences(seqs: Sequence, maxlen: int | None = None, padding: str = "pos
     return X, mask
 
 
-def lengths_to_mask(lengths, maxlen: int | None = None, padding: str = "post") -> np.ndarray:
+def lengths_to_mask(lengths: Any, maxlen: int | None = None, padding: str = "post") -> np.ndarray:
     """An ``(N, T)`` bool mask from sequence lengths.
 
     Args:
@@ -131,7 +131,7 @@ def char_vocab(text: str) -> tuple[list[str], np.ndarray]:
     return chars, ids
 
 
-def bptt_batches(tokens, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+def bptt_batches(tokens: Any, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Lay a token stream out for stateful training by truncated BPTT.
 
     The stream is cut into ``batch_size`` contiguous streams, each read in chunks of
@@ -154,9 +154,8 @@ def bptt_batches(tokens, batch_size: int, seq_len: int) -> tuple[np.ndarray, np.
     t = np.asarray(tokens)
     if t.ndim != 1 or t.dtype.kind not in "iu":
         raise ValueError(f"tokens must be a 1-D integer array, got shape {t.shape} dtype {t.dtype}")
-    for v, what in ((batch_size, "batch_size"), (seq_len, "seq_len")):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"{what} must be a positive integer, got {v!r}")
+    batch_size = positive_int(batch_size, "batch_size")
+    seq_len = positive_int(seq_len, "seq_len")
     per_stream = (t.shape[0] - 1) // batch_size
     K = per_stream // seq_len
     if K == 0:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, MutableMapping
 
 import numpy as np
 
-from sparknet import _optim
+import sparknet._optim as _optim
 
 State = Mapping[str, np.ndarray]
 

@@ -3,26 +3,26 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from typing import Any, Iterator
 
 
 class _NoBar:
-    def __init__(self, *a, **k):
+    """The part of tqdm's interface the callers use, doing nothing."""
+
+    def update(self, n: int = 1) -> None:
         pass
 
-    def update(self, n=1):
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def set_postfix(self, *a, **k):
-        pass
-
-    def close(self):
+    def close(self) -> None:
         pass
 
 
 @contextlib.contextmanager
-def progress_bar(total: int, desc: str, unit: str = "it", disable: bool = False):
+def progress_bar(total: int, desc: str, unit: str = "it", disable: bool = False) -> Iterator[Any]:
     """A tqdm bar on stderr, or a no-op when disabled or tqdm is missing."""
-    bar = _NoBar()
+    bar: Any = _NoBar()
     if not disable:
         try:
             from tqdm.auto import tqdm

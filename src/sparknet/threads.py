@@ -97,9 +97,8 @@ class capped:
                     self._saved.append((lib, prev))
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> None:
         _restore(self._saved)
-        return False
 
 
 def set_worker_threads(cpus: int) -> None:
