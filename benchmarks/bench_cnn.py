@@ -20,7 +20,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from threadpoolctl import threadpool_limits
 
-from sparknet import Conv2D, Dense, Flatten, MaxPool2D, RMSprop, Sequential, _conv, _blas
+from sparknet import Conv2D, Dense, Flatten, MaxPool2D, RMSprop, Sequential, _blas, _conv
 
 N_BATCHES = 8
 

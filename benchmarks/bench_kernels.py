@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def blas_banner() -> str:
     try:
         from threadpoolctl import threadpool_info
+
         import sparknet._blas  # noqa: F401  (loads scipy's BLAS)
         return "; ".join(f"{d.get('internal_api')} {d.get('version')} [{d.get('architecture')}]"
                          for d in threadpool_info())

@@ -9,7 +9,6 @@ the same run, two threads training two models (the kernels release the GIL), and
 from __future__ import annotations
 
 import argparse
-import os
 import threading
 import time
 

@@ -11,11 +11,9 @@ import numpy as np
 import pytest
 
 import sparknet
-from sparknet import (AvgPool2D, Conv2D, Dense, Dropout, Flatten, MaxPool2D, RMSprop,
-                      Sequential, load_model)
-from sparknet.datasets import load_digits
-
 from _gradcheck import model_gradcheck
+from sparknet import AvgPool2D, Conv2D, Dense, Dropout, Flatten, MaxPool2D, RMSprop, Sequential, load_model
+from sparknet.datasets import load_digits
 
 TOL = 1e-6
 

@@ -13,13 +13,11 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from sparknet import LSTM, Dense, Embedding, Sequential, SimpleRNN
-from sparknet import _recurrent
+from _gradcheck import model_gradcheck
+from sparknet import LSTM, Dense, Embedding, Sequential, SimpleRNN, _recurrent
 from sparknet.data import bptt_batches, char_vocab, lengths_to_mask, pad_sequences
 from sparknet.layers.recurrent import reset_states
 from sparknet.optim import RMSprop
-
-from _gradcheck import model_gradcheck
 
 TOL = 1e-6
 N, T, F, H = 3, 5, 4, 5
@@ -216,7 +214,7 @@ def test_padded_batch_equals_each_sequence_alone(kind, padding, return_sequences
     dx = model.backward(R.copy())
     g_batch = model.grads.copy()
     g_sum = np.zeros_like(g_batch)
-    for i, (s, L) in enumerate(zip(seqs, lengths)):
+    for i, s in enumerate(seqs):
         valid = np.nonzero(mask[i])[0]
         o = model.forward(s[None])
         Ri = R[i:i + 1, valid] if return_sequences else R[i:i + 1]
