@@ -45,6 +45,7 @@ def main() -> int:
 
         def probe(_):
             import resource
+
             import sparknet.cluster.model_parallel as mpm
             return [(os.getppid(), mpm._vm_size(), resource.getrlimit(resource.RLIMIT_AS)[0])]
         out["worker_vm"] = sc.parallelize(range(2), 2).mapPartitions(probe).collect()

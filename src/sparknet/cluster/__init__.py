@@ -16,7 +16,8 @@ _EXPORTS = {
     "DataParallelTrainer": "data_parallel", "demo": "data_parallel",
     "ParameterServer": "params",
     "RoundCostModel": "cost",
-    "ModelParallel": "model_parallel", "BlockPlan": "blocks", "BlockStateLost": "model_parallel", "BlockMemoryError": "model_parallel",
+    "ModelParallel": "model_parallel", "BlockPlan": "blocks",
+    "BlockStateLost": "model_parallel", "BlockMemoryError": "model_parallel",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -22,7 +22,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class BlockedLayer:
     use_bias: bool
     kernel_initializer: str
     cut: str
-    offsets: tuple
+    offsets: tuple[int, ...]
     partner: int | None = None
     emit_logits: bool = False
 
@@ -83,12 +83,32 @@ class BlockedLayer:
         """Parameters of the whole layer (kernel and bias)."""
         return self.units * self.in_features + (self.units if self.use_bias else 0)
 
+    @property
+    def kernel_activation(self) -> int:
+        """The activation id a block applies itself (identity for a softmax head that emits
+        logits: the softmax is fused with the loss on the driver)."""
+        from sparknet.activations import activation_id
+
+        return 0 if (self.emit_logits and self.activation == "softmax") else activation_id(self.activation)
+
+    def span(self, k: int) -> tuple[int, int]:
+        """``(lo, hi)``: the neurons (rows cut) or input features (cols cut) of block ``k``."""
+        return int(self.offsets[k]), int(self.offsets[k + 1])
+
     def block_shape(self, k: int) -> tuple[int, int]:
         """Shape of block ``k``'s kernel slice."""
-        lo, hi = self.offsets[k], self.offsets[k + 1]
+        lo, hi = self.span(k)
         if self.cut == "rows":
             return (hi - lo, self.in_features)
         return (self.units, hi - lo)
+
+    def param_shapes(self, k: int) -> dict[str, tuple[int, ...]]:
+        """``{"kernel": shape, "bias": shape}`` of the parameters block ``k`` holds (a column
+        block holds no bias: the second layer of a pair keeps its bias on the driver)."""
+        shapes: dict[str, tuple[int, ...]] = {"kernel": self.block_shape(k)}
+        if self.cut == "rows" and self.use_bias:
+            shapes["bias"] = (self.block_shape(k)[0],)
+        return shapes
 
     def block_n_params(self, k: int) -> int:
         """Parameters held by block ``k`` (its kernel slice, plus its bias slice for a row cut)."""
@@ -202,7 +222,7 @@ class BlockPlan:
             pairs = []
         else:
             pairs = [(a + n if a < 0 else a, b + n if b < 0 else b) for a, b in self.pair]
-        seen = set()
+        seen: set[int] = set()
         for a, b in pairs:
             if a not in idx or b not in idx:
                 raise ValueError(f"BlockPlan pair ({a}, {b}): both layers must be blocked")
@@ -241,7 +261,8 @@ class BlockPlan:
         return out
 
 
-def as_plan(plan: "BlockPlan | Mapping[int, int]", pair: "bool | Iterable | None" = None) -> BlockPlan:
+def as_plan(plan: "BlockPlan | Mapping[int, int]",
+            pair: "bool | Sequence[tuple[int, int]] | None" = None) -> BlockPlan:
     """A :class:`BlockPlan` from a plan or a ``{layer_index: K}`` mapping."""
     if isinstance(plan, BlockPlan):
         if pair is not None:

@@ -1,0 +1,174 @@
+"""Where block jobs run: in this process (:class:`LocalBlocks`) or on Spark (:class:`SparkBlocks`).
+
+Both run the same executor code, :meth:`BlockJob.run <sparknet.cluster.model_parallel.jobs.BlockJob.run>`,
+once per slot, and return the slots' results in slot order.  Errors cross back typed:
+:class:`BlockStateLost` when a block's resident state is gone or stale,
+:class:`BlockMemoryError` when a block does not fit its Python worker's memory limit.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, Protocol
+
+import numpy as np
+
+from sparknet.cluster.model_parallel.executor import MEMORY_TAG, MemStore, _mem_limit
+from sparknet.cluster.model_parallel.jobs import BlockJob, Data
+from sparknet.cluster.resident import lost_reason
+
+
+class BlockStateLost(RuntimeError):
+    """A weight block's resident state is missing or stale and no checkpoint could restore it."""
+
+
+class BlockMemoryError(MemoryError):
+    """A weight block does not fit the executor's Python memory (``spark.executor.pyspark.memory``)."""
+
+
+class Backend(Protocol):
+    """What :class:`~sparknet.cluster.model_parallel.ModelParallel` needs of a backend."""
+
+    n_slots: int
+    jobs: int
+    last_read_s: float
+    last_compute_s: float
+
+    def run(self, job: BlockJob, data: Data | None = None) -> list: ...
+
+    def placement(self) -> list: ...
+
+    def close(self) -> None: ...
+
+
+class _SlotTask:
+    """The picklable job function shipped to the executors: read the broadcast, run the job."""
+
+    def __init__(self, job: BlockJob, broadcast: Any) -> None:
+        self.job, self.broadcast = job, broadcast
+
+    def __call__(self, index: int, shard: Any) -> Any:
+        t0 = time.perf_counter()
+        data = self.broadcast.value if self.broadcast is not None else {}
+        t1 = time.perf_counter()
+        what = type(self.job).__name__
+        try:
+            out = self.job.run(shard, index, data)
+        except MemoryError as exc:
+            msg = str(exc)
+            if MEMORY_TAG not in msg:
+                msg = (f"{MEMORY_TAG}: slot {index} ran out of memory in {what} "
+                       f"(limit {(_mem_limit() or 0) / 2**20:.0f} MiB): {msg or type(exc).__name__}")
+            raise MemoryError(msg) from None
+        except OSError as exc:
+            if exc.errno == 12:  # ENOMEM from mmap
+                raise MemoryError(f"{MEMORY_TAG}: slot {index} could not map its block in {what} "
+                                  f"(limit {(_mem_limit() or 0) / 2**20:.0f} MiB): {exc}") from None
+            raise
+        return (out, os.getppid(), t1 - t0, time.perf_counter() - t1)
+
+
+def _build_slot(index: int, iterator: Iterable) -> tuple[dict, dict]:
+    """Resident build: a tiny marker array (so the slot's folder exists) and where it lives."""
+    for _ in iterator:
+        pass
+    return {"slot": np.array([index], dtype=np.int64)}, {"pid": os.getpid(), "ppid": os.getppid()}
+
+
+class LocalBlocks:
+    """In-process block executor: every slot's arrays in this process (the reference backend).
+
+    Runs exactly the executor code of :class:`SparkBlocks`; useful to check the
+    maths without Spark and as the single-machine fallback.
+    """
+
+    def __init__(self, n_slots: int) -> None:
+        self.n_slots = int(n_slots)
+        self.stores = [MemStore() for _ in range(self.n_slots)]
+        self.jobs = 0
+        self.last_read_s = self.last_compute_s = 0.0
+
+    def run(self, job: BlockJob, data: Data | None = None) -> list:
+        self.jobs += 1
+        t0 = time.perf_counter()
+        try:
+            return [job.run(self.stores[k], k, data or {}) for k in range(self.n_slots)]
+        except RuntimeError as exc:
+            reason = lost_reason(exc)
+            if reason is not None:
+                raise BlockStateLost(reason) from None
+            raise
+        finally:
+            self.last_compute_s = time.perf_counter() - t0
+
+    def placement(self) -> list:
+        return [os.getppid()] * self.n_slots
+
+    def close(self) -> None:
+        self.stores = [MemStore() for _ in range(self.n_slots)]
+
+
+class SparkBlocks:
+    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident`).
+
+    Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it;
+    results come back with ``collect``.  ``home`` records the executor process
+    (the Python daemon's parent id) that built each slot, and :attr:`moves` counts
+    the tasks that ran anywhere else (their arrays were re-attached from the
+    mapped files).
+    """
+
+    def __init__(self, spark: Any, n_slots: int, name: str = "blocks") -> None:
+        from sparknet.cluster.resident import Resident
+
+        sc = getattr(spark, "sparkContext", spark)
+        self.sc = sc
+        self.n_slots = int(n_slots)
+        # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
+        # block went with its executor is rebuilt by Spark and re-attaches its mapped files
+        self.res = Resident(sc.parallelize(range(self.n_slots), self.n_slots), _build_slot, name=name,
+                            cut_lineage=False)
+        self.home = [info.meta.get("ppid") for info in self.res.infos]
+        self.jobs = 0
+        self.tasks = 0
+        self.moves = 0
+        self.last_read_s = self.last_compute_s = 0.0
+
+    def run(self, job: BlockJob, data: Data | None = None) -> list:
+        from sparknet.cluster.resident import ResidentStateLost
+
+        # one broadcast for all of the job's arrays: one fetch per executor, not one per array
+        bc = self.sc.broadcast(dict(data)) if data else None
+        try:
+            out = self.res.map(_SlotTask(job, bc))
+        except ResidentStateLost as exc:
+            raise BlockStateLost(str(exc)) from None
+        except Exception as exc:
+            msg = str(exc)
+            if MEMORY_TAG in msg:
+                line = next((ln for ln in msg.splitlines() if MEMORY_TAG in ln), msg)
+                raise BlockMemoryError(line.strip().split(f"{MEMORY_TAG}: ", 1)[-1]) from None
+            raise
+        finally:
+            if bc is not None:
+                try:
+                    bc.destroy()
+                except Exception:  # pragma: no cover - context stopped
+                    pass
+        self.jobs += 1
+        results = []
+        for k, (res, ppid, _t_read, _t_op) in enumerate(out):
+            self.tasks += 1
+            if ppid != self.home[k]:
+                self.moves += 1
+            results.append(res)
+        # the slowest slot's time reading its broadcasts and computing: the job's critical path
+        self.last_read_s = max(o[2] for o in out)
+        self.last_compute_s = max(o[3] for o in out)
+        return results
+
+    def placement(self) -> list:
+        return list(self.home)
+
+    def close(self) -> None:
+        self.res.close()

@@ -1,0 +1,609 @@
+""":class:`ModelParallel`: the driver of a network whose large dense layers live in blocks
+on executors (see the package docstring for how it works)."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from functools import partial
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from sparknet import losses as losses_mod
+from sparknet import optim as optim_mod
+from sparknet._validation import positive_int
+from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
+from sparknet.cluster.model_parallel import files
+from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
+from sparknet.cluster.model_parallel.jobs import (
+    BlockJob,
+    GatherJob,
+    InitJob,
+    Layout,
+    Piece,
+    SaveJob,
+    StatusJob,
+    plan_pieces,
+    shard_rows,
+)
+from sparknet.cluster.model_parallel.stages import BlockStage, DriverStage, PairStage, Stage, nbytes
+from sparknet.layers.base import Layer
+from sparknet.layers.core import Dense
+
+log = logging.getLogger(__name__)
+
+#: bytes of replicas' partial gradients the driver collects per piece when combining them
+DEFAULT_COMBINE_BYTES = 32 << 20
+
+
+def _count(value: Any, what: str) -> int:
+    """``value`` checked by :func:`~sparknet._validation.positive_int` (``None`` refused)."""
+    out = positive_int(value, what)
+    assert out is not None
+    return out
+
+
+class ModelParallel:
+    """A layer stack whose large dense layers are cut into neuron blocks living on executors.
+
+    Args:
+        layers: the model's layers (a list, or an *unbuilt*
+            :class:`~sparknet.model.Sequential` whose layers, dtype, seed and loss are used).
+        plan: a :class:`~sparknet.cluster.blocks.BlockPlan` or a ``{layer_index: K}`` dict.
+        input_shape: per-sample input shape.
+        spark: a ``SparkSession`` or ``SparkContext``; ``None`` runs the blocks in this
+            process (:class:`LocalBlocks`, the reference).
+        dtype: ``"float32"`` (default) or ``"float64"``.
+        seed: seeds every initialisation (driver layers as in ``Sequential``, block ``k``
+            of layer ``i`` from ``default_rng([seed, i, k])``, in every replica).
+        optimizer: an :class:`~sparknet.optim.RMSprop` or :class:`~sparknet.optim.SGD`
+            (or its name); default RMSprop.  Blocks keep their own share of its state.
+        loss: ``"cross_entropy"``, ``"mse"`` or a Loss; default as ``Sequential``.
+        checkpoint_dir: folder of checkpoints (:meth:`checkpoint`); when a block's state
+            is lost, :meth:`fit` restores the newest checkpoint from here and goes on.
+        name: a readable prefix of the executors' resident state.
+        replicas: ``D`` data-parallel replicas of the blocks (``D * K`` slots; each step's
+            batch is cut into ``D`` row shards and each block's gradient summed over its
+            replicas through the driver).  Default 1.
+        combine_bytes: with replicas, at most this many bytes of partial gradients are
+            collected by the driver per piece of the combine (default 32 MiB).
+
+    Raises:
+        ValueError: a bad plan (see :meth:`BlockPlan.resolve`), dtype, optimizer, replicas
+            or combine_bytes.
+        BlockMemoryError: a block does not fit its executor's Python memory limit.
+    """
+
+    def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int], spark: Any = None,
+                 dtype: Any = "float32", seed: int = 0,
+                 optimizer: "optim_mod.Optimizer | str | None" = None,
+                 loss: "losses_mod.Loss | str | None" = None, checkpoint_dir: str | None = None,
+                 name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
+                 _load: str | None = None) -> None:
+        layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
+        self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
+                          replicas, combine_bytes)
+        shapes = self._layer_shapes()
+        self.blocked: list[BlockedLayer] = self.plan.resolve(layers, shapes, self._softmax_head)
+        self.layout = Layout(self.plan.max_blocks, self.replicas)
+        self.n_slots = self.layout.n_slots
+        self.stages: list[Stage] = self._build_stages(shapes)
+        self._reset_counters()
+        self._spark = spark
+        self.backend: Backend = self._new_backend()
+        try:
+            self._init_blocks(_load)
+        except BaseException:
+            self.backend.close()
+            raise
+
+    # ------------------------------------------------------------------ construction steps
+    @staticmethod
+    def _unwrap(layers: Any, dtype: Any, seed: int, loss: Any) -> tuple[list[Layer], Any, int, Any]:
+        """The layer list (and a Sequential's dtype, seed and loss), checked."""
+        from sparknet.model import Sequential
+
+        if isinstance(layers, Sequential):
+            if layers.built:
+                raise ValueError("pass the layers or an unbuilt Sequential: a built model already holds "
+                                 "every weight on the driver")
+            dtype, seed = layers.dtype, layers.seed
+            loss = loss if loss is not None else layers._loss
+            layers = layers.layers
+        layers = list(layers)
+        if not layers or not all(isinstance(l, Layer) for l in layers):
+            raise ValueError("ModelParallel needs a non-empty list of Layer instances")
+        return layers, dtype, seed, loss
+
+    def _set_options(self, layers: list[Layer], plan: Any, input_shape: Sequence[int], dtype: Any, seed: int,
+                     optimizer: Any, loss: Any, checkpoint_dir: str | None, name: str, replicas: int,
+                     combine_bytes: int) -> None:
+        self.layers = layers
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        self.seed = int(seed)
+        opt = optim_mod.get(optimizer)
+        if opt.name not in ("rmsprop", "sgd"):
+            raise ValueError(f"model-parallel training supports RMSprop and SGD, got {opt!r}")
+        self.opt_meta: dict[str, Any] = {"name": opt.name, "config": opt.get_config()}
+        #: the optimizer the block jobs carry (its hyper-parameters; blocks keep their own state)
+        self.job_optimizer = self.new_optimizer()
+        self.plan = as_plan(plan)
+        self.input_shape = tuple(int(d) for d in input_shape)
+        if not self.input_shape or any(d <= 0 for d in self.input_shape):
+            raise ValueError(f"input_shape must have positive sizes, got {input_shape!r}")
+        self.replicas = _count(replicas, "replicas")
+        self.combine_bytes = _count(combine_bytes, "combine_bytes")
+        self.checkpoint_dir = checkpoint_dir
+        self.name = name
+        self._loss = None if loss is None else losses_mod.get(loss)
+        last = layers[-1]
+        self._softmax_head = getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
+
+    def _layer_shapes(self) -> list[tuple[int, ...]]:
+        """Per-sample input shape of every layer, building the driver layers only (no blocked
+        weight is allocated here)."""
+        shapes, shape = [], self.input_shape
+        n = len(self.layers)
+        blocked_idx = {i + n if i < 0 else i for i in self.plan.blocks}
+        for i, layer in enumerate(self.layers):
+            shapes.append(shape)
+            if i in blocked_idx and hasattr(layer, "units"):
+                shape = tuple(shape[:-1]) + (int(layer.units),)
+            else:
+                try:
+                    shape = layer.build(shape, self.dtype)
+                except ValueError as exc:
+                    raise ValueError(f"layer {i} ({type(layer).__name__}): {exc}") from exc
+        self.output_shape = shape
+        return shapes
+
+    def _build_stages(self, shapes: list[tuple[int, ...]]) -> list[Stage]:
+        """The stages in order: runs of driver layers, blocked layers and pairs."""
+        by_idx = {s.index: s for s in self.blocked}
+        stages: list[Stage] = []
+        i, n = 0, len(self.layers)
+        while i < n:
+            if i in by_idx:
+                s = by_idx[i]
+                if s.partner is not None and s.cut == "rows":
+                    stages.append(PairStage(self, s, by_idx[s.partner]))
+                    i += 2
+                else:
+                    stages.append(BlockStage(self, s))
+                    i += 1
+            else:
+                j = i
+                while j < n and j not in by_idx:
+                    j += 1
+                stages.append(DriverStage(self, i, self.layers[i:j], shapes[i]))
+                i = j
+        head = self.layers[-1]
+        if self._softmax_head and n - 1 in by_idx and isinstance(head, Dense):
+            head.emit_logits = True
+        return stages
+
+    def _reset_counters(self) -> None:
+        self._steps = {s.index: 0 for s in self.blocked}
+        self._pieces: dict[tuple[int, ...], tuple[Piece, ...]] = {}
+        self.t = 0
+        self.generation = int(np.random.default_rng().integers(1, 2**62))
+        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark jobs,
+        #: and (replicas) the gradient bytes of the combine through the driver
+        self.last_step_bytes: dict[str, int] = {}
+        self._bytes = {"broadcast": 0, "collected": 0, "moved": 0, "jobs": 0, "combined": 0}
+        self._times = {"executor_read_s": 0.0, "executor_compute_s": 0.0}
+        #: per step: the critical path's broadcast reading and block compute time (slowest slot per job)
+        self.last_step_times: dict[str, float] = {}
+        self.step_times: list[float] = []
+        #: how many times lost blocks were restored from a checkpoint
+        self.restores = 0
+        self._next_raw: Any = None
+        self._next_checked: np.ndarray | None = None
+
+    def _new_backend(self) -> Backend:
+        if self._spark is None:
+            return LocalBlocks(self.n_slots)
+        return SparkBlocks(self._spark, self.n_slots, name=self.name)
+
+    def _init_blocks(self, load: str | None) -> None:
+        self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name, seed=self.seed,
+                                 opt=self.job_optimizer, generation=self.generation, load=load))
+
+    # -------------------------------------------------------- what the stages use
+    def new_optimizer(self) -> optim_mod.Optimizer:
+        """A fresh optimizer of this model's kind and hyper-parameters (no state)."""
+        return optim_mod.from_config(self.opt_meta["name"], self.opt_meta["config"])
+
+    def step_of(self, layer: BlockedLayer) -> int:
+        return self._steps[layer.index]
+
+    def advance(self, layer: BlockedLayer) -> None:
+        self._steps[layer.index] += 1
+
+    def shards(self, n: int) -> tuple[int, ...] | None:
+        """Row offsets of the replicas' shards of a batch of ``n`` (``None``: one replica)."""
+        return None if self.replicas == 1 else shard_rows(n, self.replicas)
+
+    def pieces(self, layers: tuple[BlockedLayer, ...]) -> tuple[Piece, ...]:
+        """The pieces in which a stage's gradients are combined over the replicas."""
+        key = tuple(layer.index for layer in layers)
+        if key not in self._pieces:
+            self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize, self.combine_bytes)
+        return self._pieces[key]
+
+    def run_job(self, job: BlockJob, data: dict, readers: int) -> list:
+        """Run a stage's job and count its bytes (``readers``: slots that read the broadcast)."""
+        out = self.backend.run(job, data)
+        sent, got = sum(nbytes(v) for v in data.values()), nbytes(out)
+        self._bytes["broadcast"] += sent
+        self._bytes["moved"] += sent * readers + got
+        self._bytes["collected"] += got
+        self._bytes["jobs"] += 1
+        self._times["executor_read_s"] += self.backend.last_read_s
+        self._times["executor_compute_s"] += self.backend.last_compute_s
+        return out
+
+    def count_combined(self, n: int) -> None:
+        self._bytes["combined"] += int(n)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def loss(self) -> losses_mod.Loss:
+        return losses_mod.or_default(self._loss, self._softmax_head)
+
+    @property
+    def n_blocked_params(self) -> int:
+        """Parameters held on the executors (all blocked layers, one replica)."""
+        return sum(s.n_params - (s.units if s.cut == "cols" and s.use_bias else 0) for s in self.blocked)
+
+    @property
+    def exchanges_per_step(self) -> int:
+        """Spark jobs per training step (forward + backward), one per blocked layer or pair and
+        direction, plus (replicas) one per piece of each stage's gradient combine."""
+        return sum(2 + (len(self.pieces(st.layers)) if self.replicas > 1 else 0)
+                   for st in self.stages if isinstance(st, (BlockStage, PairStage)))
+
+    # ------------------------------------------------------------------- training
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
+        """The network's output (logits for a softmax head) for a batch ``x``."""
+        for st in self.stages:
+            x = st.forward(x, training)
+        return x
+
+    def _prepare_x(self, X: Any) -> np.ndarray:
+        from sparknet._validation import check_array
+        return check_array(X, name="X", sample_shape=self.input_shape, dtype=self.dtype)
+
+    def _prepare_y(self, y: Any, n: int, lo: losses_mod.Loss) -> np.ndarray:
+        from sparknet._validation import check_labels, check_targets
+        if lo.is_classification:
+            return check_labels(y, n, self.output_shape[-1], name="y", lead_shape=self.output_shape[:-1])
+        return check_targets(y, n, self.output_shape, self.dtype, name="y")
+
+    def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: losses_mod.Loss,
+                    next_x: np.ndarray | None = None) -> tuple[float, float, float]:
+        from sparknet.activations import grad as act_grad
+        from sparknet.activations import softmax
+
+        before, before_t = dict(self._bytes), dict(self._times)
+        t0 = time.perf_counter()
+        self.t += 1
+        out = self.forward(xb, training=True)
+        pred = softmax(out) if (self._softmax_head and not lo.is_classification) else out
+        s, w, g = lo.value_and_grad(pred, yb)
+        if not np.isfinite(s):
+            self.t -= 1
+            raise FloatingPointError(f"loss became {s} at step {self.t + 1}; lower the learning rate")
+        if pred is not out:
+            g = act_grad("softmax", pred, g)
+        if self.replicas > 1:
+            next_x = None                      # no lookahead: the weights change after the combine
+        for j in range(len(self.stages) - 1, -1, -1):
+            st = self.stages[j]
+            if j == 0 and next_x is not None and st.kind != "driver":
+                g = st.backward(g, need_dx=False, next_x=next_x)
+            else:
+                g = st.backward(g, need_dx=j > 0)
+        correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
+        self.step_times.append(time.perf_counter() - t0)
+        self.last_step_bytes = {k: self._bytes[k] - before[k] for k in self._bytes}
+        self.last_step_times = {k: self._times[k] - before_t[k] for k in self._times}
+        self.last_step_times["step_s"] = self.step_times[-1]
+        return float(s), float(w), correct
+
+    def train_on_batch(self, x: Any, y: Any, next_x: Any = None) -> tuple[float, float]:
+        """One optimizer step on a batch; returns ``(mean loss, accuracy)``.
+
+        Args:
+            x: the batch's inputs.
+            y: its labels or targets.
+            next_x: optionally the *next* step's inputs: when the model starts with a
+                blocked layer (or pair), that layer's forward pass for ``next_x`` runs in
+                the same Spark job as this step's backward pass (with the weights just
+                updated, so the result is unchanged), saving one exchange per step.  Pass
+                the same array object to the next call.  Ignored with replicas.
+
+        Returns:
+            The batch's mean loss and accuracy (NaN for regression).
+        """
+        lo = self.loss
+        if x is not self._next_raw or self._next_checked is None:
+            x = self._prepare_x(x)
+        else:
+            x = self._next_checked
+        y = self._prepare_y(y, x.shape[0], lo)
+        nx = None
+        if next_x is not None:
+            nx = self._prepare_x(next_x)
+            self._next_raw, self._next_checked = next_x, nx
+        s, w, c = self._guarded(lambda: self._train_step(x, y, lo, nx))
+        return (s / w if w else 0.0), (c / w if w else float("nan"))
+
+    def _guarded(self, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except BlockStateLost as exc:
+            ckpt = self.latest_checkpoint()
+            if ckpt is None:
+                raise BlockStateLost(
+                    f"{exc}; no checkpoint to restore from (set checkpoint_dir and call checkpoint()), "
+                    f"training stopped rather than going on with missing or stale weights") from None
+            log.warning("block state lost (%s); restoring checkpoint %s and redoing the step", exc, ckpt)
+            self.restore(ckpt)
+            self.restores += 1
+            return fn()
+
+    def fit(self, X: Any, y: Any, epochs: int = 1, batch_size: int = 256, shuffle: bool = True,
+            checkpoint_every: int = 0, verbose: int = 0, max_steps: int | None = None,
+            lookahead: bool = True) -> dict:
+        """Minibatch training with distributed backpropagation.
+
+        Args:
+            X: inputs ``(N, *input_shape)``.
+            y: class ids (cross-entropy) or targets shaped like the output (MSE).
+            epochs: passes over the data.
+            batch_size: samples per step (with replicas: the combined batch of all replicas).
+            shuffle: reshuffle every epoch (seeded by the model's seed).
+            checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many
+                steps (0: never).
+            verbose: 1 prints one line per epoch.
+            max_steps: stop after this many steps in this call.
+            lookahead: run the first blocked stage's forward pass for the next batch in the
+                same Spark job as its backward pass for this one (same results, one
+                exchange fewer per step; off with replicas).
+
+        Returns:
+            ``{"loss": [...], "accuracy": [...], "step_time": [...], "bytes_per_step": {...}}``.
+
+        Raises:
+            ValueError: bad input shapes or labels.
+            BlockStateLost: a block's state is gone and there is no checkpoint.
+        """
+        epochs, batch_size = _count(epochs, "epochs"), _count(batch_size, "batch_size")
+        if checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("checkpoint_every needs a checkpoint_dir")
+        lo = self.loss
+        X = self._prepare_x(X)
+        y = self._prepare_y(y, X.shape[0], lo)
+        rng = np.random.default_rng([self.seed, 7])
+        hist: dict[str, Any] = {"loss": [], "accuracy": [], "step_time": []}
+        n, done = X.shape[0], 0
+        for epoch in range(epochs):
+            order = rng.permutation(n) if shuffle else np.arange(n)
+            tot = np.zeros(3)
+            starts = list(range(0, n, batch_size))
+            xb = X[order[:batch_size]]
+            for bi, b0 in enumerate(starts):
+                if max_steps is not None and done >= max_steps:
+                    break
+                idx = order[b0:b0 + batch_size]
+                last = bi + 1 == len(starts) or (max_steps is not None and done + 1 >= max_steps)
+                following = None if last else X[order[starts[bi + 1]:starts[bi + 1] + batch_size]]
+                nx = following if lookahead else None
+                s, w, c = self._guarded(partial(self._train_step, xb, y[idx], lo, nx))
+                xb = following
+                tot += (s, w, c)
+                done += 1
+                hist["step_time"].append(self.step_times[-1])
+                if checkpoint_every and self.t % checkpoint_every == 0:
+                    self.checkpoint()
+            hist["loss"].append(tot[0] / max(tot[1], 1e-12))
+            hist["accuracy"].append(tot[2] / max(tot[1], 1e-12) if lo.is_classification else float("nan"))
+            if verbose:
+                print(f"epoch {epoch + 1}/{epochs}: loss={hist['loss'][-1]:.4f} "
+                      f"acc={hist['accuracy'][-1]:.4f} bytes/step={self.last_step_bytes}", flush=True)
+        hist["bytes_per_step"] = dict(self.last_step_bytes)
+        return hist
+
+    # ----------------------------------------------------------------- inference
+    def predict_output(self, X: Any, batch_size: int = 512) -> np.ndarray:
+        """Network output for ``X`` (probabilities for a softmax head)."""
+        from sparknet.activations import softmax
+        X = self._prepare_x(X)
+        outs = [np.array(self.forward(X[i:i + batch_size], training=False))
+                for i in range(0, X.shape[0], batch_size)]
+        out = np.concatenate(outs, axis=0)
+        return softmax(out) if self._softmax_head else out
+
+    def predict(self, X: Any, batch_size: int = 512) -> np.ndarray:
+        """Class ids for a classifier, raw outputs otherwise."""
+        out = self.predict_output(X, batch_size)
+        return out.argmax(axis=-1) if self.loss.is_classification else out
+
+    def evaluate(self, X: Any, y: Any, batch_size: int = 512) -> dict[str, float]:
+        """Mean loss (and accuracy for classifiers) on ``(X, y)``."""
+        from sparknet.activations import softmax
+        lo = self.loss
+        X = self._prepare_x(X)
+        y = self._prepare_y(y, X.shape[0], lo)
+        tot = np.zeros(3)
+        for i in range(0, X.shape[0], batch_size):
+            out = self.forward(X[i:i + batch_size], training=False)
+            pred = softmax(out) if (self._softmax_head and not lo.is_classification) else out
+            s, w, _ = lo.value_and_grad(pred, y[i:i + batch_size], need_grad=False)
+            c = float((out.argmax(axis=-1) == y[i:i + batch_size]).sum()) if lo.is_classification else 0.0
+            tot += (s, w, c)
+        res = {"loss": tot[0] / max(tot[1], 1e-12)}
+        if lo.is_classification:
+            res["accuracy"] = tot[2] / max(tot[1], 1e-12)
+        return res
+
+    # ----------------------------------------------------------- weights & files
+    def get_layer_weights(self, index: int, replica: int = 0) -> dict[str, np.ndarray]:
+        """The whole ``kernel``/``bias`` of layer ``index``, gathered from its blocks (of one
+        replica).  This assembles a blocked layer on the driver: meant for small models,
+        checks and export."""
+        return self._gather_layers([index], replica)[index]
+
+    def _gather_layers(self, indices: Sequence[int], replica: int = 0) -> dict[int, dict[str, np.ndarray]]:
+        by_idx = {s.index: s for s in self.blocked}
+        wanted = tuple(by_idx[i] for i in indices if i in by_idx)
+        parts_all = (self.backend.run(GatherJob(self.layout, wanted, replica=replica)) if wanted else [])
+        return {i: self._assemble(i, by_idx, parts_all, replica) for i in indices}
+
+    def _assemble(self, index: int, by_idx: dict, parts_all: list, replica: int) -> dict[str, np.ndarray]:
+        if index in by_idx:
+            s = by_idx[index]
+            parts = [parts_all[self.layout.slot(replica, k)][index] for k in range(s.blocks)]
+            axis = 0 if s.cut == "rows" else 1
+            out = {"kernel": np.concatenate([p["kernel"] for p in parts], axis=axis)}
+            if s.use_bias:
+                if s.cut == "rows":
+                    out["bias"] = np.concatenate([p["bias"] for p in parts])
+                else:
+                    pair = next(st for st in self.stages if isinstance(st, PairStage) and st.b is s)
+                    assert pair.bias is not None
+                    out["bias"] = pair.bias.copy()
+            return out
+        for st in self.stages:
+            if isinstance(st, DriverStage) and st.first <= index < st.first + len(st.seq.layers):
+                sl = st.seq.param_slices()[index - st.first]
+                return {k: st.seq.params[a:b].reshape(shape).copy() for k, (a, b, shape) in sl.items()}
+        raise ValueError(f"layer index {index} is out of range")
+
+    def status(self) -> list[dict]:
+        """Per slot: each layer's ``[generation, step, busy]`` record, and the address space
+        (``vm``) and limit of the Python worker that answered (and its ``ppid``)."""
+        return self.backend.run(StatusJob(self.layout, tuple(self.blocked)))
+
+    def _architecture(self) -> dict:
+        from sparknet.model import architecture
+        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
+                            loss=self._loss)
+
+    def to_sequential(self) -> Any:
+        """A single-process :class:`~sparknet.model.Sequential` with these weights (small models only)."""
+        from sparknet.model import Sequential
+
+        model = Sequential.from_config(self._architecture())
+        weights = self._gather_layers([i for i, sl in enumerate(model.param_slices()) if sl])
+        for i, sl in enumerate(model.param_slices()):
+            for k, (a, b, _shape) in sl.items():
+                model.params[a:b] = weights[i][k].reshape(-1)
+        return model
+
+    def _driver_arrays(self) -> dict[str, np.ndarray]:
+        """The driver's parameters and optimizer state, for ``driver.npz``."""
+        out: dict[str, np.ndarray] = {}
+        for j, st in enumerate(self.stages):
+            if isinstance(st, DriverStage):
+                out[f"stage{j}.params"] = st.seq.params
+                out.update(st.opt.state_arrays(f"stage{j}.opt_"))
+            elif isinstance(st, PairStage) and st.bias is not None:
+                out[f"stage{j}.bias"] = st.bias
+                out.update(st.opt.state_arrays(f"stage{j}.opt_"))
+        return out
+
+    def _set_driver_arrays(self, data: dict[str, np.ndarray]) -> None:
+        for j, st in enumerate(self.stages):
+            if isinstance(st, DriverStage):
+                st.seq.set_params(data[f"stage{j}.params"])
+                st.opt.load_state_arrays(data, f"stage{j}.opt_")
+            elif isinstance(st, PairStage) and st.bias is not None:
+                st.bias[...] = data[f"stage{j}.bias"]
+                st.opt.load_state_arrays(data, f"stage{j}.opt_")
+
+    def save(self, folder: str) -> str:
+        """Write the model, its optimizer state and step count to ``folder``.
+
+        Each executor streams its own blocks into ``layerIII_blockKKK.npz`` files
+        (params and optimizer state, written atomically; with replicas, replica 0's
+        blocks, the replicas being equal); the driver writes its own layers to
+        ``driver.npz`` and ``manifest.json`` last, so a folder with a manifest is
+        complete.  On a multi-host cluster ``folder`` must be on a filesystem every
+        executor and the driver can reach.  The replica count is not saved:
+        :meth:`load` takes it.
+
+        Returns:
+            The folder path.
+        """
+        folder = files.begin_save(folder)
+        steps = tuple(self._steps[s.index] for s in self.blocked)
+        self.backend.run(SaveJob(self.layout, tuple(self.blocked), folder=folder, opt=self.job_optimizer,
+                                 generation=self.generation, steps=steps))
+        files.write_driver(folder, self._driver_arrays())
+        files.write_manifest(folder, {"architecture": self._architecture(), "plan": self.plan.to_dict(),
+                                      "optimizer": self.opt_meta, "t": self.t,
+                                      "steps": {str(k): v for k, v in self._steps.items()}})
+        return folder
+
+    @classmethod
+    def load(cls, folder: str, spark: Any = None, checkpoint_dir: str | None = None,
+             name: str = "blocks", replicas: int = 1,
+             combine_bytes: int = DEFAULT_COMBINE_BYTES) -> "ModelParallel":
+        """Rebuild a model saved by :meth:`save` (with ``replicas`` replicas, each streaming
+        the same block files); each executor streams its blocks from the files."""
+        from sparknet.model import layers_from_config
+
+        folder = os.path.abspath(os.fspath(folder))
+        m = files.read_manifest(folder)
+        arch = m["architecture"]
+        opt = optim_mod.from_config(m["optimizer"]["name"], m["optimizer"]["config"])
+        mp = cls(layers_from_config(arch["layers"]), BlockPlan.from_dict(m["plan"]), arch["input_shape"],
+                 spark=spark, dtype=arch["dtype"], seed=arch["seed"], optimizer=opt, loss=arch.get("loss"),
+                 checkpoint_dir=checkpoint_dir, name=name, replicas=replicas, combine_bytes=combine_bytes,
+                 _load=folder)
+        mp._after_load(folder, m)
+        return mp
+
+    def _after_load(self, folder: str, m: dict) -> None:
+        self._set_driver_arrays(files.read_driver(folder, int(m["version"])))
+        self.t = int(m["t"])
+        # the executors' step records restart at 0 under this model's own generation
+        self._steps = {s.index: 0 for s in self.blocked}
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint(self) -> str:
+        """Save to ``checkpoint_dir/step-<t>`` and return the folder."""
+        if not self.checkpoint_dir:
+            raise ValueError("checkpoint() needs a checkpoint_dir")
+        return self.save(files.checkpoint_folder(self.checkpoint_dir, self.t))
+
+    def latest_checkpoint(self) -> str | None:
+        """The newest complete checkpoint folder, or ``None``."""
+        return files.latest_checkpoint(self.checkpoint_dir)
+
+    def restore(self, folder: str) -> None:
+        """Replace every block, driver layer and the step count by the checkpoint in ``folder``."""
+        m = files.read_manifest(folder)
+        self.backend.close()
+        self.generation = int(np.random.default_rng().integers(1, 2**62))
+        self.backend = self._new_backend()
+        self._init_blocks(os.path.abspath(folder))
+        self._after_load(folder, m)
+        for st in self.stages:
+            if isinstance(st, (BlockStage, PairStage)):
+                st._pre = None
+
+    def close(self) -> None:
+        """Drop the resident blocks on the executors (and their files)."""
+        self.backend.close()
+
+    def __enter__(self) -> "ModelParallel":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
