@@ -88,6 +88,11 @@ def _summarise(x: np.ndarray | None, y: np.ndarray | None, classification: bool,
     return meta
 
 
+def _no_rows(dtype: Any, y_dtype: Any = np.int64) -> dict[str, np.ndarray]:
+    """The arrays of a shard without rows (or whose rows the driver will reject)."""
+    return {"x": np.zeros((0, 0), dtype), "y": np.zeros(0, y_dtype)}
+
+
 def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype: Any,
             extra: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     meta = _summarise(x, y, classification, extra)
@@ -142,8 +147,7 @@ class _ArrowBuild:
         batches = list(batches)
         extra: dict[str, Any] = {}
         if not batches or sum(b.num_rows for b in batches) == 0:
-            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64 if self.classification
-                                                                      else self.dtype)}, {"rows": 0}
+            return _no_rows(self.dtype, np.int64 if self.classification else self.dtype), {"rows": 0}
         table = pa.Table.from_batches(batches)
         x = _list_column(table.column(0), "x", extra)
         y = _list_column(table.column(1), "y", extra)
@@ -171,16 +175,16 @@ class _PairsBuild:
             xs.append(np.asarray(item[0]))
             ys.append(item[1])
         if "pair_bad" in extra or not xs:
-            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": 0}
+            return _no_rows(self.dtype), {**extra, "rows": 0}
         shapes = {a.shape for a in xs}
         if len(shapes) > 1:
             sizes = sorted(int(np.prod(s)) for s in shapes)
             first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
             extra["x_lengths"] = (sizes[0], sizes[-1], first)
-            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": len(xs)}
+            return _no_rows(self.dtype), {**extra, "rows": len(xs)}
         if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
             extra["dtype_bad"] = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
-            return {"x": np.zeros((0, 0), self.dtype), "y": np.zeros(0, np.int64)}, {**extra, "rows": len(xs)}
+            return _no_rows(self.dtype), {**extra, "rows": len(xs)}
         x = np.stack(xs).reshape(len(xs), -1)
         extra["x_dim"] = int(x.shape[1])
         return _finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
@@ -192,7 +196,7 @@ class _NumpyBuild:
     def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
         items = list(it)
         if not items:
-            return {"x": np.zeros((0, 0), np.float32), "y": np.zeros(0, np.int64)}, {"rows": 0}
+            return _no_rows(np.float32), {"rows": 0}
         x, y = items[0]
         return {"x": x, "y": y}, {"rows": int(y.shape[0]), "x_dim": int(x.shape[1]) if x.shape[0] else 0}
 

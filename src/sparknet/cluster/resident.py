@@ -459,9 +459,7 @@ class Resident:
             anchor.mapPartitions(_Dropper(key)).collect()
         except Exception as exc:  # pragma: no cover - executors already gone
             log.debug("resident %s: executor cleanup failed: %s", key, exc)
-        for info in self.infos:  # files on the driver's host (local mode)
-            if info.host == socket.gethostname():
-                shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
+        _remove_driver_files(self.infos)
         _drop_local(key)
         try:
             anchor.unpersist()
@@ -525,6 +523,11 @@ class Resident:
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - interpreter shutdown
     for res in list(_OPEN):
-        for info in res.infos:
-            if info.host == socket.gethostname():
-                shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
+        _remove_driver_files(res.infos)
+
+
+def _remove_driver_files(infos: list[ShardInfo]) -> None:
+    """Delete the spill folders of the shards built on this (the driver's) host (local mode)."""
+    for info in infos:
+        if info.host == socket.gethostname():
+            shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
