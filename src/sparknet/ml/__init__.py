@@ -41,8 +41,7 @@ Example::
     model.transform(test_df).select("prediction", "probability")
     model.write().overwrite().save("hdfs:///models/digits")
 """
-from sparknet.ml._estimators import (SparkNetClassificationModel, SparkNetClassifier,
-                                     SparkNetRegressionModel, SparkNetRegressor)
+from sparknet.ml._estimators import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor
 
 __all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegressor",
            "SparkNetRegressionModel"]

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any, ClassVar, TypeVar
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.param import Params
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+from sparknet.model import Sequential
 
 #: Classes this reader instantiates (metadata naming anything else is refused).
 SPARKNET_CLASSES = ("sparknet.ml.SparkNetClassifier", "sparknet.ml.SparkNetRegressor",
@@ -29,11 +33,11 @@ SPARKNET_CLASSES = ("sparknet.ml.SparkNetClassifier", "sparknet.ml.SparkNetRegre
 FORMAT_VERSION = 1
 
 
-def class_name(cls) -> str:
+def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__name__}"
 
 
-def network_to_bytes(model) -> bytes:
+def network_to_bytes(model: Sequential) -> bytes:
     """A built Sequential as the bytes of a sparknet model file."""
     from sparknet.io import save_model
 
@@ -44,7 +48,7 @@ def network_to_bytes(model) -> bytes:
             return fh.read()
 
 
-def network_from_bytes(blob: bytes, where: str):
+def network_from_bytes(blob: bytes, where: str) -> Sequential:
     """The Sequential stored in ``blob`` (a sparknet model file; pickle is refused)."""
     from sparknet.io import load_model
 
@@ -60,16 +64,44 @@ def network_from_bytes(blob: bytes, where: str):
             raise ValueError(f"{where}: {str(exc).replace(repr(path), 'the stored model')}") from exc
 
 
+class Persistable(Params, MLReadable[Any], MLWritable):
+    """ML persistence shared by the Estimators and the Models: ``write()`` and ``read()``
+    in the layout above.  A Model sets :attr:`_has_network` and :meth:`_set_network`."""
+
+    #: whether the stage saves a fitted network beside its Params
+    _has_network: ClassVar[bool] = False
+    #: the fitted network (Models only)
+    _network: Sequential | None = None
+
+    def write(self) -> SparkNetWriter:
+        return SparkNetWriter(self)
+
+    @classmethod
+    def read(cls: type[_S]) -> SparkNetReader[_S]:
+        return SparkNetReader(cls)
+
+    @classmethod
+    def load(cls: type[_S], path: str) -> _S:
+        """The stage saved at ``path`` (``read().load(path)``)."""
+        return cls.read().load(path)
+
+    def _set_network(self, network: Sequential) -> None:
+        raise TypeError(f"{type(self).__name__} holds no fitted network")
+
+
+_S = TypeVar("_S", bound=Persistable)
+
+
 class SparkNetWriter(MLWriter):
     """Writes the Params as Spark metadata and, for Models, the network as Parquet bytes."""
 
-    def __init__(self, instance) -> None:
+    def __init__(self, instance: Persistable) -> None:
         super().__init__()
         self.instance = instance
 
     def saveImpl(self, path: str) -> None:
         inst = self.instance
-        network = getattr(inst, "_network", None)
+        network = inst._network
         extra = {"sparknet_format": FORMAT_VERSION}
         if network is not None:
             extra["numParams"] = int(network.n_params)
@@ -83,14 +115,14 @@ class SparkNetWriter(MLWriter):
                 .parquet(os.path.join(path, "data"))
 
 
-class SparkNetReader(MLReader):
+class SparkNetReader(MLReader[_S]):
     """Reads what :class:`SparkNetWriter` wrote, refusing foreign classes and pickles."""
 
-    def __init__(self, cls) -> None:
+    def __init__(self, cls: type[_S]) -> None:
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str):
+    def load(self, path: str) -> _S:
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         name = metadata.get("class")
         want = class_name(self.cls)
@@ -105,7 +137,7 @@ class SparkNetReader(MLReader):
         instance = self.cls()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        if getattr(self.cls, "_has_network", False):
+        if self.cls._has_network:
             # through Arrow (not collect(), whose rows travel as pickles)
             table = self.sparkSession.read.parquet(os.path.join(path, "data")).select("model").toArrow()
             if table.num_rows != 1:
