@@ -17,6 +17,10 @@ need the data run as one aggregation job, before any training round.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
 
 
 @dataclass
@@ -32,25 +36,21 @@ class FeatureKind:
     size: int | None = None
 
 
-def _spark_types():
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import types as T
-    return VectorUDT, T
-
-
 def quote(col: str) -> str:
     """``col`` as a SQL identifier (backquoted), so dots and spaces in it stay part of
     the name."""
     return "`" + col.replace("`", "``") + "`"
 
 
-def feature_kind(df, col: str, role: str = "features") -> FeatureKind:
+def feature_kind(df: DataFrame, col: str, role: str = "features") -> FeatureKind:
     """Classify the features column ``col`` of ``df`` from its schema.
 
     Raises:
         ValueError: the column is missing or has a type the network cannot read.
     """
-    VectorUDT, T = _spark_types()
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
     if col not in df.columns:
         raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {df.columns})")
     field = df.schema[col]
@@ -74,7 +74,8 @@ def feature_kind(df, col: str, role: str = "features") -> FeatureKind:
                      f"numbers (sequences)")
 
 
-def flat_features(df, col: str, kind: FeatureKind, dtype: str, seq_shape: tuple | None = None):
+def flat_features(df: DataFrame, col: str, kind: FeatureKind, dtype: str,
+                  seq_shape: tuple[int, int] | None = None) -> Column:
     """A Column holding ``col`` as a flat ``array<float|double>``.
 
     Sequences become ``T * (F + 1)`` values per row: each of the first ``T`` steps
@@ -95,6 +96,8 @@ def flat_features(df, col: str, kind: FeatureKind, dtype: str, seq_shape: tuple 
         return vector_to_array(F.col(col), dtype=dtype)
     if kind.kind == "array":
         return F.col(col).cast(f"array<{elem.lower()}>")
+    if seq_shape is None:
+        raise ValueError(f"features column {col!r} holds sequences: pass their (T, F) shape")
     T_, F_ = seq_shape
     q = quote(col)
     one, zero = f"CAST(1 AS {elem})", f"CAST(0 AS {elem})"
@@ -106,7 +109,7 @@ def flat_features(df, col: str, kind: FeatureKind, dtype: str, seq_shape: tuple 
         f"array_repeat({zero}, {F_ + 1}))))")
 
 
-def sequence_stats(df, col: str) -> dict:
+def sequence_stats(df: DataFrame, col: str) -> dict[str, Any]:
     """One aggregation job over a sequence column: row count, null rows, the longest
     sequence, the smallest and largest step length, and null steps.
 
@@ -128,7 +131,7 @@ def sequence_stats(df, col: str) -> dict:
     return row.asDict()
 
 
-def check_sequences(stats: dict, col: str, features: int | None, what: str) -> tuple[int, int]:
+def check_sequences(stats: dict[str, Any], col: str, features: int | None, what: str) -> tuple[int, int]:
     """Turn :func:`sequence_stats` into ``(longest sequence, step length)`` or a ValueError."""
     if not stats["rows"]:
         raise ValueError(f"{what} is empty: the DataFrame has no rows")

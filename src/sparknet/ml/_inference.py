@@ -14,18 +14,31 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 
 import numpy as np
 import pyarrow as pa
 
+if TYPE_CHECKING:
+    from pyspark import Broadcast
+    from pyspark.sql.types import StructType
+
+    from sparknet.model import Sequential
+
 #: model key -> the rebuilt network, most recently used last (a few per worker).
-_CACHE: "OrderedDict[str, object]" = OrderedDict()
+_CACHE: OrderedDict[str, Sequential] = OrderedDict()
 _CACHE_SIZE = 4
 _LOCK = threading.Lock()
 
 
-def _cached_model(key: str, bc):
+def built_shape(shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    """A built network's input or output shape (None, for an unbuilt one, raises)."""
+    if shape is None:
+        raise ValueError("the network is not built (it has no input shape yet)")
+    return shape
+
+
+def _cached_model(key: str, bc: Broadcast[tuple[str, np.ndarray]]) -> Sequential:
     with _LOCK:
         model = _CACHE.get(key)
         if model is not None:
@@ -43,14 +56,14 @@ def _cached_model(key: str, bc):
     return model
 
 
-def _list_array(values: np.ndarray):
+def _list_array(values: np.ndarray) -> pa.ListArray:
     """``(n, k)`` float64 -> an Arrow ``list<double>`` array without a row loop."""
     n, k = values.shape
     offsets = pa.array(np.arange(0, n * k + 1, k, dtype=np.int32))
     return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
 
 
-def dense_vectors(values: np.ndarray):
+def dense_vectors(values: np.ndarray) -> pa.StructArray:
     """``(n, k)`` float64 -> Arrow in the layout of Spark ML's ``VectorUDT``
     (``struct<type: tinyint, size: int, indices: array<int>, values: array<double>>``,
     type 1 = dense), so the JVM reads the column as ML Vectors without a conversion
@@ -62,7 +75,7 @@ def dense_vectors(values: np.ndarray):
         names=["type", "size", "indices", "values"])
 
 
-def output_type(classification: bool, vector_out: bool = False):
+def output_type(classification: bool, vector_out: bool = False) -> StructType:
     """The Spark type of :class:`BatchPredictor`'s output struct."""
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
@@ -73,7 +86,7 @@ def output_type(classification: bool, vector_out: bool = False):
     return T.StructType([T.StructField("pred", VectorUDT() if vector_out else T.DoubleType())])
 
 
-def features_to_numpy(arr, dim: int, column: str) -> np.ndarray:
+def features_to_numpy(arr: Union[pa.Array, pa.ChunkedArray], dim: int, column: str) -> np.ndarray:
     """An Arrow list array of equal-length float rows -> ``(rows, dim)`` numpy (no copy
     when the values are contiguous), through the trainer's own Arrow reader.
 
@@ -82,7 +95,7 @@ def features_to_numpy(arr, dim: int, column: str) -> np.ndarray:
     """
     from sparknet.cluster.data import _list_column
 
-    info: dict = {}
+    info: dict[str, Any] = {}          # the reader's notes: null rows, row lengths
     x = _list_column(arr, "x", info)
     if "x_null" in info:
         raise ValueError(f"features column {column!r} has a null row (row {info['x_null']} of a "
@@ -114,24 +127,25 @@ class BatchPredictor:
         vector_out: regressor with several outputs: ``pred`` is a list, not a double.
     """
 
-    def __init__(self, key: str, bc, column: str, classification: bool,
+    def __init__(self, key: str, bc: Broadcast[tuple[str, np.ndarray]] | None, column: str, classification: bool,
                  thresholds: list[float] | None, batch_size: int, vector_out: bool = False) -> None:
         self.key, self.bc, self.column = key, bc, column
         self.classification, self.thresholds = classification, thresholds
         self.batch_size, self.vector_out = int(batch_size), bool(vector_out)
 
-    def forward(self, model, x: np.ndarray) -> np.ndarray:
-        shape = tuple(model.input_shape)
+    def forward(self, model: Sequential, x: np.ndarray) -> np.ndarray:
+        """``model``'s outputs for the flat rows ``x``, as ``(rows, outputs)`` float64."""
+        shape = built_shape(model.input_shape)
         int_input = bool(getattr(model.layers[0], "accepts_int_input", False))
         outs = []
         for lo in range(0, x.shape[0], self.batch_size):
             xb = x[lo:lo + self.batch_size].reshape((-1,) + shape)
             xb = xb.astype(np.int64) if int_input else np.ascontiguousarray(xb, dtype=model.dtype)
             outs.append(np.asarray(model.forward(xb, training=False), dtype=np.float64))
-        k = int(np.prod(model.output_shape))
+        k = int(np.prod(built_shape(model.output_shape)))
         return np.concatenate(outs, axis=0).reshape(-1, k) if outs else np.zeros((0, k))
 
-    def outputs(self, model, x: np.ndarray):
+    def outputs(self, model: Sequential, x: np.ndarray) -> pa.StructArray:
         """Output arrays for one batch: a StructArray."""
         from sparknet.activations import softmax
 
@@ -146,15 +160,17 @@ class BatchPredictor:
         return pa.StructArray.from_arrays([dense_vectors(out), dense_vectors(prob), pa.array(pred)],
                                           names=["raw", "prob", "pred"])
 
-    def __call__(self, batches: Iterator) -> Iterator:
+    def __call__(self, batches: Iterator[pa.Array]) -> Iterator[pa.StructArray]:
         from pyspark import TaskContext
 
         from sparknet import threads
 
         tc = TaskContext.get()
         threads.set_worker_threads(tc.cpus() if tc is not None else 1)
+        if self.bc is None:
+            raise ValueError("BatchPredictor: no broadcast network to run on the workers")
         model = _cached_model(self.key, self.bc)
-        dim = int(np.prod(model.input_shape))
+        dim = int(np.prod(built_shape(model.input_shape)))
         for arr in batches:
             yield self.outputs(model, features_to_numpy(arr, dim, self.column))
 
@@ -168,7 +184,7 @@ def _threshold_scores(prob: np.ndarray, thresholds: list[float]) -> np.ndarray:
     return s
 
 
-def arrow_function(predictor: BatchPredictor):
+def arrow_function(predictor: BatchPredictor) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
     """``predictor`` as a type-hinted function, the form ``arrow_udf`` takes for an
     iterator of batches."""
     def predict_batches(batches: Iterator[pa.Array]) -> Iterator[pa.Array]:

@@ -28,8 +28,14 @@ import tempfile
 import threading
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sparknet.model import Sequential
 
 log = logging.getLogger("sparknet.ml")
 
@@ -46,15 +52,20 @@ AUTO_MAX_MACS = 40_000
 
 _LOCK = threading.Lock()
 _JARS: dict[str, Path] = {}          # cache key -> built jar
-_ADDED: dict[str, object] = {}       # SparkContext -> its jar class loader
+_ADDED: dict[str, Any] = {}          # SparkContext -> its jar class loader (a Py4J object)
 _FAILED: dict[str, str] = {}         # cache key -> why the build failed
+
+
+#: a network in :file:`DenseForward.java`'s layout: ``(ops spec, float64 parameters,
+#: multiply-adds per row)``
+Plan = tuple[str, bytes, int]
 
 
 class Unsupported(ValueError):
     """The network (or the column) cannot run on the JVM engine; the message says why."""
 
 
-def plan(network) -> tuple[str, bytes, int]:
+def plan(network: Sequential) -> Plan:
     """The network as ``(ops spec, float64 parameters, multiply-adds per row)`` in
     :file:`DenseForward.java`'s layout.
 
@@ -69,7 +80,7 @@ def plan(network) -> tuple[str, bytes, int]:
     macs = 0
     for layer in network.layers:
         if isinstance(layer, Dense):
-            if len(layer.input_shape) != 1:
+            if layer.input_shape is None or len(layer.input_shape) != 1:
                 raise Unsupported(f"layer {layer.name!r} reads {layer.input_shape}-shaped rows")
             W = np.asarray(layer.params["kernel"], dtype=np.float64)
             b = layer.params.get("bias")
@@ -80,7 +91,7 @@ def plan(network) -> tuple[str, bytes, int]:
         elif isinstance(layer, Activation):
             ops.append(f"a{layer._kernel_act}")
         elif isinstance(layer, (Dropout, Flatten)):
-            if isinstance(layer, Flatten) and len(layer.input_shape) != 1:
+            if isinstance(layer, Flatten) and (layer.input_shape is None or len(layer.input_shape) != 1):
                 raise Unsupported(f"layer {layer.name!r} flattens {layer.input_shape}-shaped rows")
             continue                       # identity at inference on flat rows
         else:
@@ -159,7 +170,7 @@ def build_jar() -> Path:
         return target
 
 
-def _loader(spark):
+def _loader(spark: SparkSession) -> Any:
     """The session's jar class loader, after adding the jar to the session once."""
     jsc = spark.sparkContext._jsc
     ctx = f"{id(jsc)}:{spark.sparkContext.applicationId}"
@@ -171,15 +182,23 @@ def _loader(spark):
     jss = spark._jsparkSession
     jss.sessionState().resourceLoader().addJar(str(jar))   # what SQL's ADD JAR does
     loader = jss.sharedState().jarClassLoader()
-    spark.sparkContext._jvm.java.lang.Class.forName(SCORER_CLASS, True, loader)  # fails early
+    _gateway(spark).jvm.java.lang.Class.forName(SCORER_CLASS, True, loader)  # fails early
     with _LOCK:
         _ADDED[ctx] = loader
     return loader
 
 
-def _new(spark, name: str):
-    """A new instance of the jar's class ``name`` (through the session's jar loader)."""
+def _gateway(spark: SparkSession) -> Any:
+    """The Py4J gateway to the session's JVM."""
     gw = spark.sparkContext._gateway
+    if gw is None:
+        raise RuntimeError("the SparkContext has no JVM gateway (was it stopped?)")
+    return gw
+
+
+def _new(spark: SparkSession, name: str) -> Any:
+    """A new instance of the jar's class ``name`` (through the session's jar loader)."""
+    gw = _gateway(spark)
     cls = gw.jvm.java.lang.Class.forName(name, True, _loader(spark))
     ctor = cls.getDeclaredConstructor(gw.new_array(gw.jvm.java.lang.Class, 0))
     return ctor.newInstance(gw.new_array(gw.jvm.java.lang.Object, 0))
@@ -196,7 +215,7 @@ def describe(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
-def unavailable(spark) -> str | None:
+def unavailable(spark: SparkSession) -> str | None:
     """Why the JVM engine cannot run in ``spark`` (None when it can)."""
     if not hasattr(spark, "_jsparkSession"):
         return "a Spark Connect session has no JVM on the client"
@@ -207,7 +226,9 @@ def unavailable(spark) -> str | None:
     return None
 
 
-def score(dataset, network, column: str, mode: int, thresholds, specs, planned=None):
+def score(dataset: DataFrame, network: Sequential, column: str, mode: int,
+          thresholds: Sequence[float] | None, specs: Sequence[tuple[str, str, dict[str, Any]]],
+          planned: Plan | None = None) -> DataFrame:
     """``dataset`` with ``network``'s outputs for its Vector column ``column`` appended,
     computed on the executors by ``ScoreRows``.
 
@@ -224,6 +245,8 @@ def score(dataset, network, column: str, mode: int, thresholds, specs, planned=N
     from pyspark.sql import types as T
 
     spark = dataset.sparkSession
+    if network.input_shape is None:
+        raise Unsupported("the network is not built")
     ops, params, _ = planned if planned is not None else plan(network)
     dim = int(np.prod(network.input_shape))
     net = _new(spark, NETWORK_CLASS).configure(f"{dim};{ops}", bytearray(params))
