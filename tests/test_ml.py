@@ -12,8 +12,11 @@ pytest.importorskip("pyspark")
 
 from pyspark.ml import Pipeline, PipelineModel  # noqa: E402
 from pyspark.ml.classification import LogisticRegression  # noqa: E402
-from pyspark.ml.evaluation import (BinaryClassificationEvaluator,  # noqa: E402
-                                   MulticlassClassificationEvaluator, RegressionEvaluator)
+from pyspark.ml.evaluation import (  # noqa: E402
+    BinaryClassificationEvaluator,
+    MulticlassClassificationEvaluator,
+    RegressionEvaluator,
+)
 from pyspark.ml.feature import StandardScaler, VectorAssembler  # noqa: E402
 from pyspark.ml.linalg import Vectors, VectorUDT  # noqa: E402
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
@@ -21,8 +24,7 @@ from pyspark.sql import types as T  # noqa: E402
 
 from sparknet import Dense, Flatten, Sequential  # noqa: E402
 from sparknet.layers import LSTM, Conv2D, MaxPool2D, SequenceMask  # noqa: E402
-from sparknet.ml import (SparkNetClassificationModel, SparkNetClassifier,  # noqa: E402
-                         SparkNetRegressionModel, SparkNetRegressor)
+from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor  # noqa: E402
 
 # one round per epoch and partition keeps the number of Spark jobs (~130 ms each) small
 FAST = dict(numPartitions=2, localSteps=64, batchSize=32)

@@ -15,8 +15,7 @@ from pyspark.sql import types as T  # noqa: E402
 from sparknet import Activation, Dense, Dropout, Sequential  # noqa: E402
 from sparknet.datasets import load_digits  # noqa: E402
 from sparknet.layers import Conv2D, Flatten  # noqa: E402
-from sparknet.ml import SparkNetClassificationModel, SparkNetRegressionModel  # noqa: E402
-from sparknet.ml import _jvm  # noqa: E402
+from sparknet.ml import SparkNetClassificationModel, SparkNetRegressionModel, _jvm  # noqa: E402
 
 if _jvm._javac() is None:
     pytest.skip("no javac on this machine: the JVM engine is compiled on first use, so only "
@@ -25,8 +24,8 @@ if _jvm._javac() is None:
 
 @pytest.fixture(scope="module")
 def digits_frames(spark):
-    from pyspark.ml.functions import array_to_vector
     import pandas as pd
+    from pyspark.ml.functions import array_to_vector
 
     X, y, Xt, yt = load_digits()
     pdf = pd.DataFrame({"features": list(Xt.astype(np.float64)), "label": yt.astype(np.float64)})
