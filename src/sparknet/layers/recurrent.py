@@ -169,6 +169,22 @@ class _Recurrent(Layer):
                 f"samples divisible by it, shuffle=False) or call reset_states() first")
         return self._state
 
+    def _begin_backward(self, dy: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None]:
+        """What every backward starts with: the last forward's record, ``dy`` checked against
+        the output shape (C-contiguous, the layer's dtype), and room for ``dx`` (None when the
+        input gradient is not needed)."""
+        f = self._fwd
+        if f is None:
+            raise RuntimeError(f"{type(self).__name__} {self.name!r}: backward called before forward")
+        N, T = f["N"], f["T"]
+        dy = np.ascontiguousarray(dy, dtype=self.dtype)
+        want = (N,) + self._out_shape(T)
+        if dy.shape != want:
+            raise ValueError(f"{type(self).__name__} {self.name!r}: output gradient has shape {dy.shape}, "
+                             f"expected {want}")
+        dx = np.empty((N, T, self.in_features), dtype=self.dtype) if self.need_input_grad else None
+        return f, dy, dx
+
     def _buffers(self, N: int, T: int, spec: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
         key = (N, T, self.dtype)
         if self._buf_key != key:
@@ -242,18 +258,10 @@ class SimpleRNN(_Recurrent):
         return hT if y is None else y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
-        f = self._fwd
-        if f is None:
-            raise RuntimeError(f"SimpleRNN {self.name!r}: backward called before forward")
-        N, T, H, F = f["N"], f["T"], self.units, self.in_features
+        f, dy, dx = self._begin_backward(dy)
         b = self._bufs
-        dy = np.ascontiguousarray(dy, dtype=self.dtype)
-        want = (N, T, H) if self.return_sequences else (N, H)
-        if dy.shape != want:
-            raise ValueError(f"SimpleRNN {self.name!r}: output gradient has shape {dy.shape}, expected {want}")
         dy_seq, dh_last = (dy, None) if self.return_sequences else (None, dy)
-        need_dx = self.need_input_grad
-        dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
+        need_dx = dx is not None
         g, p = self.grads, self.params
         with threads.capped():
             _rnn.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
@@ -360,15 +368,8 @@ class LSTM(_Recurrent):
         return super().states
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
-        f = self._fwd
-        if f is None:
-            raise RuntimeError(f"LSTM {self.name!r}: backward called before forward")
-        N, T, H, F = f["N"], f["T"], self.units, self.in_features
-        b = self._bufs
-        dy = np.ascontiguousarray(dy, dtype=self.dtype)
-        want = (N,) + self._out_shape(T)
-        if dy.shape != want:
-            raise ValueError(f"LSTM {self.name!r}: output gradient has shape {dy.shape}, expected {want}")
+        f, dy, dx = self._begin_backward(dy)
+        H, b = self.units, self._bufs
         dy_seq = dh_last = dc_last = None
         if self.return_sequences:
             dy_seq = dy
@@ -376,8 +377,7 @@ class LSTM(_Recurrent):
             dh_last, dc_last = np.ascontiguousarray(dy[:, :H]), np.ascontiguousarray(dy[:, H:])
         else:
             dh_last = dy
-        need_dx = self.need_input_grad
-        dx = np.empty((N, T, F), dtype=self.dtype) if need_dx else None
+        need_dx = dx is not None
         g, p = self.grads, self.params
         with threads.capped():
             _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
