@@ -35,13 +35,19 @@ class Loss:
         return f"{type(self).__name__}()"
 
 
-def _flat_weight(weight: np.ndarray | None, rows: int, dtype: np.dtype) -> np.ndarray | None:
-    if weight is None:
-        return None
-    w = np.ascontiguousarray(np.asarray(weight, dtype=dtype).reshape(-1))
-    if w.shape[0] != rows:
-        raise ValueError(f"loss weight has {w.shape[0]} entries for {rows} output rows")
-    return w
+def _row_weights(weight: np.ndarray | None, rows: int, dtype: np.dtype,
+                 scale: float | None) -> tuple[np.ndarray | None, float, float]:
+    """``(flat weight or None, weight total, scale)``; ``scale`` defaults to ``1 / total``
+    (0 when the total is 0), the gradient of the mean."""
+    w = None
+    if weight is not None:
+        w = np.ascontiguousarray(np.asarray(weight, dtype=dtype).reshape(-1))
+        if w.shape[0] != rows:
+            raise ValueError(f"loss weight has {w.shape[0]} entries for {rows} output rows")
+    total_w = float(rows if w is None else w.sum(dtype=np.float64))
+    if scale is None:
+        scale = 1.0 / total_w if total_w > 0 else 0.0
+    return w, total_w, float(scale)
 
 
 class SoftmaxCrossEntropy(Loss):
@@ -59,12 +65,9 @@ class SoftmaxCrossEntropy(Loss):
         t = np.ascontiguousarray(np.asarray(target).reshape(-1), dtype=np.int64)
         if t.shape[0] != z.shape[0]:
             raise ValueError(f"cross-entropy: {t.shape[0]} labels for {z.shape[0]} output rows")
-        w = _flat_weight(weight, z.shape[0], z.dtype)
-        total_w = float(z.shape[0] if w is None else w.sum(dtype=np.float64))
-        if scale is None:
-            scale = 1.0 / total_w if total_w > 0 else 0.0
+        w, total_w, scale = _row_weights(weight, z.shape[0], z.dtype, scale)
         grad = np.empty_like(z) if need_grad else None
-        s = _losses.softmax_cross_entropy(z, t, w, grad, float(scale))
+        s = _losses.softmax_cross_entropy(z, t, w, grad, scale)
         return s, total_w, (None if grad is None else grad.reshape(out.shape))
 
 
@@ -81,12 +84,9 @@ class MeanSquaredError(Loss):
         t = np.ascontiguousarray(np.asarray(target, dtype=o.dtype).reshape(-1, D))
         if t.shape[0] != o.shape[0]:
             raise ValueError(f"mse: {t.shape[0]} target rows for {o.shape[0]} output rows")
-        w = _flat_weight(weight, o.shape[0], o.dtype)
-        total_w = float(o.shape[0] if w is None else w.sum(dtype=np.float64))
-        if scale is None:
-            scale = 1.0 / total_w if total_w > 0 else 0.0
+        w, total_w, scale = _row_weights(weight, o.shape[0], o.dtype, scale)
         grad = np.empty_like(o) if need_grad else None
-        s = _losses.mean_squared_error(o, t, w, grad, float(scale))
+        s = _losses.mean_squared_error(o, t, w, grad, scale)
         return s, total_w, (None if grad is None else grad.reshape(out.shape))
 
 

@@ -13,6 +13,7 @@ from sparknet._validation import check_array, check_labels, check_mask, check_ta
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
 from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
+from sparknet.progress import progress_bar
 from sparknet.threads import blas_threads
 
 #: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``
@@ -81,6 +82,7 @@ class Sequential:
                  dtype: Any = "float32", seed: int = 0, loss: "str | losses_mod.Loss | None" = None,
                  name: str = "sequential") -> None:
         self.layers: list[Layer] = []
+        self.built = False
         for layer in layers:
             self.add(layer)
         self.dtype = np.dtype(dtype)
@@ -94,7 +96,6 @@ class Sequential:
         self.grads: np.ndarray = np.zeros(0, dtype=self.dtype)
         self.input_shape: tuple[int, ...] | None = None
         self.output_shape: tuple[int, ...] | None = None
-        self.built = False
         self._softmax_head = False
         self._slices: list[dict[str, tuple[int, int, tuple[int, ...]]]] = []
         self._out_mask: np.ndarray | None = None
@@ -106,7 +107,7 @@ class Sequential:
     def add(self, layer: Layer) -> "Sequential":
         if not isinstance(layer, Layer):
             raise TypeError(f"Sequential takes Layer instances, got {type(layer).__name__}")
-        if getattr(self, "built", False):
+        if self.built:
             raise RuntimeError("cannot add a layer to a built model")
         self.layers.append(layer)
         return self
@@ -331,7 +332,6 @@ class Sequential:
         history = History()
         n = X.shape[0]
         n_batches = (n + batch_size - 1) // batch_size
-        from sparknet.progress import progress_bar
         for epoch in range(epochs):
             t0 = time.perf_counter()
             order = self._rng.permutation(n) if shuffle else np.arange(n)
