@@ -9,7 +9,7 @@ total, and writes ``scale * d(sum)/d(out)`` where ``scale`` defaults to
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -23,12 +23,26 @@ class Loss:
     #: True when targets are class ids and accuracy is meaningful
     is_classification = False
 
+    @overload
+    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
+                       scale: float | None = None, need_grad: Literal[True] = True
+                       ) -> tuple[float, float, np.ndarray]: ...
+    @overload
+    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
+                       scale: float | None = None, *, need_grad: bool
+                       ) -> tuple[float, float, np.ndarray | None]: ...
+
     def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
                        scale: float | None = None, need_grad: bool = True
                        ) -> tuple[float, float, np.ndarray | None]:
         """``(weighted loss sum, weight total, gradient)``: the gradient, of ``out``'s shape,
         is ``scale * d(sum)/d(out)`` (``scale`` defaults to ``1 / weight total``), or None
         when not ``need_grad``."""
+        return self._value_and_grad(out, target, weight, scale, need_grad)
+
+    def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
+                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
+        """What a loss implements: :meth:`value_and_grad` with every argument given."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -57,9 +71,8 @@ class SoftmaxCrossEntropy(Loss):
     name = "cross_entropy"
     is_classification = True
 
-    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
-                       scale: float | None = None, need_grad: bool = True
-                       ) -> tuple[float, float, np.ndarray | None]:
+    def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
+                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
         C = out.shape[-1]
         z = np.ascontiguousarray(out.reshape(-1, C))
         t = np.ascontiguousarray(np.asarray(target).reshape(-1), dtype=np.int64)
@@ -76,9 +89,8 @@ class MeanSquaredError(Loss):
 
     name = "mse"
 
-    def value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None = None,
-                       scale: float | None = None, need_grad: bool = True
-                       ) -> tuple[float, float, np.ndarray | None]:
+    def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
+                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
         D = out.shape[-1]
         o = np.ascontiguousarray(out.reshape(-1, D))
         t = np.ascontiguousarray(np.asarray(target, dtype=o.dtype).reshape(-1, D))
