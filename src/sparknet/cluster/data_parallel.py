@@ -53,12 +53,13 @@ one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.clu
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -242,16 +243,33 @@ class DataParallelTrainer:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
         model = self.model
-        sc = self.spark.sparkContext
         classification = _is_classifier(model)
         t_fit = time.perf_counter()
         # numpy input: build the model from its shape before splitting (labels checked on the driver)
         if not model.built and isinstance(data, np.ndarray) and data.ndim >= 2:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
-        cols = (features_col, label_col)
+        history = FitHistory()
+        with self._resident_data(data, y, validation_data, (features_col, label_col), classification,
+                                 key) as (train, val):
+            ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
+            try:
+                ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
+                                 epochs, batch_size, history=history)
+                self._calibrate(ctx, t_fit)
+                self._train(ctx, verbose)
+            finally:
+                ps.close()
+        model.optimizer = self.optimizer
+        return model, history
+
+    @contextlib.contextmanager
+    def _resident_data(self, data: Any, y: Any, validation_data: Any, cols: tuple[str, str],
+                       classification: bool, key: str) -> Iterator[tuple[ShardedData, ShardedData | None]]:
+        """The training (and validation) data on the executors for the ``with`` block;
+        their resident shards are deleted after it."""
+        sc = self.spark.sparkContext
         train = val = None
-        ps = None
         try:
             sc.setJobDescription("sparknet: loading training data onto the executors")
             train = self._load(data, y, cols, classification, self.num_partitions, "training data",
@@ -261,18 +279,9 @@ class DataParallelTrainer:
                 sc.setJobDescription("sparknet: loading validation data onto the executors")
                 val = self._load(vdata, vy, cols, classification, train.num_partitions, "validation data",
                                  f"val-{key}")
-            ps = ParameterServer(sc, model.params, reduce=self.reduce)
-            ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps, epochs, batch_size,
-                             history=FitHistory())
-            self._calibrate(ctx, t_fit)
-            self._train(ctx, verbose)
-            model.optimizer = self.optimizer
-            assert ctx.history is not None
-            return model, ctx.history
+            yield train, val
         finally:
             sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
-            if ps is not None:
-                ps.close()
             for d in (train, val):
                 if d is not None:
                     d.close()
@@ -312,7 +321,7 @@ class DataParallelTrainer:
         """Size the rounds from probe rounds; the fit's setup ends here."""
         ctx.calibrate()
         self.cost = ctx.cost
-        assert ctx.history is not None and ctx.cost is not None
+        assert ctx.history is not None and ctx.cost is not None  # a fit's context, calibrated
         ctx.history.setup_time = time.perf_counter() - t_fit
         train = ctx.train
         log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
