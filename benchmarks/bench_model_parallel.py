@@ -16,10 +16,15 @@ For each width and batch it measures the training step time of
 and prints step time, speedup over ``single``, Spark jobs per step and bytes moved per
 step (broadcast bytes times the blocks that read them, plus collected bytes).
 
+``--replicas D`` (D > 1) prints instead what a step of the hybrid costs, ``D`` replicas of
+the K = 2 blocks on ``local[2]``, unpaired and paired: Spark jobs, bytes broadcast and
+collected, and the gradient bytes combined through the driver (no timing).
+
 Run (the shape of the paper's Fig. 4.7 at this machine's scale)::
 
     python benchmarks/bench_model_parallel.py                     # default grid
     python benchmarks/bench_model_parallel.py --widths 16384 --in-features 4096 --batches 256
+    python benchmarks/bench_model_parallel.py --replicas 2 --widths 1024 4096   # hybrid cost per step
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the environment slow OpenBLAS on AVX-512 CPUs;
 the report says which were set.  Block files it created in /dev/shm (``sparknet-resident-blocks-*``) are removed at the end.
@@ -109,6 +114,42 @@ def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: 
     return srow, mrow
 
 
+def hybrid_cost(spark, n_in: int, width: int, batch: int, replicas: int, pair: bool,
+                combine_bytes: int) -> dict:
+    """Bytes and Spark jobs of one steady training step of ``replicas`` x K = 2 blocks."""
+    from sparknet import RMSprop
+    from sparknet.cluster.blocks import BlockPlan
+    from sparknet.cluster.model_parallel import ModelParallel
+
+    X, y = data(n_in, batch, 2)
+    mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark, seed=0,
+                       optimizer=RMSprop(lr=1e-4), name="bench-hybrid", replicas=replicas,
+                       combine_bytes=combine_bytes)
+    try:
+        for s in range(2):
+            mp.train_on_batch(X[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch])
+        pieces = sum(len(mp.pieces(st.layers)) for st in mp.stages if st.kind != "driver")
+        return {**mp.last_step_bytes, "pieces": pieces, "blocked_bytes": 4 * mp.n_blocked_params}
+    finally:
+        mp.close()
+
+
+def print_hybrid(grid: list, replicas: int, combine_bytes: int) -> None:
+    spark = session("local[2]")
+    try:
+        print("| in | width | batch | replicas | paired | blocked weights | jobs/step | pieces | broadcast/step "
+              "| collected/step | combined/step |")
+        print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        for n_in, w, b in grid:
+            for pair in (False, True):
+                r = hybrid_cost(spark, n_in, w, b, replicas, pair, combine_bytes)
+                print(f"| {n_in} | {w} | {b} | {replicas} | {pair} | {fmt_bytes(r['blocked_bytes'])} | "
+                      f"{r['jobs']} | {r['pieces']} | {fmt_bytes(r['broadcast'])} | {fmt_bytes(r['collected'])} | "
+                      f"{fmt_bytes(r['combined'])} |", flush=True)
+    finally:
+        spark.stop()
+
+
 def _gemm_rate(_=None) -> float:
     from sparknet import _blas
     A = np.ones((256, 4096), np.float32)
@@ -178,11 +219,19 @@ def main() -> None:
     ap.add_argument("--no-lookahead", action="store_true",
                     help="do not run the next batch's first forward pass inside the backward job")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    ap.add_argument("--replicas", type=int, default=1,
+                    help="D > 1: print the bytes and Spark jobs per step of D replicas x K = 2 blocks "
+                         "(hybrid data x model parallelism) on local[2] instead of timing")
+    ap.add_argument("--combine-mib", type=float, default=32,
+                    help="with --replicas: MiB of partial gradients the driver collects per piece")
     args = ap.parse_args()
     ins = args.in_features or [1024 if w <= 2048 else 4096 for w in args.widths]
     if len(ins) == 1:
         ins = ins * len(args.widths)
     grid = [(n_in, w, b) for n_in, w in zip(ins, args.widths) for b in args.batches]
+    if args.replicas > 1:
+        print_hybrid(grid, args.replicas, int(args.combine_mib * 2**20))
+        return
 
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
