@@ -69,6 +69,7 @@ from sparknet._validation import positive_int
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData, check_label_range, label_desc, shard_data
 from sparknet.cluster.fit import FitContext, FitHistory, RoundLog
+from sparknet.cluster.outer import OuterOptimizer, resolve_outer
 from sparknet.cluster.params import STATS, ParameterServer
 from sparknet.cluster.rounds import FitSpec
 from sparknet.model import Sequential
@@ -149,13 +150,21 @@ class DataParallelTrainer:
         reduce: how round results come back: ``"tree"`` (``treeAggregate``, default) or
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
+        outer: the outer optimizer of ``sync="average"``, a step on each round's
+            averaged delta (:mod:`sparknet.cluster.outer`): an
+            :class:`~sparknet.cluster.outer.OuterOptimizer`, ``"nesterov"`` (its
+            defaults), ``None``/``"none"`` (plain averaging: the mean delta added as
+            it is) or ``"auto"`` (default: ``DEFAULT_OUTER`` in synchronous average
+            mode, none otherwise).  Its state (momentum) is kept in the object across
+            fits, like the driver's optimizer of ``sync="gradient"``.
         **mode_options: options of a registered mode (``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
             see :class:`sparknet.cluster.async_ps.AsyncOptions`).
 
     Raises:
-        ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps`` or
-            ``max_overhead``.
+        ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps``,
+            ``max_overhead`` or ``outer`` (an outer optimizer outside synchronous
+            average mode).
     """
 
     def __init__(self, model: Sequential, spark: "SparkSession | None" = None,
@@ -163,7 +172,7 @@ class DataParallelTrainer:
                  local_steps: "int | str" = "auto", optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
-                 **mode_options: Any) -> None:
+                 outer: "OuterOptimizer | str | None" = "auto", **mode_options: Any) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
         mode = resolve_mode(mode)
@@ -187,6 +196,7 @@ class DataParallelTrainer:
         self.reduce = reduce
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
+        self.outer = resolve_outer(outer, mode=mode, sync=sync)
         self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)

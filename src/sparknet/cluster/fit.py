@@ -219,7 +219,8 @@ class FitContext:
 
     def _apply(self, res: RoundResult) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient
-        (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``)."""
+        (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``), added
+        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`)."""
         model = self.model
         if res.vec is None:
             return
@@ -227,10 +228,16 @@ class FitContext:
             w = res.stat("weight_sum")
             grad = res.vec / model.dtype.type(w) if w > 0 else res.vec * 0
             self.trainer.optimizer.step(model.params, np.ascontiguousarray(grad, dtype=model.dtype))
+            return
+        rows = res.stat("samples")
+        if rows <= 0:
+            return
+        delta = (res.vec / model.dtype.type(rows)).astype(model.dtype, copy=False)
+        outer = self.trainer.outer
+        if outer is None:
+            model.params += delta
         else:
-            rows = res.stat("samples")
-            if rows > 0:
-                model.params += (res.vec / model.dtype.type(rows)).astype(model.dtype, copy=False)
+            outer.step(model.params, np.ascontiguousarray(delta))
 
     def _running(self, stats: np.ndarray) -> dict[str, str]:
         """The progress bar's running loss (and accuracy) over the epoch(s) so far."""
