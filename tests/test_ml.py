@@ -124,6 +124,19 @@ def test_array_features_transform_and_fit(spark, frames, fitted, digits):
     assert acc > 0.85
 
 
+def test_async_mode_trains_on_the_asynchronous_trainer(frames):
+    """mode='async' reaches the asynchronous parameter-server rounds (the trainer's mode
+    resolution imports them on demand): the fit's history holds their applied updates,
+    and the model learns digits."""
+    clf = SparkNetClassifier(network=_mlp(32), epochs=3, learningRate=3e-3, mode="async", seed=5, **FAST)
+    model = clf.fit(frames["train"])
+    updates = model._history.updates
+    assert updates and any(u["applied"] for u in updates)
+    acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(model.transform(frames["test"]))
+    print(f"async mode, 3 epochs: accuracy {acc:.4f}")
+    assert acc > 0.85
+
+
 def test_output_columns_follow_params(frames, fitted):
     """Renamed output columns; an empty column name leaves that column out; thresholds
     change the prediction as in MLlib."""
