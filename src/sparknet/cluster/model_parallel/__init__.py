@@ -45,15 +45,20 @@ step equals the whole).  The replicas stay identical and the maths is one step o
 combined batch.  The apply of piece ``i`` and the collection of piece ``i + 1`` share a
 job, and the first piece rides in the backward job.
 
-Cost per step and blocked stage of ``L`` bytes of blocked weights (one replica): ``2 + P``
-Spark jobs (forward, backward, one apply per piece; a small net has ``P = 1`` piece)
-instead of 2, and through the driver ``D * L`` bytes collected (every replica's partials)
-plus ``L`` broadcast (the sums): about ``2 * D * L`` for the gradients to reach the driver
-and each block's sum its ``D`` replicas, counted as ``last_step_bytes["combined"]``
-(``(D + 1) * L``).  One broadcast per job carries every block's sums, so an executor
-fetches all ``L`` of them, not only its block's.  The driver holds about two pieces of
-gradient at a time (``combine_bytes`` collected, plus the sum it sends), never a whole
-blocked layer.  Lookahead is off with replicas: the weights change only after the combine.
+Cost per step, for ``S`` blocked stages, stage ``s`` holding ``L_s`` bytes of blocked
+weights (one replica) combined in ``P_s`` pieces (a small net has ``P_s = 1``):
+
+* **Spark jobs**: a forward and a backward job per stage as with one replica, plus one
+  apply job per piece, the last of which rides in the next stage's backward job:
+  ``S + 1 + sum(P_s)`` (one fewer with lookahead, where the next batch's forward of the
+  first stage rides in the last job of its combine, after the weights have changed);
+* **bytes through the driver**: ``D * L_s`` collected (every replica's partials) and
+  ``L_s`` broadcast (the sums), counted as ``last_step_bytes["combined"]``; about
+  ``2 * D * L_s`` cross the network for the gradients to reach the driver and each
+  block's sum its ``D`` replicas (one broadcast per job carries every block's sums, so an
+  executor fetches all of them, not only its block's);
+* **driver memory**: about two pieces of gradient at a time (``combine_bytes`` collected,
+  plus the sum it sends), never a whole blocked layer.
 
 Per step the trainer counts the bytes it broadcasts and collects
 (:attr:`ModelParallel.last_step_bytes`): with one replica they grow with batch x layer

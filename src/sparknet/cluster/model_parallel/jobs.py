@@ -242,6 +242,17 @@ class ForwardJob(_StageJob):
         return self.forward(store, slot, self.rows(slot, data["x"]), self.step, self.training)
 
 
+@dataclass(frozen=True)
+class ChainJob(BlockJob):
+    """Several jobs as one Spark job: each slot runs ``jobs`` in order, job ``n`` reading
+    ``data[str(n)]``, and returns their results as a tuple."""
+
+    jobs: tuple[BlockJob, ...] = ()
+
+    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+        return tuple(job.run(store, slot, data.get(str(n), {})) for n, job in enumerate(self.jobs))
+
+
 class BackwardResult(NamedTuple):
     """A slot's answer to :class:`BackwardJob`."""
 
@@ -292,7 +303,9 @@ class BackwardJob(_StageJob):
 @dataclass(frozen=True)
 class ApplyJob(_StageJob):
     """Replicas: apply the summed gradient piece ``number`` (``data["g"]``, aligned with
-    ``piece``) to this slot's block, then return its partial rows of the ``gather`` piece.
+    ``piece``) to this slot's block, then return its partial rows of the ``gather`` piece --
+    or, after the ``last`` piece with ``prefetch``, the forward of its replica's shard of
+    ``data["x_next"]`` with the new weights (lookahead).
 
     The ``busy`` field of each block's record counts the pieces applied (``1 + number``
     before, ``-1`` while applying), so a piece applied twice or skipped is caught; after
@@ -305,6 +318,7 @@ class ApplyJob(_StageJob):
     number: int = 0
     last: bool = True
     gather: Optional[Piece] = None
+    prefetch: bool = False
 
     def run(self, store: ex.Store, slot: int, data: Data) -> Any:
         assert self.opt is not None
@@ -323,4 +337,6 @@ class ApplyJob(_StageJob):
                 st[1], st[2] = self.step + 1, 0
             else:
                 st[2] = 2 + self.number
+        if self.last and self.prefetch:
+            return self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True)
         return _gather_piece(store, k, self.gather) if self.gather else None

@@ -18,6 +18,7 @@ from sparknet.cluster.model_parallel import files
 from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
+    ChainJob,
     GatherJob,
     InitJob,
     Layout,
@@ -27,9 +28,17 @@ from sparknet.cluster.model_parallel.jobs import (
     plan_pieces,
     shard_rows,
 )
-from sparknet.cluster.model_parallel.stages import BlockStage, DriverStage, PairStage, Stage, nbytes
+from sparknet.cluster.model_parallel.stages import (
+    BlockStage,
+    DriverStage,
+    PairStage,
+    Stage,
+    build_stages,
+    driver_arrays,
+    nbytes,
+    set_driver_arrays,
+)
 from sparknet.layers.base import Layer
-from sparknet.layers.core import Dense
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +97,7 @@ class ModelParallel:
         self.blocked: list[BlockedLayer] = self.plan.resolve(layers, shapes, self._softmax_head)
         self.layout = Layout(self.plan.max_blocks, self.replicas)
         self.n_slots = self.layout.n_slots
-        self.stages: list[Stage] = self._build_stages(shapes)
+        self.stages: list[Stage] = build_stages(self, shapes)
         self._reset_counters()
         self._spark = spark
         self.backend: Backend = self._new_backend()
@@ -160,31 +169,6 @@ class ModelParallel:
         self.output_shape = shape
         return shapes
 
-    def _build_stages(self, shapes: list[tuple[int, ...]]) -> list[Stage]:
-        """The stages in order: runs of driver layers, blocked layers and pairs."""
-        by_idx = {s.index: s for s in self.blocked}
-        stages: list[Stage] = []
-        i, n = 0, len(self.layers)
-        while i < n:
-            if i in by_idx:
-                s = by_idx[i]
-                if s.partner is not None and s.cut == "rows":
-                    stages.append(PairStage(self, s, by_idx[s.partner]))
-                    i += 2
-                else:
-                    stages.append(BlockStage(self, s))
-                    i += 1
-            else:
-                j = i
-                while j < n and j not in by_idx:
-                    j += 1
-                stages.append(DriverStage(self, i, self.layers[i:j], shapes[i]))
-                i = j
-        head = self.layers[-1]
-        if self._softmax_head and n - 1 in by_idx and isinstance(head, Dense):
-            head.emit_logits = True
-        return stages
-
     def _reset_counters(self) -> None:
         self._steps = {s.index: 0 for s in self.blocked}
         self._pieces: dict[tuple[int, ...], tuple[Piece, ...]] = {}
@@ -202,6 +186,8 @@ class ModelParallel:
         self.restores = 0
         self._next_raw: Any = None
         self._next_checked: np.ndarray | None = None
+        #: a job deferred into the next one (job, data, readers), see :meth:`run_job`
+        self._pending: tuple[BlockJob, dict, int] | None = None
 
     def _new_backend(self) -> Backend:
         if self._spark is None:
@@ -234,17 +220,40 @@ class ModelParallel:
             self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize, self.combine_bytes)
         return self._pieces[key]
 
-    def run_job(self, job: BlockJob, data: dict, readers: int) -> list:
-        """Run a stage's job and count its bytes (``readers``: slots that read the broadcast)."""
+    def run_job(self, job: BlockJob, data: dict, readers: int, defer: bool = False) -> list:
+        """Run a stage's job and count its bytes (``readers``: slots that read the broadcast).
+
+        ``defer`` keeps a job whose results nobody waits for (a combine's last apply) to
+        run in front of the next job, in the same Spark job (:class:`ChainJob`);
+        :meth:`_flush` runs it alone at the end of a step.
+        """
+        if defer:
+            self._pending = (job, data, readers)
+            return []
+        sent, moved = nbytes(data), nbytes(data) * readers
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            first, first_data, first_readers = pending
+            job, data = ChainJob(self.layout, (), jobs=(first, job)), {"0": first_data, "1": data}
+            sent, moved = sent + nbytes(first_data), moved + nbytes(first_data) * first_readers
         out = self.backend.run(job, data)
-        sent, got = sum(nbytes(v) for v in data.values()), nbytes(out)
+        got = nbytes(out)
+        if pending is not None:
+            out = [r[1] for r in out]
         self._bytes["broadcast"] += sent
-        self._bytes["moved"] += sent * readers + got
+        self._bytes["moved"] += moved + got
         self._bytes["collected"] += got
         self._bytes["jobs"] += 1
         self._times["executor_read_s"] += self.backend.last_read_s
         self._times["executor_compute_s"] += self.backend.last_compute_s
         return out
+
+    def _flush(self) -> None:
+        """Run a deferred job on its own."""
+        if self._pending is not None:
+            job, data, readers = self._pending
+            self._pending = None
+            self.run_job(job, data, readers)
 
     def count_combined(self, n: int) -> None:
         self._bytes["combined"] += int(n)
@@ -261,10 +270,14 @@ class ModelParallel:
 
     @property
     def exchanges_per_step(self) -> int:
-        """Spark jobs per training step (forward + backward), one per blocked layer or pair and
-        direction, plus (replicas) one per piece of each stage's gradient combine."""
-        return sum(2 + (len(self.pieces(st.layers)) if self.replicas > 1 else 0)
-                   for st in self.stages if isinstance(st, (BlockStage, PairStage)))
+        """Spark jobs per training step without lookahead: forward + backward, one per blocked
+        layer or pair and direction; with replicas, plus one per piece of each stage's
+        gradient combine, less the last applies that ride in the next stage's backward job
+        (``S + 1 + sum(pieces)`` for ``S`` blocked stages)."""
+        blocked = [st for st in self.stages if isinstance(st, (BlockStage, PairStage))]
+        if self.replicas == 1:
+            return 2 * len(blocked)
+        return len(blocked) + 1 + sum(len(self.pieces(st.layers)) for st in blocked)
 
     # ------------------------------------------------------------------- training
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
@@ -290,6 +303,7 @@ class ModelParallel:
 
         before, before_t = dict(self._bytes), dict(self._times)
         t0 = time.perf_counter()
+        self._pending = None              # what a failed step left deferred is not applied
         self.t += 1
         out = self.forward(xb, training=True)
         pred = softmax(out) if (self._softmax_head and not lo.is_classification) else out
@@ -299,14 +313,12 @@ class ModelParallel:
             raise FloatingPointError(f"loss became {s} at step {self.t + 1}; lower the learning rate")
         if pred is not out:
             g = act_grad("softmax", pred, g)
-        if self.replicas > 1:
-            next_x = None                      # no lookahead: the weights change after the combine
-        for j in range(len(self.stages) - 1, -1, -1):
-            st = self.stages[j]
-            if j == 0 and next_x is not None and st.kind != "driver":
-                g = st.backward(g, need_dx=False, next_x=next_x)
-            else:
-                g = st.backward(g, need_dx=j > 0)
+        for j in range(len(self.stages) - 1, 0, -1):
+            dx = self.stages[j].backward(g, need_dx=True)
+            assert dx is not None
+            g = dx
+        self.stages[0].backward(g, need_dx=False, next_x=next_x)   # a driver stage ignores next_x
+        self._flush()
         correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
         self.step_times.append(time.perf_counter() - t0)
         self.last_step_bytes = {k: self._bytes[k] - before[k] for k in self._bytes}
@@ -324,7 +336,8 @@ class ModelParallel:
                 blocked layer (or pair), that layer's forward pass for ``next_x`` runs in
                 the same Spark job as this step's backward pass (with the weights just
                 updated, so the result is unchanged), saving one exchange per step.  Pass
-                the same array object to the next call.  Ignored with replicas.
+                the same array object to the next call.  With replicas it rides in the
+                first stage's last job of the gradient combine.
 
         Returns:
             The batch's mean loss and accuracy (NaN for regression).
@@ -373,7 +386,7 @@ class ModelParallel:
             max_steps: stop after this many steps in this call.
             lookahead: run the first blocked stage's forward pass for the next batch in the
                 same Spark job as its backward pass for this one (same results, one
-                exchange fewer per step; off with replicas).
+                exchange fewer per step; with replicas, in the last job of its gradient combine).
 
         Returns:
             ``{"loss": [...], "accuracy": [...], "step_time": [...], "bytes_per_step": {...}}``.
@@ -505,27 +518,6 @@ class ModelParallel:
                 model.params[a:b] = weights[i][k].reshape(-1)
         return model
 
-    def _driver_arrays(self) -> dict[str, np.ndarray]:
-        """The driver's parameters and optimizer state, for ``driver.npz``."""
-        out: dict[str, np.ndarray] = {}
-        for j, st in enumerate(self.stages):
-            if isinstance(st, DriverStage):
-                out[f"stage{j}.params"] = st.seq.params
-                out.update(st.opt.state_arrays(f"stage{j}.opt_"))
-            elif isinstance(st, PairStage) and st.bias is not None:
-                out[f"stage{j}.bias"] = st.bias
-                out.update(st.opt.state_arrays(f"stage{j}.opt_"))
-        return out
-
-    def _set_driver_arrays(self, data: dict[str, np.ndarray]) -> None:
-        for j, st in enumerate(self.stages):
-            if isinstance(st, DriverStage):
-                st.seq.set_params(data[f"stage{j}.params"])
-                st.opt.load_state_arrays(data, f"stage{j}.opt_")
-            elif isinstance(st, PairStage) and st.bias is not None:
-                st.bias[...] = data[f"stage{j}.bias"]
-                st.opt.load_state_arrays(data, f"stage{j}.opt_")
-
     def save(self, folder: str) -> str:
         """Write the model, its optimizer state and step count to ``folder``.
 
@@ -544,7 +536,7 @@ class ModelParallel:
         steps = tuple(self._steps[s.index] for s in self.blocked)
         self.backend.run(SaveJob(self.layout, tuple(self.blocked), folder=folder, opt=self.job_optimizer,
                                  generation=self.generation, steps=steps))
-        files.write_driver(folder, self._driver_arrays())
+        files.write_driver(folder, driver_arrays(self.stages))
         files.write_manifest(folder, {"architecture": self._architecture(), "plan": self.plan.to_dict(),
                                       "optimizer": self.opt_meta, "t": self.t,
                                       "steps": {str(k): v for k, v in self._steps.items()}})
@@ -570,7 +562,7 @@ class ModelParallel:
         return mp
 
     def _after_load(self, folder: str, m: dict) -> None:
-        self._set_driver_arrays(files.read_driver(folder, int(m["version"])))
+        set_driver_arrays(self.stages, files.read_driver(folder, int(m["version"])))
         self.t = int(m["t"])
         # the executors' step records restart at 0 under this model's own generation
         self._steps = {s.index: 0 for s in self.blocked}

@@ -8,7 +8,7 @@ driver, piece by piece (:func:`combine`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -39,7 +39,9 @@ class Stage(Protocol):
 
 
 def nbytes(a: Any) -> int:
-    """Bytes of the arrays in ``a`` (nested tuples and lists; anything else counts 0)."""
+    """Bytes of the arrays in ``a`` (nested tuples, lists and dicts; anything else counts 0)."""
+    if isinstance(a, dict):
+        return sum(nbytes(v) for v in a.values())
     if isinstance(a, (tuple, list)):
         return sum(nbytes(v) for v in a)
     return int(a.nbytes) if isinstance(a, np.ndarray) else 0
@@ -97,13 +99,17 @@ def _sum(parts: list) -> np.ndarray:
     return acc
 
 
-def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int, gathered: list) -> None:
+def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int, gathered: list,
+            x_next: np.ndarray | None = None) -> list | None:
     """Sum each block's partial gradients over the replicas and apply them, piece by piece.
 
     ``gathered`` holds the slots' partial rows of the first piece (from the backward job)
     and is emptied as soon as they are summed, so the driver holds about two pieces of
     gradient at a time: the summed piece it broadcasts and the next piece it collects in
-    the same job.
+    the same job.  With ``x_next`` the last apply job also runs the stage's forward of the
+    next batch (returned per slot), with the new weights; without, the last apply is
+    deferred into the step's next job (the next stage's backward job, or a job of its own
+    at the end of the step).
     """
     o = owner
     pieces = o.pieces(layers)
@@ -113,11 +119,20 @@ def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int,
         o.count_combined(nbytes(gathered))
         gathered.clear()
         nxt = pieces[n + 1] if n + 1 < len(pieces) else None
-        job = ApplyJob(o.layout, layers, generation=o.generation, step=step, opt=o.job_optimizer, t=o.t,
-                       piece=piece, number=n, last=nxt is None, gather=nxt)
+        data: dict[str, Any] = {"g": summed}
+        shards = None
+        ahead = nxt is None and x_next is not None
+        if ahead and x_next is not None:
+            data["x_next"], shards = x_next, o.shards(x_next.shape[0])
+        job = ApplyJob(o.layout, layers, generation=o.generation, step=step, shards=shards, opt=o.job_optimizer,
+                       t=o.t, piece=piece, number=n, last=nxt is None, gather=nxt, prefetch=ahead)
         o.count_combined(nbytes(summed))
-        gathered.extend(o.run_job(job, {"g": summed}, readers))
+        out = o.run_job(job, data, readers, defer=nxt is None and not ahead)
         del summed
+        if ahead:
+            return out
+        gathered.extend(out)
+    return None
 
 
 class _Blocked:
@@ -145,31 +160,37 @@ class _Blocked:
                          shards=o.shards(x2.shape[0]), training=bool(training))
         return o.run_job(job, {"x": x2}, self.blocks * o.layout.replicas)
 
-    def _backward_job(self, dy: np.ndarray, need_dx: bool, next_x: np.ndarray | None) -> list:
+    def _backward_job(self, dy: np.ndarray, need_dx: bool, next_x: np.ndarray | None) -> tuple[list, list]:
         """Run the backward job (and, with replicas, the combine); returns the slots'
-        :class:`~sparknet.cluster.model_parallel.jobs.BackwardResult`\\ s without their pieces."""
+        input-delta shares and, for ``next_x``, their forward outputs of it (lookahead: in
+        the backward job with one replica, in the combine's last job with replicas)."""
         o = self.owner
         step = o.step_of(self.layers[0])
         hybrid = o.layout.replicas > 1
+        x_next = (None if next_x is None else
+                  np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features), dtype=o.dtype))
         data = {"dy": dy}
-        if next_x is not None:
-            data["x_next"] = np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features), dtype=o.dtype)
+        if x_next is not None and not hybrid:
+            data["x_next"] = x_next
         job = BackwardJob(o.layout, self.layers, generation=o.generation, step=step,
                           shards=o.shards(dy.shape[0]), need_dx=bool(need_dx), opt=o.job_optimizer, t=o.t,
-                          prefetch=next_x is not None, gather=o.pieces(self.layers)[0] if hybrid else None)
+                          prefetch=x_next is not None and not hybrid,
+                          gather=o.pieces(self.layers)[0] if hybrid else None)
         out = o.run_job(job, data, self.blocks * o.layout.replicas)
+        dxs = [None if r is None else r.dx for r in out]
+        ahead: list | None = [None if r is None else r.ahead for r in out]
         if hybrid:
             gathered = [None if r is None else r.piece for r in out]
-            out = [None if r is None else r._replace(piece=None) for r in out]
-            combine(o, self.layers, step, gathered)
+            del out
+            ahead = combine(o, self.layers, step, gathered, x_next)
         for layer in self.layers:
             o.advance(layer)
-        return out
+        return dxs, ahead or []
 
-    def _input_delta(self, out: list, lead: tuple, need_dx: bool) -> np.ndarray | None:
+    def _input_delta(self, dxs: list, lead: tuple, need_dx: bool) -> np.ndarray | None:
         if not need_dx:
             return None
-        dx = _per_replica(self.owner, [None if r is None else r.dx for r in out], self.blocks, _sum)
+        dx = _per_replica(self.owner, dxs, self.blocks, _sum)
         return dx.reshape(lead + (self.layers[0].in_features,))
 
 
@@ -197,11 +218,11 @@ class BlockStage(_Blocked):
         s = self.spec
         lead = g.shape[:-1]
         g2 = np.ascontiguousarray(g.reshape(-1, s.units), dtype=self.owner.dtype)
-        out = self._backward_job(g2, need_dx, next_x)
+        dxs, ahead = self._backward_job(g2, need_dx, next_x)
         if next_x is not None:
-            y = _per_replica(self.owner, [None if r is None else r.ahead for r in out], s.blocks, _concat)
+            y = _per_replica(self.owner, ahead, s.blocks, _concat)
             self._pre = (next_x, y.reshape(next_x.shape[:-1] + (s.units,)))
-        return self._input_delta(out, lead, need_dx)
+        return self._input_delta(dxs, lead, need_dx)
 
 
 class PairStage(_Blocked):
@@ -239,10 +260,64 @@ class PairStage(_Blocked):
         if b.kernel_activation:
             assert self._y is not None
             _activations.backward(b.kernel_activation, self._y, dz)
-        out = self._backward_job(dz, need_dx, next_x)
+        dxs, ahead = self._backward_job(dz, need_dx, next_x)
         if self.bias is not None:
             self.opt.step(self.bias, dz.sum(axis=0, dtype=self.owner.dtype))
         if next_x is not None:      # bias and activation are added when it is used
-            self._pre = (next_x, _per_replica(self.owner, [None if r is None else r.ahead for r in out],
-                                              b.blocks, _sum))
-        return self._input_delta(out, lead, need_dx)
+            self._pre = (next_x, _per_replica(self.owner, ahead, b.blocks, _sum))
+        return self._input_delta(dxs, lead, need_dx)
+
+
+def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> list[Stage]:
+    """The stages of ``owner``'s layers in order: runs of driver layers, blocked layers and
+    pairs (``shapes``: each layer's per-sample input shape)."""
+    from sparknet.layers.core import Dense
+
+    layers = owner.layers
+    by_idx = {s.index: s for s in owner.blocked}
+    stages: list[Stage] = []
+    i, n = 0, len(layers)
+    while i < n:
+        if i in by_idx:
+            s = by_idx[i]
+            if s.partner is not None and s.cut == "rows":
+                stages.append(PairStage(owner, s, by_idx[s.partner]))
+                i += 2
+            else:
+                stages.append(BlockStage(owner, s))
+                i += 1
+        else:
+            j = i
+            while j < n and j not in by_idx:
+                j += 1
+            stages.append(DriverStage(owner, i, layers[i:j], shapes[i]))
+            i = j
+    head = layers[-1]
+    if n - 1 in by_idx and isinstance(head, Dense) and head.activation == "softmax":
+        head.emit_logits = True          # the softmax is fused with the loss on the driver
+    return stages
+
+
+def driver_arrays(stages: Sequence[Stage]) -> dict[str, np.ndarray]:
+    """The parameters and optimizer state the stages keep on the driver, for ``driver.npz``
+    (``stage<j>.params`` or ``stage<j>.bias``, and ``stage<j>.opt_*``)."""
+    out: dict[str, np.ndarray] = {}
+    for j, st in enumerate(stages):
+        if isinstance(st, DriverStage):
+            out[f"stage{j}.params"] = st.seq.params
+            out.update(st.opt.state_arrays(f"stage{j}.opt_"))
+        elif isinstance(st, PairStage) and st.bias is not None:
+            out[f"stage{j}.bias"] = st.bias
+            out.update(st.opt.state_arrays(f"stage{j}.opt_"))
+    return out
+
+
+def set_driver_arrays(stages: Sequence[Stage], data: Mapping[str, np.ndarray]) -> None:
+    """Read back what :func:`driver_arrays` wrote."""
+    for j, st in enumerate(stages):
+        if isinstance(st, DriverStage):
+            st.seq.set_params(data[f"stage{j}.params"])
+            st.opt.load_state_arrays(data, f"stage{j}.opt_")
+        elif isinstance(st, PairStage) and st.bias is not None:
+            st.bias[...] = data[f"stage{j}.bias"]
+            st.opt.load_state_arrays(data, f"stage{j}.opt_")
