@@ -278,6 +278,23 @@ static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int
         }
     }
 }
+/* Panels of 32 columns of src (K x Nc, row stride ld) as sn_sgemm_panels_avx512 reads them
+   (panel p: K rows of 32 floats, zero padded): masked 32-wide copies, for packing one time
+   step's states (N x H) or inputs (N x F) right before they are used. */
+__attribute__((target("avx512f"), unused))
+static void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) {
+    for (int j = 0; j < Nc; j += 32) {
+        int w = Nc - j;
+        __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
+        __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
+        float* dst = out + (size_t)(j / 32) * K * 32;
+        for (int k = 0; k < K; k++) {
+            const float* s = src + (size_t)k * ld + j;
+            _mm512_storeu_ps(dst + (size_t)k * 32, _mm512_maskz_loadu_ps(m0, s));
+            _mm512_storeu_ps(dst + (size_t)k * 32 + 16, _mm512_maskz_loadu_ps(m1, s + 16));
+        }
+    }
+}
 SN_UNUSED static int sn_has_avx512(void) {
     static int has = -1;
     if (has < 0) { __builtin_cpu_init(); has = __builtin_cpu_supports("avx512f") ? 1 : 0; }
@@ -290,6 +307,7 @@ SN_UNUSED static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* 
 SN_UNUSED SN_UNUSED static int sn_has_avx512(void) { return 0; }
 SN_UNUSED static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
                                float* C, int ldc, int acc) { }
+SN_UNUSED static void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) { }
 #endif
 
 #endif

@@ -27,6 +27,9 @@ from sparknet._recurrent cimport (
     init_state,
     own_kernel,
     pack_panels,
+    per_step_weight_grads,
+    step_grad_scratch,
+    step_weight_grads,
     times_packed,
     zero_grads,
 )
@@ -149,6 +152,7 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     cdef bint has_dx = dx is not None
     cdef bint own = floating is float and own_kernel() and T > 1 and N > 0 and H > 0
     cdef float* whp = NULL
+    cdef float* scratch = NULL
     check(xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == G and w_ih.shape[1] == F
           and w_hh.shape[0] == G and w_hh.shape[1] == H, "lstm_backward: shapes disagree")
     check(hs.shape[0] == T + 1 and hs.shape[1] == N and hs.shape[2] == H and cs.shape[0] == T + 1
@@ -173,11 +177,17 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
         whp = pack_panels(&w_hh[0, 0], H, G, H, False)
         if whp == NULL:
             raise MemoryError()
+        if per_step_weight_grads():
+            scratch = step_grad_scratch(N, F, H)
+            if scratch == NULL:
+                free(whp)
+                raise MemoryError()
     try:
         _lstm_backward_loop(xt, w_ih, w_hh, mask, gates, hs, cs, tcs, dy, dh_last, dc_last, dh_a,
-                            dh_b, dc, dxt, dx, dw_ih, dw_hh, db_ih, db_hh, own, whp)
+                            dh_b, dc, dxt, dx, dw_ih, dw_hh, db_ih, db_hh, own, whp, scratch)
     finally:
         free(whp)
+        free(scratch)
 
 
 cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
@@ -189,7 +199,7 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                               floating[:, ::1] dh_b, floating[:, ::1] dc, floating[:, :, ::1] dxt,
                               floating[:, :, ::1] dx, floating[:, ::1] dw_ih,
                               floating[:, ::1] dw_hh, floating[::1] db_ih, floating[::1] db_hh,
-                              bint own, float* whp) noexcept:
+                              bint own, float* whp, float* scratch) noexcept:
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], G = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = G // 4
     cdef bint has_mask = mask is not None, has_dy = dy is not None
@@ -229,7 +239,11 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                     tmp = DH
                     DH = DH2
                     DH2 = tmp
+                if scratch != NULL:
+                    # dW_hh += dgates[t]^T @ h_{t-1}, dW_ih += dgates[t]^T @ x_t (dgates[t] in cache)
+                    step_weight_grads(&gates[t, 0, 0], &hs[t, 0, 0], &xt[t, 0, 0], &dw_hh[0, 0],
+                                      &dw_ih[0, 0], scratch, N, F, G, H, t < T - 1)
             backward_products(own, &gates[0, 0, 0], &hs[0, 0, 0], &xt[0, 0, 0], &w_ih[0, 0],
                               &dw_ih[0, 0], &dw_hh[0, 0], &db_ih[0], &db_hh[0],
                               &dxt[0, 0, 0] if has_dx else NULL, &dx[0, 0, 0] if has_dx else NULL,
-                              N, T, F, G, H)
+                              N, T, F, G, H, scratch != NULL)

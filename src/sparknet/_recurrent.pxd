@@ -9,6 +9,9 @@ from cython cimport floating
 # True when float32 products use the built-in AVX-512 panel kernel (CPU has it, not turned off)
 cdef bint own_kernel() noexcept nogil
 
+# True when the built-in kernel accumulates the weight gradients step by step in the backward loop
+cdef bint per_step_weight_grads() noexcept nogil
+
 # raise ValueError(what) unless ok
 cdef int check(bint ok, str what) except -1
 
@@ -29,6 +32,14 @@ cdef void times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t 
 # dw (G, K) = dg^T (G, rows) @ src (rows, K)
 cdef void weight_grad(bint own, const floating* dg, const floating* src, floating* dw,
                       Py_ssize_t rows, Py_ssize_t G, Py_ssize_t K) noexcept nogil
+
+# room for one step's states (N, H) and inputs (N, F) in panels (NULL if out of memory)
+cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil
+
+# float32 panel kernel only: dW_hh (G, H) (+)= dg^T @ h (N, H), dW_ih (G, F) (+)= dg^T @ x (N, F)
+cdef void step_weight_grads(const floating* dg, const floating* h, const floating* x,
+                            floating* dw_hh, floating* dw_ih, float* scratch, Py_ssize_t N,
+                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate) noexcept nogil
 
 # xt[t, n, :] = x[n, t, :]   and   x[n, t, :] = xt[t, n, :]
 cdef void to_time_major(const floating* x, floating* xt, Py_ssize_t N, Py_ssize_t T,
@@ -60,10 +71,10 @@ cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, co
 cdef void zero_grads(floating* dw_ih, floating* dw_hh, floating* db_hh, Py_ssize_t F,
                      Py_ssize_t G, Py_ssize_t H) noexcept nogil
 
-# after the last step: dW_hh = dg^T @ hs[0:T], dW_ih = dg^T @ xt, dx = (dg @ W_ih) batch-major
-# (when dx is not NULL), db_hh = db_ih
+# after the last step: dW_hh = dg^T @ hs[0:T], dW_ih = dg^T @ xt (unless weights_done),
+# dx = (dg @ W_ih) batch-major (when dx is not NULL), db_hh = db_ih
 cdef void backward_products(bint own, const floating* dg, const floating* hs, const floating* xt,
                             const floating* w_ih, floating* dw_ih, floating* dw_hh,
                             const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
                             Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
-                            Py_ssize_t H) noexcept nogil
+                            Py_ssize_t H, bint weights_done) noexcept nogil

@@ -51,6 +51,7 @@ cdef extern from "recurrent_kernels.h":
     void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda,
                                    const float* Bp, float* C, int ldc, int acc) noexcept nogil
     int sn_has_avx512() noexcept nogil
+    void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
 
 # ---------------------------------------------------------------------------- the step kernel
@@ -73,6 +74,22 @@ def use_step_kernel(bint on=True) -> bool:
 
 cdef bint own_kernel() noexcept nogil:
     return _own_step_kernel and sn_has_avx512()
+
+
+cdef bint _per_step_weight_grads = True
+
+
+def use_per_step_weight_grads(bint on=True) -> bool:
+    """Choose where the built-in kernel computes the weight gradients: inside the backward's
+    time loop, one step at a time while that step's gate gradients are in cache (default), or
+    in one product over all steps after the loop.  Returns the new setting."""
+    global _per_step_weight_grads
+    _per_step_weight_grads = on
+    return bool(on)
+
+
+cdef bint per_step_weight_grads() noexcept nogil:
+    return _per_step_weight_grads
 
 
 cdef int check(bint ok, str what) except -1:
@@ -149,6 +166,27 @@ cdef void weight_grad(bint own, const floating* dg, const floating* src, floatin
     else:
         gemm(True, False, <int>G, <int>K, <int>rows, <floating>1, dg, <int>G, src, <int>K,
              <floating>0, dw, <int>K)
+
+
+cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil:
+    """Room for one step's states (N, H) and inputs (N, F) in panels; NULL if out of memory."""
+    return <float*>malloc((((H + 31) // 32) + ((F + 31) // 32)) * 32 * N * sizeof(float) + 64)
+
+
+cdef void step_weight_grads(const floating* dg, const floating* h, const floating* x,
+                            floating* dw_hh, floating* dw_ih, float* scratch, Py_ssize_t N,
+                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate) noexcept nogil:
+    """One step's share of the weight gradients on the float32 panel kernel:
+    dW_hh (G, H) (+)= dg (N, G)^T @ h (N, H) and dW_ih (G, F) (+)= dg^T @ x (N, F), while the
+    step's gate gradients are still in cache (``scratch`` from :c:func:`step_grad_scratch`)."""
+    cdef float* xp = scratch + ((H + 31) // 32) * 32 * N
+    sn_pack_panels_avx512(<const float*>h, <int>H, <int>N, <int>H, scratch)
+    sn_sgemm_panels_tn_avx512(<int>G, <int>H, <int>N, <const float*>dg, <int>G, scratch,
+                              <float*>dw_hh, <int>H, 1 if accumulate else 0)
+    if F > 0:
+        sn_pack_panels_avx512(<const float*>x, <int>F, <int>N, <int>F, xp)
+        sn_sgemm_panels_tn_avx512(<int>G, <int>F, <int>N, <const float*>dg, <int>G, xp,
+                                  <float*>dw_ih, <int>F, 1 if accumulate else 0)
 
 
 # ---------------------------------------------------------------------------- layout
@@ -246,14 +284,17 @@ cdef void backward_products(bint own, const floating* dg, const floating* hs, co
                             const floating* w_ih, floating* dw_ih, floating* dw_hh,
                             const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
                             Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
-                            Py_ssize_t H) noexcept nogil:
+                            Py_ssize_t H, bint weights_done) noexcept nogil:
     """After the last step, one product each over all ``T*N`` rows of the pre-activation
-    gradients ``dg (T*N, G)``; the input gradient only when ``dx`` is not NULL."""
-    # dW_hh (G, H) = dg^T (G, T*N) @ hs[0:T] (T*N, H)
-    weight_grad(own, dg, hs, dw_hh, T * N, G, H)
+    gradients ``dg (T*N, G)`` (the weight gradients only unless ``weights_done``, the input
+    gradient only when ``dx`` is not NULL)."""
+    if not weights_done:
+        # dW_hh (G, H) = dg^T (G, T*N) @ hs[0:T] (T*N, H)
+        weight_grad(own, dg, hs, dw_hh, T * N, G, H)
     if F > 0:
-        # dW_ih (G, F) = dg^T (G, T*N) @ xt (T*N, F)
-        weight_grad(own, dg, xt, dw_ih, T * N, G, F)
+        if not weights_done:
+            # dW_ih (G, F) = dg^T (G, T*N) @ xt (T*N, F)
+            weight_grad(own, dg, xt, dw_ih, T * N, G, F)
         if dx != NULL:
             # dxt (T*N, F) = dg (T*N, G) @ W_ih (G, F)
             gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1, dg, <int>G, w_ih, <int>F,
