@@ -8,6 +8,7 @@ Names are imported lazily, so ``import sparknet.cluster`` does not start the JVM
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 _EXPORTS = {
     "get_spark": "session", "check_java": "session", "JavaNotFoundError": "session",
@@ -23,12 +24,12 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'sparknet.cluster' has no attribute {name!r}")
     return getattr(importlib.import_module(f"sparknet.cluster.{mod}"), name)
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(list(globals()) + __all__)
