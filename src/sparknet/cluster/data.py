@@ -7,11 +7,23 @@ Every check that can fail runs before any training round: column names and types
 the driver, then the conversion job reports per partition its row count, vector
 lengths, the first NaN and the label range, and the driver raises a ``ValueError``
 naming the column and value.
+
+Reuse: the shards of a *cached* DataFrame (``df.cache()``) or a persisted RDD stay on
+the executors after the fit and serve the next fit on the same data, columns and
+partitioning without a job (:func:`shard_data` with ``reuse=True``).  They are keyed by
+the cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus
+the columns, dtype and partitions: different rows are a different cache, so they are
+built anew, and so are they after ``unpersist()`` (the entry is dropped then).  At most
+:data:`MAX_REUSED` sets of shards are kept (least recently used first out);
+:func:`release_shards` (or ``DataParallelTrainer.release_shards()``) frees them all.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
@@ -36,12 +48,18 @@ class ShardedData:
         rows: rows per partition, in partition order.
         dim: features per row (flat).
         source: ``"dataframe"``, ``"rdd"`` or ``"numpy"`` (for messages).
+        phases: seconds of each step of putting the data there (empty when reused).
+        reused: whether these shards were already resident (built by an earlier fit).
+        cache_key: the reuse key (``None``: not reusable, deleted by :meth:`close`).
     """
 
     resident: Resident
     rows: list[int]
     dim: int
     source: str
+    phases: dict[str, float] = field(default_factory=dict)
+    reused: bool = False
+    cache_key: tuple | None = None
 
     @property
     def total(self) -> int:
@@ -52,7 +70,9 @@ class ShardedData:
         return len(self.rows)
 
     def close(self) -> None:
-        self.resident.close()
+        """Done with the shards: reusable ones go back to the cache, others are deleted."""
+        if self.cache_key is None or not _REUSE.give_back(self):
+            self.resident.close()
 
 
 def split_indices(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
@@ -95,7 +115,9 @@ def _no_rows(dtype: Any, y_dtype: Any = np.int64) -> dict[str, np.ndarray]:
 
 def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype: Any,
             extra: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    t0 = time.perf_counter()
     meta = _summarise(x, y, classification, extra)
+    meta["check_seconds"] = time.perf_counter() - t0
     x = np.ascontiguousarray(x, dtype=dtype)
     if classification:
         yy = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -262,7 +284,7 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
                features_col: str = "features", label_col: str = "label", dtype: Any = np.float32,
                classification: bool = True, n_classes: int | None = None,
                sample_shape: tuple | None = None, seed: int = 0, what: str = "training data",
-               name: str = "data") -> ShardedData:
+               name: str = "data", reuse: bool = False) -> ShardedData:
     """Put training data on the executors, one contiguous shard per partition, checked.
 
     Args:
@@ -283,38 +305,88 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
         seed: seeds the split of numpy input.
         what: how messages call this data (``"training data"``, ``"validation data"``).
         name: prefix of the resident state's key.
+        reuse: take the shards of an earlier call on the same cached DataFrame or
+            persisted RDD (same columns, dtype and partitions) when there are some,
+            and leave these for later calls (see the module docstring); ``close()``
+            then gives them back instead of deleting them.
 
     Returns:
-        :class:`ShardedData`.
+        :class:`ShardedData` (``phases``: the seconds of each step).
 
     Raises:
         ValueError: missing column, unsupported column type, empty data, vectors of
             different lengths, NaN/infinity/null, non-integer labels or labels outside
             ``[0, n_classes)``, feature length not matching the model.
     """
+    t0 = time.perf_counter()
     dtype = np.dtype(dtype).name
     if num_partitions is not None:
         num_partitions = positive_int(num_partitions, "num_partitions")
+    key = _reuse_key(data, y, sc, features_col, label_col, dtype, classification,
+                     num_partitions) if reuse else None
+    if key is not None:
+        hit = _REUSE.take(key, sc)
+        if hit is not None:
+            try:
+                hit.dim = _check_meta(hit.resident, what, hit.source, *_names(hit.source, features_col, label_col),
+                                      classification, n_classes, sample_shape)
+            except ValueError:
+                hit.close()
+                raise
+            hit.phases = {"reuse lookup": time.perf_counter() - t0}
+            return hit
     if _is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
         res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name)
-        source, fcol, lcol = "dataframe", features_col, label_col
+        source = "dataframe"
     elif _is_rdd(data):
         if y is not None:
             raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
         res = _from_rdd(data, dtype, classification, num_partitions, name)
-        source, fcol, lcol = "rdd", "x", "y"
+        source = "rdd"
     else:
         X, Y = _check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
         res = _from_numpy(sc, X, Y, num_partitions, seed, name)
-        source, fcol, lcol = "numpy", "X", "y"
+        source = "numpy"
+    t_built = time.perf_counter()
     try:
-        dim = _check_meta(res, what, source, fcol, lcol, classification, n_classes, sample_shape)
+        dim = _check_meta(res, what, source, *_names(source, features_col, label_col), classification,
+                          n_classes, sample_shape)
     except ValueError:
         res.close()
         raise
-    return ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source)
+    phases = _job_phases(res, t_built - t0 - res.build_seconds)
+    phases["checks (driver)"] = time.perf_counter() - t_built
+    out = ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source, phases)
+    if key is not None and _REUSE.put(key, out):
+        out.cache_key = key
+    return out
+
+
+def _names(source: str, features_col: str, label_col: str) -> tuple[str, str]:
+    """What messages call the features and the labels of ``source``."""
+    return {"dataframe": (features_col, label_col), "rdd": ("x", "y")}.get(source, ("X", "y"))
+
+
+def _job_phases(res: Resident, plan: float) -> dict[str, float]:
+    """The steps of building ``res``, from its last task to finish: ``plan`` (driver
+    seconds before the job), the worker's start (process, imports) until the builder
+    ran, the conversion to numpy, the checks, the spill, and the rest of the job."""
+    phases = {"plan (driver)": max(plan, 0.0)}
+    timed = [i for i in res.infos if i.timing]
+    if not timed:
+        phases["shard job"] = res.build_seconds
+        return phases
+    last = max(timed, key=lambda i: i.timing["start"] + i.timing["build"] + i.timing["spill"])
+    tm, check = last.timing, float(last.meta.get("check_seconds", 0.0))
+    start = min(max(tm["start"] - res.build_started, 0.0), res.build_seconds)
+    phases["worker start, imports"] = start
+    phases["convert to numpy"] = max(tm["build"] - check, 0.0)
+    phases["checks (executors)"] = check
+    phases["spill"] = tm["spill"]
+    phases["shard job: scheduling, results"] = max(res.build_seconds - start - tm["build"] - tm["spill"], 0.0)
+    return phases
 
 
 def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
@@ -416,6 +488,104 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
         raise ValueError(f"{what}: {fdesc} has {dim} values per row, the model expects "
                          f"{int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
     return dim
+
+
+# --------------------------------------------------------------------------- reuse
+#: Sets of shards kept for reuse (training and validation data count one each).
+MAX_REUSED = 4
+
+
+def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col: str, dtype: str,
+               classification: bool, num_partitions: int | None) -> tuple | None:
+    """The reuse key of a cached DataFrame or a persisted RDD: the application, the id
+    of the cache's RDD, the columns, dtype and partitions; ``None`` for anything else
+    (numpy input, uncached data whose source may change, Spark Connect)."""
+    try:
+        if y is None and _is_dataframe(data):
+            manager = data.sparkSession._jsparkSession.sharedState().cacheManager()
+            cached = manager.lookupCachedData(data._jdf)
+            if cached.isEmpty():
+                return None
+            rdd_id = int(cached.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers().id())
+            return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype, classification,
+                    num_partitions)
+        if y is None and _is_rdd(data) and data.is_cached:
+            return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification, num_partitions)
+    except Exception as exc:  # internals of another Spark version: no reuse
+        log.debug("shards not reusable: %s", exc)
+    return None
+
+
+class _ShardCache:
+    """The reusable shards of this driver: key -> :class:`ShardedData`, least recently
+    used first.  An entry lent to a fit is not lent again until it is given back."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, ShardedData] = OrderedDict()
+        self._busy: set[tuple] = set()
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple, sc: SparkContext) -> ShardedData | None:
+        self.prune(sc)
+        with self._lock:
+            d = self._entries.get(key)
+            if d is None or key in self._busy:
+                return None
+            self._busy.add(key)
+            self._entries.move_to_end(key)
+        d.reused = True
+        return d
+
+    def put(self, key: tuple, d: ShardedData) -> bool:
+        """Keep ``d`` (lent to its caller until given back); False when ``key`` is taken."""
+        with self._lock:
+            if key in self._entries:
+                return False
+            self._entries[key] = d
+            self._busy.add(key)
+            old = [k for k in self._entries if k not in self._busy][:max(0, len(self._entries) - MAX_REUSED)]
+            evicted = [self._entries.pop(k) for k in old]
+        for e in evicted:
+            e.resident.close()
+        return True
+
+    def give_back(self, d: ShardedData) -> bool:
+        """End a loan; False when ``d`` is no longer kept (released meanwhile)."""
+        with self._lock:
+            if d.cache_key is None or self._entries.get(d.cache_key) is not d:
+                return False
+            self._busy.discard(d.cache_key)
+            return True
+
+    def prune(self, sc: SparkContext) -> None:
+        """Drop the entries whose cache is gone (``unpersist()``) or whose application ended."""
+        try:
+            persistent = sc._jsc.getPersistentRDDs()
+            gone = [k for k in self._entries if k not in self._busy
+                    and (k[0] != sc.applicationId or not persistent.containsKey(k[1]))]
+        except Exception:  # pragma: no cover - context stopped
+            gone = [k for k in self._entries if k not in self._busy]
+        self.release(gone)
+
+    def release(self, keys: Iterable[tuple] | None = None) -> int:
+        """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
+        with self._lock:
+            chosen = list(self._entries) if keys is None else [k for k in keys if k in self._entries]
+            dropped = [self._entries.pop(k) for k in chosen]
+        for d in dropped:
+            if d.cache_key not in self._busy:
+                d.resident.close()
+        return len(dropped)
+
+
+_REUSE = _ShardCache()
+
+
+def release_shards() -> int:
+    """Delete every set of training and validation shards kept for reuse (files on the
+    executors' hosts, store entries, anchors); returns how many sets.  A set a running
+    fit holds is deleted when that fit ends."""
+    return _REUSE.release()
 
 
 def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:

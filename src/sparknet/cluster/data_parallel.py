@@ -67,7 +67,7 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
 from sparknet.cluster.cost import RoundCostModel
-from sparknet.cluster.data import ShardedData, check_label_range, label_desc, shard_data
+from sparknet.cluster.data import ShardedData, check_label_range, label_desc, release_shards, shard_data
 from sparknet.cluster.fit import FitContext, FitHistory, RoundLog
 from sparknet.cluster.outer import OuterOptimizer, resolve_outer
 from sparknet.cluster.params import STATS, ParameterServer
@@ -214,7 +214,7 @@ class DataParallelTrainer:
     # ----------------------------------------------------------------- fit
     def fit(self, data: Any, y: Any = None, epochs: int = 10, batch_size: int = 32,
             validation_data: Any = None, features_col: str = "features", label_col: str = "label",
-            verbose: int = 1) -> tuple[Sequential, FitHistory]:
+            verbose: int = 1, reuse_data: bool = True) -> tuple[Sequential, FitHistory]:
         """Train for ``epochs`` passes over ``data``.
 
         Args:
@@ -230,6 +230,14 @@ class DataParallelTrainer:
             features_col: features column of DataFrames.
             label_col: label column of DataFrames.
             verbose: 1 shows a progress bar on the driver (rounds, running loss); 0 none.
+            reuse_data: keep the shards of a cached DataFrame (``df.cache()``) or a
+                persisted RDD on the executors after the fit, and reuse them in the next
+                fit (or :meth:`evaluate`) on the same data, columns and partitions: no
+                job then (``history.reused_shards``).  Other data, or data whose cache
+                was dropped (``unpersist()``), is loaded anew.  They take the data's
+                size (float32/float64) in the executors' ``/dev/shm`` or local
+                directory until :meth:`release_shards` (or the end of the driver);
+                ``False`` deletes them after the fit.
 
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
@@ -244,7 +252,9 @@ class DataParallelTrainer:
             of several epochs have ``NaN`` ``val_*`` values, and the round's training
             time is shared equally by its epochs (the last one adding the validation's).
             ``history.setup_time`` holds the seconds spent before the first epoch
-            (loading the data onto the executors, checks, calibration).
+            (loading the data onto the executors, checks, calibration), and
+            ``history.setup_breakdown`` what they went to (see
+            :class:`~sparknet.cluster.fit.FitHistory`).
 
         Raises:
             ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
@@ -261,7 +271,7 @@ class DataParallelTrainer:
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
         with self._resident_data(data, y, validation_data, (features_col, label_col), classification,
-                                 key) as (train, val):
+                                 key, reuse_data) as (train, val):
             ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
@@ -275,20 +285,21 @@ class DataParallelTrainer:
 
     @contextlib.contextmanager
     def _resident_data(self, data: Any, y: Any, validation_data: Any, cols: tuple[str, str],
-                       classification: bool, key: str) -> Iterator[tuple[ShardedData, ShardedData | None]]:
+                       classification: bool, key: str,
+                       reuse: bool) -> Iterator[tuple[ShardedData, ShardedData | None]]:
         """The training (and validation) data on the executors for the ``with`` block;
-        their resident shards are deleted after it."""
+        their resident shards are deleted after it (or kept for reuse, see ``fit``)."""
         sc = self.spark.sparkContext
         train = val = None
         try:
             sc.setJobDescription("sparknet: loading training data onto the executors")
             train = self._load(data, y, cols, classification, self.num_partitions, "training data",
-                               f"train-{key}")
+                               f"train-{key}", reuse)
             if validation_data is not None:
                 vdata, vy = _split_validation(validation_data)
                 sc.setJobDescription("sparknet: loading validation data onto the executors")
                 val = self._load(vdata, vy, cols, classification, train.num_partitions, "validation data",
-                                 f"val-{key}")
+                                 f"val-{key}", reuse)
             yield train, val
         finally:
             sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
@@ -297,7 +308,7 @@ class DataParallelTrainer:
                     d.close()
 
     def _load(self, data: Any, y: Any, cols: tuple[str, str], classification: bool,
-              num_partitions: int | None, what: str, name: str) -> ShardedData:
+              num_partitions: int | None, what: str, name: str, reuse: bool = True) -> ShardedData:
         """``data`` on the executors, checked; builds the model from the data's feature
         length when it is not built yet."""
         model = self.model
@@ -306,7 +317,8 @@ class DataParallelTrainer:
         d = shard_data(data, y, sc=self.spark.sparkContext, num_partitions=num_partitions,
                        features_col=features_col, label_col=label_col, dtype=model.dtype,
                        classification=classification, n_classes=n_classes,
-                       sample_shape=model.input_shape, seed=self.seed, what=what, name=name)
+                       sample_shape=model.input_shape, seed=self.seed, what=what, name=name,
+                       reuse=reuse)
         try:
             if not model.built:
                 model.build((d.dim,))
@@ -328,15 +340,25 @@ class DataParallelTrainer:
                        y_shape=() if classification else _shape(model.output_shape))
 
     def _calibrate(self, ctx: FitContext, t_fit: float) -> None:
-        """Size the rounds from probe rounds; the fit's setup ends here."""
+        """Size the rounds (from a probe round when ``local_steps="auto"``); the fit's
+        set-up ends here: ``history.setup_time`` and its ``setup_breakdown``."""
+        t_cal = time.perf_counter()
         ctx.calibrate()
         self.cost = ctx.cost
-        assert ctx.history is not None and ctx.cost is not None  # a fit's context, calibrated
-        ctx.history.setup_time = time.perf_counter() - t_fit
-        train = ctx.train
-        log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch, "
-                 "predicted Spark share %.1f%%", train.total, train.num_partitions, train.source,
-                 self.sync, ctx.describe_round(), ctx.rounds, 100 * ctx.cost.overhead(ctx.steps_per_round))
+        assert ctx.history is not None  # a fit's context
+        now = time.perf_counter()
+        h, train = ctx.history, ctx.train
+        h.setup_time, h.reused_shards = now - t_fit, train.reused
+        h.setup_breakdown = dict(train.phases)
+        if ctx.val is not None:
+            h.setup_breakdown["validation data"] = sum(ctx.val.phases.values())
+        h.setup_breakdown["calibration"] = now - t_cal
+        h.setup_breakdown["other"] = max(h.setup_time - sum(h.setup_breakdown.values()), 0.0)
+        share = "" if ctx.cost is None else \
+            f", predicted Spark share {100 * ctx.cost.overhead(ctx.steps_per_round):.1f}%"
+        log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch%s",
+                 train.total, train.num_partitions, train.source, self.sync, ctx.describe_round(),
+                 ctx.rounds, share)
 
     def _train(self, ctx: FitContext, verbose: int) -> None:
         """The epochs of the fit, each validated and recorded in ``ctx.history``."""
@@ -409,6 +431,12 @@ class DataParallelTrainer:
             log.info("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
             loss = logs["loss"]
         return loss
+
+    @staticmethod
+    def release_shards() -> int:
+        """Delete the training and validation shards kept on the executors for reuse (see
+        ``fit``'s ``reuse_data``); returns how many sets were deleted."""
+        return release_shards()
 
     def evaluate(self, data: Any, y: Any = None, features_col: str = "features",
                  label_col: str = "label") -> dict[str, float]:

@@ -33,14 +33,28 @@ class FitHistory(History):
     """The :class:`~sparknet.model.History` of a data-parallel fit.
 
     Attributes:
-        setup_time: seconds spent before the first epoch (loading the data onto the
-            executors, checks, calibration).
+        setup_time: seconds from the call of ``fit`` to its first training round
+            (loading the data onto the executors, checks, calibration).
+        setup_breakdown: where ``setup_time`` went, in seconds per step, in order (they
+            add up to ``setup_time``): for the training data ``plan (driver)`` (column
+            checks, the query), ``worker start, imports`` (the shard job until the
+            executors' Python workers ran the builder), ``convert to numpy`` (Arrow
+            batches or rows to one array), ``checks (executors)`` (NaN, lengths,
+            labels), ``spill`` (writing the shard files), ``shard job: scheduling,
+            results`` (the rest of that job, from its last task), ``checks (driver)``;
+            or ``reuse lookup`` when the shards of an earlier fit were reused; then
+            ``validation data`` (all of its steps), ``calibration`` (the probe rounds)
+            and ``other``.
+        reused_shards: whether the training shards were reused from an earlier fit on
+            the same cached data (no job built them).
         updates: one record per arriving delta (``mode="async"``; empty otherwise).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.setup_time = 0.0
+        self.setup_breakdown: dict[str, float] = {}
+        self.reused_shards = False
         self.updates: list[dict[str, Any]] = []
 
 
@@ -127,45 +141,34 @@ class FitContext:
         return data.resident.run_action(lambda: self.ps.gather(rdd))
 
     # -- calibration ------------------------------------------------------
-    def _probe(self, steps: int) -> tuple[float, float, float]:
-        """One timed round that changes nothing: (wall seconds, slowest task's compute,
-        seconds of one local step)."""
+    def _measure(self, steps: int = 4, warmup: int = 2) -> RoundCostModel:
+        """Spark's fixed cost and one local step's compute, from one probe round that
+        changes nothing: ``warmup`` untimed steps (the worker's model build, the shard's
+        attach), then ``steps`` timed ones; the fixed cost is the round's wall time less
+        the slowest task's compute."""
         t0 = time.perf_counter()
-        task = make_task(self.spec, self.ps.broadcast(), TaskKind.PROBE, probe_steps=steps)
+        task = make_task(self.spec, self.ps.broadcast(), TaskKind.PROBE, probe_steps=steps,
+                         warmup_steps=warmup)
         res = self._run(self.train, task, "sparknet: calibrating the round length")
-        return time.perf_counter() - t0, max(res.times) if res.times else 0.0, res.step_time
-
-    def _measure(self, per_part: int) -> RoundCostModel:
-        """Spark's fixed cost and one local step's compute, from probe rounds of
-        ``per_part`` rows per step."""
-        saved = self.spec.batch_size
-        self.spec.batch_size = max(1, per_part)
-        try:
-            self._probe(2)  # warm-up: worker start, model build, attach
-            wall, comp, t_step = self._probe(4)
-        finally:
-            self.spec.batch_size = saved
-        return RoundCostModel(max(wall - comp, 1e-4), max(t_step, 1e-6), int(self.model.params.nbytes))
+        wall, comp = time.perf_counter() - t0, max(res.times) if res.times else 0.0
+        return RoundCostModel(max(wall - comp, 1e-4), max(res.step_time, 1e-6), int(self.model.params.nbytes))
 
     def calibrate(self) -> None:
-        """Measure Spark's fixed cost and the compute of a local step; size the rounds."""
+        """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no
+        measurement (the cost model then comes from the first epoch's rounds, see
+        :meth:`resize`); ``local_steps="auto"`` measures a probe round first."""
         tr = self.trainer
         n_max = max(self.train.rows)
         if tr.sync == "gradient":
             self.rounds = math.ceil(self.train.total / self.batch_size)
-            cost = self.cost = self._measure(math.ceil(self.batch_size * n_max / max(self.train.total, 1)))
             self.steps_per_round = 1
-            over = cost.overhead(1)
-            if over > tr.max_overhead:
-                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
-                            "compute) against %.0f ms of Spark's fixed cost (predicted share %.0f%%); "
-                            "a larger batch_size or sync='average' amortises it", self.batch_size,
-                            1e3 * cost.t_step, 1e3 * cost.t_fixed, 100 * over)
             return
-        cost = self.cost = self._measure(self.batch_size)
         steps_epoch = max(1, math.ceil(n_max / self.batch_size))
-        tau = cost.steps_for(tr.max_overhead) if tr.local_steps == "auto" else int(tr.local_steps)
-        self._size(steps_epoch, tau)
+        if tr.local_steps != "auto":
+            self._size(steps_epoch, int(tr.local_steps))
+            return
+        cost = self.cost = self._measure()
+        self._size(steps_epoch, cost.steps_for(tr.max_overhead))
         if cost.overhead(self.steps_per_round) > tr.max_overhead:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
                      "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
@@ -174,19 +177,31 @@ class FitContext:
                      tr.max_epochs_per_round)
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
-        """Re-size the next rounds from the ones just measured (``sync="average"`` with
-        ``local_steps="auto"``): the probe only sees a few steps, a round sees them all."""
+        """Measure the cost model from the rounds just run, and re-size the next rounds
+        from it (``sync="average"`` with ``local_steps="auto"``): the probe only sees a
+        few steps, a round sees them all."""
         tr = self.trainer
-        if tr.sync != "average" or tr.local_steps != "auto" or rl.rounds == 0 or rl.wall <= 0:
+        if rl.rounds == 0 or rl.wall <= 0:
             return
         steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
-        steps = math.ceil(steps_epoch / self.rounds) * span  # local steps of one measured round
+        # local steps of one measured round (one global step for sync="gradient")
+        steps = 1 if tr.sync == "gradient" else math.ceil(steps_epoch / self.rounds) * span
         t_step = rl.compute / (rl.rounds * steps)
         t_fixed = max(rl.wall - rl.compute, 0.0) / rl.rounds
         if t_step <= 0:
             return
-        cost = self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, self.cost.param_bytes if self.cost else 0)
+        first = self.cost is None
+        cost = self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, int(self.model.params.nbytes))
         tr.cost = cost
+        if tr.sync == "gradient":
+            if first and cost.overhead(1) > tr.max_overhead:
+                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
+                            "compute) against %.0f ms of Spark's fixed cost (measured share %.0f%%); "
+                            "a larger batch_size or sync='average' amortises it", self.batch_size,
+                            1e3 * cost.t_step, 1e3 * cost.t_fixed, 100 * cost.overhead(1))
+            return
+        if tr.local_steps != "auto":
+            return
         before = (self.rounds, self.epochs_per_round, self.steps_per_round)
         self._size(steps_epoch, cost.steps_for(tr.max_overhead))
         if (self.steps_per_round < before[2]

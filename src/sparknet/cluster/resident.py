@@ -60,6 +60,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
@@ -114,6 +115,9 @@ class ShardInfo:
         directory: folder of the shard's ``.npy`` files on that host.
         shapes: ``{name: (shape, dtype str)}`` of the arrays built.
         meta: the small dict returned by ``build`` (row counts, checks, ...).
+        timing: where the building task spent its time: ``start`` (``time.time()`` when
+            the builder was called: the worker had started and imported what it needs),
+            ``build`` and ``spill`` (seconds of ``build`` and of writing the files).
     """
 
     key: str
@@ -122,6 +126,7 @@ class ShardInfo:
     directory: str
     shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
 
 
 class Shard:
@@ -166,6 +171,25 @@ class Shard:
                 cur = _open_npy(path)
                 self.arrays[name] = cur
         return cur
+
+    def discard(self, name: str) -> None:
+        """Forget the resident array ``name`` here and delete its file (other workers
+        that mapped it keep a private view until they :meth:`discard` it too)."""
+        self.arrays.pop(name, None)
+        try:
+            os.remove(os.path.join(self.info.directory, name + ".npy"))
+        except FileNotFoundError:
+            pass
+
+    def names(self) -> set[str]:
+        """Names of every resident array of this shard: attached here or created on disk
+        by a job in another Python worker."""
+        try:
+            files = {f[:-4] for f in os.listdir(self.info.directory)
+                     if f.endswith(".npy") and not f.endswith(".tmp.npy")}
+        except FileNotFoundError:
+            files = set()
+        return files | set(self.arrays)
 
     def allocate(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
         """Like :meth:`create`, but the zero-filled ``.npy`` file is created and mapped
@@ -275,6 +299,7 @@ class _Builder:
         self.key, self.build, self.base = key, build, base
 
     def make(self, index: int, iterator: Iterable) -> ShardInfo:
+        start, t0 = time.time(), time.perf_counter()
         out = self.build(index, iterator)
         for _ in iterator:  # drain, so the worker can be reused
             pass
@@ -285,12 +310,14 @@ class _Builder:
         base = self.base or _spill_base(nbytes)
         directory = os.path.join(base, f"sparknet-resident-{self.key}", f"part-{index:05d}")
         shutil.rmtree(directory, ignore_errors=True)
+        t1 = time.perf_counter()
         spilled = {name: _spill(directory, name, np.asarray(a)) for name, a in arrays.items()}
         with _STORE_LOCK:
             _STORE[(self.key, index)] = spilled
             _STORE_DIRS[(self.key, index)] = directory
         shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
-        return ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta))
+        timing = {"start": start, "build": t1 - t0, "spill": time.perf_counter() - t1}
+        return ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta), timing)
 
     def __call__(self, index: int, iterator: Iterable) -> Iterator[ShardInfo]:
         yield self.make(index, iterator)
@@ -327,9 +354,14 @@ class _Dropper:
         return iter([_drop_local(self.key)])
 
 
-def _unpickle_row(row: Any) -> ShardInfo:
+def _as_info(item: Any) -> ShardInfo:
+    """An anchor record: a :class:`ShardInfo`, or the DataFrame row holding it pickled
+    (the anchor of :meth:`Resident.from_dataframe` keeps the rows as they come: no second
+    Python stage behind the Arrow one when it is built)."""
+    if isinstance(item, ShardInfo):
+        return item
     import pickle
-    return pickle.loads(row[0])
+    return pickle.loads(item[0])
 
 
 class _Task:
@@ -339,7 +371,7 @@ class _Task:
         self.fn, self.per_partition = fn, per_partition
 
     def __call__(self, index: int, iterator: Iterable[ShardInfo]) -> Iterable:
-        infos = list(iterator)
+        infos = [_as_info(item) for item in iterator]
         if len(infos) != 1:
             raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, expected 1")
         shard = attach(infos[0])
@@ -380,7 +412,8 @@ class Resident:
     Attributes:
         key: unique key of this state in the executors' stores.
         infos: the :class:`ShardInfo` of every partition, in partition order.
-        anchor: the persisted anchor RDD (one :class:`ShardInfo` per partition).
+        anchor: the persisted anchor RDD (one record per partition: its
+            :class:`ShardInfo`, or the DataFrame row holding it pickled).
     """
 
     def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
@@ -397,8 +430,10 @@ class Resident:
             self.sc = _arrow_df.sparkSession.sparkContext
         else:
             raise ValueError("Resident needs a source: an RDD (or from_dataframe's DataFrame)")
-        self.anchor: RDD[ShardInfo] | None = None
+        self.anchor: RDD[Any] | None = None
         self.infos: list[ShardInfo] = []
+        #: ``time.time()`` when the last build job was submitted, and its wall seconds.
+        self.build_started, self.build_seconds = 0.0, 0.0
         self._materialise()
         _OPEN.add(self)
 
@@ -413,10 +448,10 @@ class Resident:
     def _materialise(self) -> None:
         from pyspark import StorageLevel
 
+        anchor: RDD[Any]  # ShardInfo records, or DataFrame rows holding them (see _as_info)
         if self._df is not None:
             func = _arrow_builder(self.key, self._build, self.spill_dir)
-            anchor = self._df.mapInArrow(func, "info binary").rdd.map(_unpickle_row,
-                                                                      preservesPartitioning=True)
+            anchor = self._df.mapInArrow(func, "info binary").rdd
         else:
             assert self._rdd is not None  # __init__ took an RDD or a DataFrame
             anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
@@ -428,7 +463,9 @@ class Resident:
             # re-serialise) each round.  Lost blocks are then reported, not recomputed.
             anchor.localCheckpoint()
         anchor.setName(f"sparknet resident {self.key}")
-        self.infos = anchor.collect()
+        self.build_started, t0 = time.time(), time.perf_counter()
+        self.infos = [_as_info(item) for item in anchor.collect()]
+        self.build_seconds = time.perf_counter() - t0
         self.anchor = anchor
         log.debug("resident %s: %d shards on %s", self.key, len(self.infos),
                   sorted({i.host for i in self.infos}))
@@ -481,7 +518,7 @@ class Resident:
         return self._live_anchor().mapPartitionsWithIndex(_Task(fn, per_partition=True),
                                                           preservesPartitioning=True)
 
-    def _live_anchor(self) -> "RDD[ShardInfo]":
+    def _live_anchor(self) -> "RDD[Any]":
         if self.anchor is None:
             raise RuntimeError(f"resident state {self.key} is closed")
         return self.anchor

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 #: Rows per minibatch of an evaluation task (memory only: the sums do not depend on it).
 EVAL_BATCH = 1024
+#: Names of a fit's optimizer state next to a shard start with this and the fit's key.
+STATE_PREFIX = "fitstate-"
 
 
 class TaskKind(enum.Enum):
@@ -113,14 +115,17 @@ class RoundTask:
         epoch: the (first) epoch of the round.
         rnd: the round's index in its epoch.
         rounds: rounds per epoch (chunks of each partition's permutation).
-        probe_steps: local steps of a ``PROBE`` task.
+        probe_steps: timed local steps of a ``PROBE`` task.
         span: whole epochs in one ``AVERAGE`` round (then ``rounds == 1``).
+        warmup_steps: untimed local steps of a ``PROBE`` task before its timed ones.
     """
 
     def __init__(self, spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str", epoch: int = 0,
-                 rnd: int = 0, rounds: int = 1, probe_steps: int = 0, span: int = 1) -> None:
+                 rnd: int = 0, rounds: int = 1, probe_steps: int = 0, span: int = 1,
+                 warmup_steps: int = 0) -> None:
         self.spec, self.bc, self.kind = spec, bc, TaskKind(kind)
         self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
+        self.warmup_steps = max(0, int(warmup_steps))
         self.span = max(1, int(span))
 
     def __call__(self, index: int, shard: "Shard") -> list[RoundResult]:
@@ -172,19 +177,25 @@ class RoundTask:
         if sum(len(r) for r in segments) == 0:
             return RoundResult(None, np.zeros(len(STATS)))
         opt = optim_mod.from_config(*spec.optimizer)
-        # this partition's optimizer state, resident next to its shard across rounds
+        # this partition's optimizer state, resident next to its shard across the rounds
+        # of this fit (the shard may outlive the fit: a later fit starts afresh)
+        prefix = f"{STATE_PREFIX}{spec.key}-"
+        for stale in [n for n in shard.names() if n.startswith(STATE_PREFIX) and not n.startswith(prefix)]:
+            shard.discard(stale)
         resident = {name: shard.ensure(name, shape, dt)
-                    for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype).items()}
-        opt.load_state_arrays(resident, copy=False)
+                    for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype, prefix).items()}
+        opt.load_state_arrays(resident, prefix, copy=False)
         res = self._local_steps(shard, model, opt, segments)
-        opt.write_step(resident)
+        opt.write_step(resident, prefix)
         return res
 
     def _probe(self, index: int, shard: "Shard", model: Sequential) -> RoundResult:
-        n = int(shard["y"].shape[0])
+        n, b = int(shard["y"].shape[0]), self.spec.batch_size
         rng = np.random.default_rng([self.spec.seed, 99, index])
-        segments = [rng.integers(0, n, size=self.spec.batch_size * self.probe_steps)]
-        return self._local_steps(shard, model, optim_mod.from_config(*self.spec.optimizer), segments)
+        opt = optim_mod.from_config(*self.spec.optimizer)
+        if self.warmup_steps:  # first steps in this worker: untimed
+            self._local_steps(shard, model, opt, [rng.integers(0, n, size=b * self.warmup_steps)])
+        return self._local_steps(shard, model, opt, [rng.integers(0, n, size=b * self.probe_steps)])
 
     # -- shared steps ---------------------------------------------------------
     def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
@@ -258,7 +269,7 @@ def set_task_wrapper(wrapper: TaskWrapper | None) -> TaskWrapper | None:
 def make_task(spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str",
               **where: Any) -> Callable[[int, "Shard"], list[RoundResult]]:
     """A :class:`RoundTask` (``where``: its ``epoch``, ``rnd``, ``rounds``,
-    ``probe_steps``, ``span``), passed through the installed task wrapper, if any."""
+    ``probe_steps``, ``warmup_steps``, ``span``), passed through the installed task wrapper, if any."""
     task = RoundTask(spec, bc, kind, **where)
     wrapper = _WRAPPER
     return task if wrapper is None else wrapper(task)

@@ -25,7 +25,17 @@ DEFAULT_CONF = {
     # two-task job: 84 -> 44 ms; see benchmarks/README.md)
     "spark.python.unix.domain.socket.enabled": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
+    # every executor's Python daemon imports numpy, pyspark's worker and sparknet once,
+    # before it forks the workers: a new worker then starts with them loaded instead of
+    # importing them itself (a fit's first jobs start several workers at once)
+    "spark.python.daemon.module": "sparknet.cluster.session",
 }
+
+#: What the executors' Python daemon imports before forking workers (see
+#: :data:`DEFAULT_CONF`).  Nothing here may start a thread (the daemon forks): pyarrow
+#: and pandas do, so they stay out.
+PRELOAD = ("numpy", "pyspark.worker", "sparknet", "sparknet.cluster.rounds",
+           "sparknet.cluster.resident", "sparknet.cluster.data")
 
 JAVA_MISSING = ("sparknet needs Java 17 or newer for Spark, and no `java` was found on PATH "
                 "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install openjdk-17-jre-headless`)")
@@ -110,9 +120,34 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
     return spark
 
 
+def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
+    """Import ``modules`` (the executors' Python daemon does, before forking workers);
+    returns the ones that failed (the workers then import them themselves).  Output goes
+    to stderr: the daemon's stdout tells the JVM its port."""
+    import contextlib
+    import importlib
+
+    failed = []
+    with contextlib.redirect_stdout(sys.stderr):
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # pragma: no cover - a broken install: workers report it
+                failed.append(name)
+                print(f"sparknet daemon: preloading {name} failed: {exc!r}", file=sys.stderr)
+    return failed
+
+
 def _warn_settings(spark: SparkSession) -> None:
     sc = spark.sparkContext
     wait = sc.getConf().get("spark.locality.wait.process")
     if wait is None and sc.master and not sc.master.startswith("local"):
         log.warning("spark.locality.wait.process is not set: resident shards may move between "
                     "executors when one is busy for 3 s; set it to e.g. 30s")
+
+
+if __name__ == "__main__":  # the executors' Python daemon (spark.python.daemon.module)
+    preload()
+    from pyspark import daemon
+
+    daemon.manager()

@@ -1,0 +1,140 @@
+"""The set-up of a data-parallel fit: its recorded breakdown, and the reuse of resident
+shards by a later fit on the same cached data (never on changed data)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sparknet import Dense, RMSprop, Sequential
+from sparknet.cluster import data as data_mod
+from sparknet.cluster.data_parallel import DataParallelTrainer
+
+
+def _mlp(seed=0):
+    return Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=seed)
+
+
+def _cached_df(spark, X, y, partitions=2):
+    from pyspark.ml.linalg import Vectors
+    df = spark.createDataFrame([(Vectors.dense(a), int(b)) for a, b in zip(X, y)], ["features", "label"])
+    df = df.repartition(partitions).cache()
+    df.count()
+    return df
+
+
+def _fit(spark, df, val=None, reuse=True, sync="average"):
+    """A deterministic fit (fixed local steps): its model, history and Spark job count."""
+    model = _mlp()
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, sync=sync, local_steps=6,
+                                  optimizer=RMSprop(lr=3e-3), seed=1)
+    sc = spark.sparkContext
+    group = f"test-setup-{os.urandom(4).hex()}"
+    sc.setJobGroup(group, "test_setup")
+    try:
+        _, history = trainer.fit(df, epochs=2, batch_size=32, validation_data=val, verbose=0,
+                                 reuse_data=reuse)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return model, history, len(sc.statusTracker().getJobIdsForGroup(group))
+
+
+@pytest.fixture()
+def no_kept_shards():
+    DataParallelTrainer.release_shards()
+    yield
+    DataParallelTrainer.release_shards()
+
+
+def test_second_fit_on_the_same_cached_dataframe_reuses_the_shards(spark, digits, no_kept_shards):
+    """No job builds the shards of the second fit (training and validation data), and
+    it trains exactly as a fit on freshly built shards: a reused shard carries no
+    optimizer state of the earlier fit."""
+    X, y, Xt, yt = digits
+    df, val = _cached_df(spark, X, y), _cached_df(spark, Xt, yt)
+    m1, h1, jobs1 = _fit(spark, df, val)
+    m2, h2, jobs2 = _fit(spark, df, val)
+    assert not h1.reused_shards and h2.reused_shards
+    assert list(h2.setup_breakdown)[0] == "reuse lookup"
+    assert jobs2 == jobs1 - 2, f"{jobs1} jobs, then {jobs2}: the two shard-building jobs should be gone"
+    m3, h3, _ = _fit(spark, df, val, reuse=False)
+    assert not h3.reused_shards
+    np.testing.assert_array_equal(m2.params, m1.params)
+    np.testing.assert_array_equal(m3.params, m1.params)
+    assert h2["val_accuracy"] == h1["val_accuracy"]
+    # evaluating the same cached data reuses the shards too, and agrees with the driver
+    assert DataParallelTrainer(m2, spark, num_partitions=2).evaluate(val)["accuracy"] == \
+        pytest.approx(m2.evaluate(Xt, yt)["accuracy"], abs=1e-12)
+
+
+def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards):
+    """Different rows are a different cache: the shards are built anew and the result
+    equals a fresh fit on those rows; after ``unpersist()`` nothing is reused either."""
+    X, y, _, _ = digits
+    df = _cached_df(spark, X[:800], y[:800])
+    _fit(spark, df)
+    changed = _cached_df(spark, X[400:1200], y[400:1200])
+    m, h, _ = _fit(spark, changed)
+    fresh, _, _ = _fit(spark, changed, reuse=False)
+    assert not h.reused_shards
+    np.testing.assert_array_equal(m.params, fresh.params)
+    df.unpersist()
+    df.cache().count()  # cached again: a new cache, maybe of changed source data
+    _, h2, _ = _fit(spark, df)
+    assert not h2.reused_shards
+    # an uncached DataFrame is never kept: its source may change
+    uncached = _cached_df(spark, X[:300], y[:300]).unpersist()
+    _, h3, _ = _fit(spark, uncached)
+    _, h4, _ = _fit(spark, uncached)
+    assert not h3.reused_shards and not h4.reused_shards
+
+
+def test_release_shards_deletes_the_kept_files(spark, digits, no_kept_shards):
+    X, y, _, _ = digits
+    df = _cached_df(spark, X[:400], y[:400])
+    _fit(spark, df, sync="gradient")
+    kept = [d for d in data_mod._REUSE._entries.values()]
+    assert len(kept) == 1
+    dirs = [i.directory for i in kept[0].resident.infos]
+    assert all(os.path.isdir(d) for d in dirs)
+    assert DataParallelTrainer.release_shards() == 1
+    assert not any(os.path.exists(d) for d in dirs)
+    _, h, _ = _fit(spark, df, sync="gradient")
+    assert not h.reused_shards
+
+
+def test_setup_breakdown_adds_up_to_setup_time(spark, digits, no_kept_shards):
+    X, y, Xt, yt = digits
+    df = _cached_df(spark, X, y)
+    for local_steps in ("auto", 6):
+        model = _mlp()
+        trainer = DataParallelTrainer(model, spark, num_partitions=2, local_steps=local_steps,
+                                      optimizer=RMSprop(lr=3e-3))
+        _, h = trainer.fit(df, epochs=1, batch_size=32, validation_data=(Xt, yt), verbose=0)
+        b = h.setup_breakdown
+        assert all(v >= 0 for v in b.values())
+        assert {"validation data", "calibration", "other"} <= set(b)
+        assert sum(b.values()) == pytest.approx(h.setup_time, rel=1e-3, abs=1e-3)
+        assert trainer.cost is not None and trainer.cost.t_fixed > 0  # measured by the rounds at the latest
+    # a fresh build lists the steps of its shard job
+    _, h, _ = _fit(spark, _cached_df(spark, X[:500], y[:500]))
+    assert {"plan (driver)", "worker start, imports", "convert to numpy", "spill"} <= set(h.setup_breakdown)
+
+
+def test_executor_daemon_preloads_sparknet():
+    """``get_spark`` makes the executors' Python daemon import sparknet before forking
+    workers (``spark.python.daemon.module``): a task finds it loaded."""
+    code = (
+        "import sys\n"
+        "from sparknet.cluster.session import get_spark\n"
+        "spark = get_spark('local[1]', conf={'spark.ui.enabled': 'false'})\n"
+        "seen = spark.sparkContext.parallelize([0], 1).map(\n"
+        "    lambda _: __import__('sys').modules.get('sparknet.cluster.rounds') is not None).collect()\n"
+        "print('PRELOADED', seen)\n"
+        "spark.stop()\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert "PRELOADED [True]" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
