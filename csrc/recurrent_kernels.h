@@ -91,15 +91,15 @@ ATTR SN_UNUSED static void sn_lstm_fwd_##S(int H, T* restrict a, const T* restri
         c[j] = cj; tc[j] = t; h[j] = o * t;                                                \
     }                                                                                      \
 }                                                                                          \
-/* LSTM backward of one row, in place: a (4H) holds the gates i, f, g, o on entry and    \
-   their pre-activation gradients on exit (each j reads its four gates before writing).   \
-   dh = dh_rec + dy (dy may be NULL); dc in/out (d/dc_t on entry, d/dc_{t-1} on exit);    \
-   the gate gradients are added to db. */                                                  \
-ATTR SN_UNUSED static void sn_lstm_bwd_##S(int H, T* restrict a, const T* restrict c_prev,          \
+/* LSTM backward of one row: a (4H) holds the gates i, f, g, o; their pre-activation       \
+   gradients go to da (4H), which may be a itself (each j reads its four gates before     \
+   writing).  dh = dh_rec + dy (dy may be NULL); dc in/out (d/dc_t on entry, d/dc_{t-1}   \
+   on exit); the gate gradients are added to db. */                                        \
+ATTR SN_UNUSED static void sn_lstm_bwd_##S(int H, const T* a, T* da, const T* restrict c_prev,      \
                                  const T* restrict tc, const T* restrict dh_rec,           \
                                  const T* restrict dy, T* restrict dc, T* restrict db) {   \
-    T* ai = a; T* af = a + H; T* ag = a + 2 * H; T* ao = a + 3 * H;                        \
-    T* dai = a; T* daf = a + H; T* dag = a + 2 * H; T* dao = a + 3 * H;                    \
+    const T* ai = a; const T* af = a + H; const T* ag = a + 2 * H; const T* ao = a + 3 * H; \
+    T* dai = da; T* daf = da + H; T* dag = da + 2 * H; T* dao = da + 3 * H;                \
     T* restrict dbi = db; T* restrict dbf = db + H; T* restrict dbg = db + 2 * H;          \
     T* restrict dbo = db + 3 * H;                                                          \
     if (dy) {                                                                              \
@@ -157,9 +157,12 @@ SN_DEFINE(double, d, )
 #define SN_ROW_STORE(r) { _mm512_mask_storeu_ps(C + (r) * ldc, m0, c##r##0);               \
                           _mm512_mask_storeu_ps(C + (r) * ldc + 16, m1, c##r##1); }
 
+/* One 8 x 32 block of C over two products, A (K rows) @ B then A2 (K2 rows) @ B2 (K2 may be
+   0), so that a recurrent step's input and state products share one pass over C. */
 __attribute__((target("avx512f")))
-static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int ldb,
-                             float* C, int ldc, int acc, __mmask16 m0, __mmask16 m1) {
+static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int K2,
+                             const float* A2, int lda2, const float* B2, float* C, int ldc,
+                             int acc, __mmask16 m0, __mmask16 m1) {
     __m512 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51, c60, c61, c70, c71;
     if (acc) {  /* the next row block's C: fetched while this block computes */
         for (int r = 8; r < 16; r++) {
@@ -170,7 +173,15 @@ static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int
     SN_ROW_LOAD(0) SN_ROW_LOAD(1) SN_ROW_LOAD(2) SN_ROW_LOAD(3)
     SN_ROW_LOAD(4) SN_ROW_LOAD(5) SN_ROW_LOAD(6) SN_ROW_LOAD(7)
     for (int k = 0; k < K; k++) {
-        const float* bk = B + (size_t)k * ldb;
+        const float* bk = B + (size_t)k * 32;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+        SN_ROW_FMA(0) SN_ROW_FMA(1) SN_ROW_FMA(2) SN_ROW_FMA(3)
+        SN_ROW_FMA(4) SN_ROW_FMA(5) SN_ROW_FMA(6) SN_ROW_FMA(7)
+    }
+    A = A2; lda = lda2;
+    for (int k = 0; k < K2; k++) {
+        const float* bk = B2 + (size_t)k * 32;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
         __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
         SN_ROW_FMA(0) SN_ROW_FMA(1) SN_ROW_FMA(2) SN_ROW_FMA(3)
@@ -181,14 +192,21 @@ static void sn_block8_avx512(int K, const float* A, int lda, const float* B, int
 }
 
 __attribute__((target("avx512f")))
-static void sn_block1_avx512(int K, const float* A, const float* B, int ldb, float* C,
-                             int acc, __mmask16 m0, __mmask16 m1) {
+static void sn_block1_avx512(int K, const float* A, const float* B, int K2, const float* A2,
+                             const float* B2, float* C, int acc, __mmask16 m0, __mmask16 m1) {
     __m512 c00, c01;
     int lda = 0, ldc = 0;
     (void)lda; (void)ldc;
     SN_ROW_LOAD(0)
     for (int k = 0; k < K; k++) {
-        const float* bk = B + (size_t)k * ldb;
+        const float* bk = B + (size_t)k * 32;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
+        __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
+        SN_ROW_FMA(0)
+    }
+    A = A2;
+    for (int k = 0; k < K2; k++) {
+        const float* bk = B2 + (size_t)k * 32;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bk);
         __m512 b1 = _mm512_maskz_loadu_ps(m1, bk + 16);
         SN_ROW_FMA(0)
@@ -198,21 +216,47 @@ static void sn_block1_avx512(int K, const float* A, const float* B, int ldb, flo
 
 /* B packed in panels of 32 columns: panel p holds B[0:K, 32p:32p+32] as K contiguous rows
    of 32 floats (zero padded), so a panel is one contiguous block whatever B's row stride
-   (a power-of-two stride would map a panel's rows onto a few L1 sets). */
+   (a power-of-two stride would map a panel's rows onto a few L1 sets).
+   C[M x Nc] (+)= A[M x K] @ B + A2[M x K2] @ B2 (B2 in panels too; K2 may be 0). */
 __attribute__((target("avx512f"), unused))
-static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                            float* C, int ldc, int acc) {
+static void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                    int K2, const float* A2, int lda2, const float* Bp2,
+                                    float* C, int ldc, int acc) {
     for (int j = 0; j < Nc; j += 32) {
         int w = Nc - j;
         const float* B = Bp + (size_t)(j / 32) * K * 32;
+        const float* B2 = K2 > 0 ? Bp2 + (size_t)(j / 32) * K2 * 32 : B;
         __mmask16 m0 = w >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << w) - 1u);
         __mmask16 m1 = w >= 32 ? (__mmask16)0xFFFF : (w > 16 ? (__mmask16)((1u << (w - 16)) - 1u) : (__mmask16)0);
         int i = 0;
         for (; i + 8 <= M; i += 8)
-            sn_block8_avx512(K, A + (size_t)i * lda, lda, B, 32, C + (size_t)i * ldc + j, ldc,
-                             acc, m0, m1);
+            sn_block8_avx512(K, A + (size_t)i * lda, lda, B, K2, A2 + (size_t)i * lda2, lda2, B2,
+                             C + (size_t)i * ldc + j, ldc, acc, m0, m1);
         for (; i < M; i++)
-            sn_block1_avx512(K, A + (size_t)i * lda, B, 32, C + (size_t)i * ldc + j, acc, m0, m1);
+            sn_block1_avx512(K, A + (size_t)i * lda, B, K2, A2 + (size_t)i * lda2, B2,
+                             C + (size_t)i * ldc + j, acc, m0, m1);
+    }
+}
+/* C[M x Nc] (+)= A[M x K] @ B.  A long K is cut in chunks of 256 rows, so that the chunk of a
+   panel that all row blocks read (32 KiB) stays in a 48 KiB L1 (the LSTM backward's
+   dh = dgates @ W_hh has K = 4H). */
+__attribute__((target("avx512f"), unused))
+static void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                            float* C, int ldc, int acc) {
+    const int Kc = 256;
+    if (K <= Kc + Kc / 2) {
+        sn_sgemm_panels2_avx512(M, Nc, K, A, lda, Bp, 0, A, lda, Bp, C, ldc, acc);
+        return;
+    }
+    for (int j = 0; j < Nc; j += 32) {
+        int w = Nc - j < 32 ? Nc - j : 32;
+        for (int k0 = 0; k0 < K; k0 += Kc) {
+            int kc = K - k0 < Kc ? K - k0 : Kc;
+            /* panel j/32 of B, rows k0..k0+kc: kc rows of 32 floats */
+            const float* Bk = Bp + ((size_t)(j / 32) * K + k0) * 32;
+            sn_sgemm_panels2_avx512(M, w, kc, A + k0, lda, Bk, 0, A, lda, Bk, C + j, ldc,
+                                    acc || k0 > 0);
+        }
     }
 }
 /* C[M x Nc] (+)= At^T @ B with At (K x M) row-major (row stride lda): the weight
@@ -308,6 +352,9 @@ SN_UNUSED SN_UNUSED static int sn_has_avx512(void) { return 0; }
 SN_UNUSED static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
                                float* C, int ldc, int acc) { }
 SN_UNUSED static void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) { }
+SN_UNUSED static void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                              int K2, const float* A2, int lda2, const float* Bp2,
+                                              float* C, int ldc, int acc) { }
 #endif
 
 #endif

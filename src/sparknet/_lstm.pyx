@@ -13,7 +13,7 @@ for the recurrence, one per weight gradient), masks and the float32 AVX-512 prod
 those of :mod:`sparknet._recurrent`, which holds the code the LSTM shares with the simple RNN.
 The gate rows themselves are fused C loops in ``csrc/recurrent_kernels.h``.
 """
-from libc.stdlib cimport free
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
 
 from cython cimport floating
@@ -24,11 +24,12 @@ from sparknet._recurrent cimport (
     check_forward_buffers,
     forward_buffers,
     forward_prologue,
+    fused_steps,
     init_state,
     own_kernel,
     pack_panels,
-    per_step_weight_grads,
     step_grad_scratch,
+    step_product,
     step_weight_grads,
     times_packed,
     zero_grads,
@@ -40,10 +41,13 @@ cdef extern from "recurrent_kernels.h":
                        float* tc, float* h) noexcept nogil
     void sn_lstm_fwd_d(int H, double* a, const double* b, const double* c_prev, double* c,
                        double* tc, double* h) noexcept nogil
-    void sn_lstm_bwd_f(int H, float* a, const float* c_prev, const float* tc,
+    void sn_lstm_bwd_f(int H, const float* a, float* da, const float* c_prev, const float* tc,
                        const float* dh_rec, const float* dy, float* dc, float* db) noexcept nogil
-    void sn_lstm_bwd_d(int H, double* a, const double* c_prev, const double* tc,
-                       const double* dh_rec, const double* dy, double* dc, double* db) noexcept nogil
+    void sn_lstm_bwd_d(int H, const double* a, double* da, const double* c_prev,
+                       const double* tc, const double* dh_rec, const double* dy, double* dc,
+                       double* db) noexcept nogil
+    void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                float* C, int ldc, int acc) noexcept nogil
 
 
 cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floating* c_prev,
@@ -54,13 +58,13 @@ cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floa
         sn_lstm_fwd_d(H, a, b, c_prev, c, tc, h)
 
 
-cdef inline void _lstm_bwd_row(int H, floating* a, const floating* c_prev,
+cdef inline void _lstm_bwd_row(int H, const floating* a, floating* da, const floating* c_prev,
                                const floating* tc, const floating* dh_rec, const floating* dy,
                                floating* dc, floating* db) noexcept nogil:
     if floating is float:
-        sn_lstm_bwd_f(H, a, c_prev, tc, dh_rec, dy, dc, db)
+        sn_lstm_bwd_f(H, a, da, c_prev, tc, dh_rec, dy, dc, db)
     else:
-        sn_lstm_bwd_d(H, a, c_prev, tc, dh_rec, dy, dc, db)
+        sn_lstm_bwd_d(H, a, da, c_prev, tc, dh_rec, dy, dc, db)
 
 
 def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
@@ -96,17 +100,27 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
     if N == 0 or H == 0:
         return
     cdef bint own = floating is float and own_kernel()
+    # the input projection inside each step's product (float32 AVX-512 kernel, F > 0)
+    cdef bint fuse = own and fused_steps() and F > 0
     cdef floating* b = NULL
     cdef float* whT = NULL
-    forward_buffers(own, &w_hh[0, 0], H, G, &b, &whT)
+    cdef float* wiT = NULL
+    if fuse:
+        forward_buffers(own, &w_hh[0, 0], H, G, &b, &whT, &w_ih[0, 0], F, &wiT)
+    else:
+        forward_buffers(own, &w_hh[0, 0], H, G, &b, &whT)
     try:
         with nogil:
             forward_prologue(own, &x[0, 0, 0], &w_ih[0, 0], &b_ih[0], &b_hh[0],
                              &h0[0, 0] if has_h0 else NULL, b, &xt[0, 0, 0], &gates[0, 0, 0],
-                             &hs[0, 0, 0], N, T, F, G, H)
+                             &hs[0, 0, 0], N, T, F, G, H, not fuse)
             init_state(&cs[0, 0, 0], &c0[0, 0] if has_c0 else NULL, N * H)
             for t in range(T):
-                if t > 0 or has_h0:
+                if fuse:
+                    # gates[t] (N, 4H) = x_t (N, F) @ W_ih^T + h_{t-1} (N, H) @ W_hh^T
+                    step_product(&xt[t, 0, 0], F, wiT, &hs[t, 0, 0] if t > 0 or has_h0 else NULL,
+                                 H, whT, N, G, &gates[t, 0, 0])
+                elif t > 0 or has_h0:
                     # gates[t] (N, 4H) += h_{t-1} (N, H) @ W_hh^T
                     times_packed(own, &hs[t, 0, 0], N, H, whT, &w_hh[0, 0], True, G,
                                  &gates[t, 0, 0], True)
@@ -124,6 +138,7 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
     finally:
         free(b)
         free(whT)
+        free(wiT)
 
 
 def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
@@ -138,8 +153,8 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     """BPTT through the steps of the last :func:`lstm_forward` (buffers as it left them).
 
     Args:
-        gates: the activated gates left by the forward; overwritten, step by step, with the
-            gradients of the gate pre-activations (so a forward is backpropagated once).
+        gates: the activated gates left by the forward; may be overwritten, step by step, with
+            the gradients of the gate pre-activations (so a forward is backpropagated once).
         dy: gradient of the per-step output ``(N, T, H)``, or None.
         dh_last, dc_last: gradient of the final state ``(N, H)``, or None.
         dh_a, dh_b, dc: scratch ``(N, H)``.
@@ -172,22 +187,36 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
           and dw_hh.shape[1] == H and db_ih.shape[0] == G and db_hh.shape[0] == G,
           "lstm_backward: gradient shapes")
     check(not has_mask or (mask.shape[0] == N and mask.shape[1] == T), "lstm_backward: mask shape")
+    # the fused order (see use_fused_steps): per step, the gate gradients go to a scratch
+    # (N, 4H) that stays in cache for the step's dh, weight-gradient and dx products
+    cdef bint fuse = own and fused_steps()
+    cdef float* wip = NULL
+    cdef floating* dgs = NULL
     if own:
         # W_hh (4H, H) in panels, read in place by every step's dh product
         whp = pack_panels(&w_hh[0, 0], H, G, H, False)
-        if whp == NULL:
-            raise MemoryError()
-        if per_step_weight_grads():
+        if fuse:
             scratch = step_grad_scratch(N, F, H)
-            if scratch == NULL:
-                free(whp)
-                raise MemoryError()
+            dgs = <floating*>malloc(N * G * sizeof(floating))
+            if has_dx and F > 0:
+                # W_ih (4H, F) in panels for every step's dx product
+                wip = pack_panels(&w_ih[0, 0], F, G, F, False)
+        if whp == NULL or (fuse and (scratch == NULL or dgs == NULL
+                                     or (has_dx and F > 0 and wip == NULL))):
+            free(whp)
+            free(scratch)
+            free(dgs)
+            free(wip)
+            raise MemoryError()
     try:
         _lstm_backward_loop(xt, w_ih, w_hh, mask, gates, hs, cs, tcs, dy, dh_last, dc_last, dh_a,
-                            dh_b, dc, dxt, dx, dw_ih, dw_hh, db_ih, db_hh, own, whp, scratch)
+                            dh_b, dc, dxt, dx, dw_ih, dw_hh, db_ih, db_hh, own, whp, scratch, dgs,
+                            wip)
     finally:
         free(whp)
         free(scratch)
+        free(dgs)
+        free(wip)
 
 
 cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
@@ -199,16 +228,22 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                               floating[:, ::1] dh_b, floating[:, ::1] dc, floating[:, :, ::1] dxt,
                               floating[:, :, ::1] dx, floating[:, ::1] dw_ih,
                               floating[:, ::1] dw_hh, floating[::1] db_ih, floating[::1] db_hh,
-                              bint own, float* whp, float* scratch) noexcept:
+                              bint own, float* whp, float* scratch, floating* dgs,
+                              float* wip) noexcept:
+    """The time loop of :func:`lstm_backward`.  With ``dgs`` (the fused order) step t's gate
+    gradients go to ``dgs`` and its weight and input gradients are accumulated right away;
+    otherwise they overwrite ``gates[t]`` and the products over all steps come after the loop."""
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], G = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = G // 4
     cdef bint has_mask = mask is not None, has_dy = dy is not None
     cdef bint has_dx = dx is not None
     cdef bint has_dh = dh_last is not None, has_dc = dc_last is not None
+    cdef bint fuse = dgs != NULL
     cdef Py_ssize_t t, n
     cdef floating* DH
     cdef floating* DH2
     cdef floating* tmp
+    cdef floating* dg
     cdef const floating* dyp = NULL
     with nogil:
         memset(&db_ih[0], 0, G * sizeof(floating))
@@ -219,19 +254,22 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
             DH2 = &dh_b[0, 0]
             init_state(DH, &dh_last[0, 0] if has_dh else NULL, N * H)
             init_state(&dc[0, 0], &dc_last[0, 0] if has_dc else NULL, N * H)
+            if fuse and F == 0:
+                memset(&dw_ih[0, 0], 0, G * F * sizeof(floating))
             for t in range(T - 1, -1, -1):
+                dg = dgs if fuse else &gates[t, 0, 0]
                 for n in range(N):
                     if has_mask and mask[n, t] == 0:
                         # carried state: dh and dc pass through, no gate gradient, dy ignored
-                        memset(&gates[t, n, 0], 0, G * sizeof(floating))
+                        memset(dg + n * G, 0, G * sizeof(floating))
                     else:
                         if has_dy:
                             dyp = &dy[n, t, 0]
-                        _lstm_bwd_row(<int>H, &gates[t, n, 0], &cs[t, n, 0], &tcs[t, n, 0],
-                                      DH + n * H, dyp, &dc[n, 0], &db_ih[0])
+                        _lstm_bwd_row(<int>H, &gates[t, n, 0], dg + n * G, &cs[t, n, 0],
+                                      &tcs[t, n, 0], DH + n * H, dyp, &dc[n, 0], &db_ih[0])
                 if t > 0:
                     # dh_{t-1} (N, H) = dgates[t] (N, 4H) @ W_hh (4H, H)
-                    times_packed(own, &gates[t, 0, 0], N, G, whp, &w_hh[0, 0], False, H, DH2, False)
+                    times_packed(own, dg, N, G, whp, &w_hh[0, 0], False, H, DH2, False)
                     if has_mask:
                         for n in range(N):
                             if mask[n, t] == 0:
@@ -239,11 +277,15 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                     tmp = DH
                     DH = DH2
                     DH2 = tmp
-                if scratch != NULL:
+                if fuse:
                     # dW_hh += dgates[t]^T @ h_{t-1}, dW_ih += dgates[t]^T @ x_t (dgates[t] in cache)
-                    step_weight_grads(&gates[t, 0, 0], &hs[t, 0, 0], &xt[t, 0, 0], &dw_hh[0, 0],
-                                      &dw_ih[0, 0], scratch, N, F, G, H, t < T - 1)
+                    step_weight_grads(dg, &hs[t, 0, 0], &xt[t, 0, 0], &dw_hh[0, 0], &dw_ih[0, 0],
+                                      scratch, N, F, G, H, t < T - 1)
+                    if wip != NULL:
+                        # dx_t (N, F) = dgates[t] (N, 4H) @ W_ih (4H, F)
+                        sn_sgemm_panels_avx512(<int>N, <int>F, <int>G, <float*>dg, <int>G, wip,
+                                               <float*>&dxt[t, 0, 0], <int>F, 0)
             backward_products(own, &gates[0, 0, 0], &hs[0, 0, 0], &xt[0, 0, 0], &w_ih[0, 0],
                               &dw_ih[0, 0], &dw_hh[0, 0], &db_ih[0], &db_hh[0],
                               &dxt[0, 0, 0] if has_dx else NULL, &dx[0, 0, 0] if has_dx else NULL,
-                              N, T, F, G, H, scratch != NULL)
+                              N, T, F, G, H, fuse)

@@ -9,8 +9,9 @@ from cython cimport floating
 # True when float32 products use the built-in AVX-512 panel kernel (CPU has it, not turned off)
 cdef bint own_kernel() noexcept nogil
 
-# True when the built-in kernel accumulates the weight gradients step by step in the backward loop
-cdef bint per_step_weight_grads() noexcept nogil
+# True when the built-in kernel runs the LSTM's input projection and weight/input gradients step
+# by step inside the time loops (use_fused_steps)
+cdef bint fused_steps() noexcept nogil
 
 # raise ValueError(what) unless ok
 cdef int check(bint ok, str what) except -1
@@ -32,6 +33,11 @@ cdef void times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t 
 # dw (G, K) = dg^T (G, rows) @ src (rows, K)
 cdef void weight_grad(bint own, const floating* dg, const floating* src, floating* dw,
                       Py_ssize_t rows, Py_ssize_t G, Py_ssize_t K) noexcept nogil
+
+# out (rows, G) = x (rows, F) @ W_ih^T + h (rows, H) @ W_hh^T (h may be NULL) on the panel kernel
+cdef void step_product(const floating* x, Py_ssize_t F, const float* wiT, const floating* h,
+                       Py_ssize_t H, const float* whT, Py_ssize_t rows, Py_ssize_t G,
+                       floating* out) noexcept nogil
 
 # room for one step's states (N, H) and inputs (N, F) in panels (NULL if out of memory)
 cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil
@@ -56,25 +62,27 @@ cdef int check_forward_buffers(str kernel, const floating[:, :, ::1] x, floating
                                const floating[:, ::1] h0, const unsigned char[:, ::1] mask,
                                floating[:, :, ::1] y, Py_ssize_t G, Py_ssize_t H) except -1
 
-# malloc the summed bias b (G,) and, when own, W_hh^T (H, G) in panels; MemoryError if out of memory
+# malloc the summed bias b (G,) and, when own, W_hh^T (H, G) in panels (and W_ih^T (F, G) when
+# wiT is given); MemoryError if out of memory
 cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_t G,
-                         floating** b, float** whT) except -1
+                         floating** b, float** whT, const floating* w_ih=*, Py_ssize_t F=*,
+                         float** wiT=*) except -1
 
 # before the first step: b = b_ih + b_hh; hs[0] = h0 (zeros when NULL); xt = x time-major and
-# pre (T*N, G) = xt @ W_ih^T
+# pre (T*N, G) = xt @ W_ih^T (unless not project: a per-step projection)
 cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, const floating* b_ih,
                            const floating* b_hh, const floating* h0, floating* b, floating* xt,
                            floating* pre, floating* hs, Py_ssize_t N, Py_ssize_t T, Py_ssize_t F,
-                           Py_ssize_t G, Py_ssize_t H) noexcept nogil
+                           Py_ssize_t G, Py_ssize_t H, bint project=*) noexcept nogil
 
 # a backward over no step (T == 0 or N == 0): the weight gradients and db_hh zero
 cdef void zero_grads(floating* dw_ih, floating* dw_hh, floating* db_hh, Py_ssize_t F,
                      Py_ssize_t G, Py_ssize_t H) noexcept nogil
 
-# after the last step: dW_hh = dg^T @ hs[0:T], dW_ih = dg^T @ xt (unless weights_done),
-# dx = (dg @ W_ih) batch-major (when dx is not NULL), db_hh = db_ih
+# after the last step: dW_hh = dg^T @ hs[0:T], dW_ih = dg^T @ xt, dx = (dg @ W_ih) batch-major
+# (when dx is not NULL), db_hh = db_ih; with steps_done only dx = dxt batch-major and db_hh
 cdef void backward_products(bint own, const floating* dg, const floating* hs, const floating* xt,
                             const floating* w_ih, floating* dw_ih, floating* dw_hh,
                             const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
                             Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
-                            Py_ssize_t H, bint weights_done) noexcept nogil
+                            Py_ssize_t H, bint steps_done=*) noexcept nogil

@@ -50,6 +50,9 @@ cdef extern from "recurrent_kernels.h":
                                 float* C, int ldc, int acc) noexcept nogil
     void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda,
                                    const float* Bp, float* C, int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                 int K2, const float* A2, int lda2, const float* Bp2, float* C,
+                                 int ldc, int acc) noexcept nogil
     int sn_has_avx512() noexcept nogil
     void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
@@ -76,20 +79,22 @@ cdef bint own_kernel() noexcept nogil:
     return _own_step_kernel and sn_has_avx512()
 
 
-cdef bint _per_step_weight_grads = True
+cdef bint _fused_steps = True
 
 
-def use_per_step_weight_grads(bint on=True) -> bool:
-    """Choose where the built-in kernel computes the weight gradients: inside the backward's
-    time loop, one step at a time while that step's gate gradients are in cache (default), or
-    in one product over all steps after the loop.  Returns the new setting."""
-    global _per_step_weight_grads
-    _per_step_weight_grads = on
+def use_fused_steps(bint on=True) -> bool:
+    """Choose how the built-in kernel orders the LSTM's products: one step at a time (default:
+    the input projection joins each step's recurrent product, and the weight and input
+    gradients accumulate inside the backward's time loop while the step's gate gradients are
+    in cache) or whole sequences (one product over all ``T*N`` rows before the forward loop
+    and after the backward loop).  Returns the new setting."""
+    global _fused_steps
+    _fused_steps = on
     return bool(on)
 
 
-cdef bint per_step_weight_grads() noexcept nogil:
-    return _per_step_weight_grads
+cdef bint fused_steps() noexcept nogil:
+    return _fused_steps
 
 
 cdef int check(bint ok, str what) except -1:
@@ -168,6 +173,17 @@ cdef void weight_grad(bint own, const floating* dg, const floating* src, floatin
              <floating>0, dw, <int>K)
 
 
+cdef void step_product(const floating* x, Py_ssize_t F, const float* wiT, const floating* h,
+                       Py_ssize_t H, const float* whT, Py_ssize_t rows, Py_ssize_t G,
+                       floating* out) noexcept nogil:
+    """One step's pre-activations on the float32 panel kernel, in one pass over ``out``:
+    out (rows, G) = x (rows, F) @ W_ih^T + h (rows, H) @ W_hh^T (the second term only when
+    ``h`` is not NULL); ``wiT``, ``whT`` are W_ih^T, W_hh^T in panels."""
+    sn_sgemm_panels2_avx512(<int>rows, <int>G, <int>F, <const float*>x, <int>F, wiT,
+                            <int>H if h != NULL else 0, <const float*>h if h != NULL else NULL,
+                            <int>H, whT, <float*>out, <int>G, 0)
+
+
 cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil:
     """Room for one step's states (N, H) and inputs (N, F) in panels; NULL if out of memory."""
     return <float*>malloc((((H + 31) // 32) + ((F + 31) // 32)) * 32 * N * sizeof(float) + 64)
@@ -237,18 +253,26 @@ cdef int check_forward_buffers(str kernel, const floating[:, :, ::1] x, floating
 
 
 cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_t G,
-                         floating** b, float** whT) except -1:
+                         floating** b, float** whT, const floating* w_ih=NULL, Py_ssize_t F=0,
+                         float** wiT=NULL) except -1:
     """``b[0]`` = room for the summed bias ``(G,)``; ``whT[0]`` = W_hh^T ``(H, G)`` in panels, read
-    in place by every step's product (when ``own``, else NULL).  The caller frees both."""
+    in place by every step's product (when ``own``, else NULL); likewise ``wiT[0]`` = W_ih^T
+    ``(F, G)`` when ``wiT`` is given (a per-step input projection).  The caller frees them."""
     b[0] = <floating*>malloc(G * sizeof(floating))
     whT[0] = NULL
+    if wiT != NULL:
+        wiT[0] = NULL
     if b[0] == NULL:
         raise MemoryError()
     if own:
         whT[0] = pack_panels(w_hh, H, H, G, True)
-        if whT[0] == NULL:
+        if wiT != NULL and whT[0] != NULL:
+            wiT[0] = pack_panels(w_ih, F, F, G, True)
+        if whT[0] == NULL or (wiT != NULL and wiT[0] == NULL):
             free(b[0])
+            free(whT[0])
             b[0] = NULL
+            whT[0] = NULL
             raise MemoryError()
     return 0
 
@@ -256,7 +280,7 @@ cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_
 cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, const floating* b_ih,
                            const floating* b_hh, const floating* h0, floating* b, floating* xt,
                            floating* pre, floating* hs, Py_ssize_t N, Py_ssize_t T, Py_ssize_t F,
-                           Py_ssize_t G, Py_ssize_t H) noexcept nogil:
+                           Py_ssize_t G, Py_ssize_t H, bint project=True) noexcept nogil:
     """Everything before the first step: ``b (G,) = b_ih + b_hh``; ``hs[0] = h0`` (zeros when
     NULL); ``xt`` = ``x`` time-major and every step's input projection in one product,
     ``pre (T*N, G) = xt (T*N, F) @ W_ih^T`` (zeros when ``F == 0``)."""
@@ -267,7 +291,8 @@ cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, co
     if T > 0:
         if F > 0:
             to_time_major(x, xt, N, T, F)
-            project_inputs(own, xt, w_ih, pre, T * N, F, G)
+            if project:
+                project_inputs(own, xt, w_ih, pre, T * N, F, G)
         else:
             memset(pre, 0, T * N * G * sizeof(floating))
 
@@ -284,22 +309,24 @@ cdef void backward_products(bint own, const floating* dg, const floating* hs, co
                             const floating* w_ih, floating* dw_ih, floating* dw_hh,
                             const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
                             Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
-                            Py_ssize_t H, bint weights_done) noexcept nogil:
+                            Py_ssize_t H, bint steps_done=False) noexcept nogil:
     """After the last step, one product each over all ``T*N`` rows of the pre-activation
-    gradients ``dg (T*N, G)`` (the weight gradients only unless ``weights_done``, the input
-    gradient only when ``dx`` is not NULL)."""
-    if not weights_done:
-        # dW_hh (G, H) = dg^T (G, T*N) @ hs[0:T] (T*N, H)
-        weight_grad(own, dg, hs, dw_hh, T * N, G, H)
+    gradients ``dg (T*N, G)`` (the input gradient only when ``dx`` is not NULL).  With
+    ``steps_done`` the time loop already accumulated the weight gradients and wrote ``dxt``
+    step by step (``dg`` is not read): only ``dx`` and ``db_hh`` are left."""
     if F > 0:
-        if not weights_done:
+        if not steps_done:
             # dW_ih (G, F) = dg^T (G, T*N) @ xt (T*N, F)
             weight_grad(own, dg, xt, dw_ih, T * N, G, F)
         if dx != NULL:
-            # dxt (T*N, F) = dg (T*N, G) @ W_ih (G, F)
-            gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1, dg, <int>G, w_ih, <int>F,
-                 <floating>0, dxt, <int>F)
+            if not steps_done:
+                # dxt (T*N, F) = dg (T*N, G) @ W_ih (G, F)
+                gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1, dg, <int>G, w_ih,
+                     <int>F, <floating>0, dxt, <int>F)
             to_batch_major(dxt, dx, N, T, F)
+    if not steps_done:
+        # dW_hh (G, H) = dg^T (G, T*N) @ hs[0:T] (T*N, H)
+        weight_grad(own, dg, hs, dw_hh, T * N, G, H)
     # both biases receive the same gradient
     memcpy(db_hh, db_ih, G * sizeof(floating))
 

@@ -199,4 +199,4 @@ cdef void _rnn_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
             backward_products(own, &dz[0, 0, 0], &hs[0, 0, 0], &xt[0, 0, 0], &w_ih[0, 0],
                               &dw_ih[0, 0], &dw_hh[0, 0], &db_ih[0], &db_hh[0],
                               &dxt[0, 0, 0] if has_dx else NULL, &dx[0, 0, 0] if has_dx else NULL,
-                              N, T, F, H, H, False)
+                              N, T, F, H, H)
