@@ -11,7 +11,8 @@ Runs, in one process and one after the other, each with one BLAS thread:
 
 The machine may set ``OPENBLAS_CORETYPE`` (a conservative kernel choice that slows OpenBLAS on
 AVX-512 CPUs); ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_kernels.py``
-measures with OpenBLAS's own choice. The header says which kernel ran.
+measures with OpenBLAS's own choice. The header names the machine (CPU model, caches, the
+one-thread sgemm rate measured at the start) and the BLAS kernel that ran.
 """
 from __future__ import annotations
 
@@ -22,16 +23,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-
-def blas_banner() -> str:
-    try:
-        from threadpoolctl import threadpool_info
-
-        import sparknet._blas  # noqa: F401  (loads scipy's BLAS)
-        return "; ".join(f"{d.get('internal_api')} {d.get('version')} [{d.get('architecture')}]"
-                         for d in threadpool_info())
-    except Exception as exc:  # pragma: no cover
-        return f"unknown ({exc})"
+from _machine import machine_header  # noqa: E402  (the benchmarks folder, put on the path above)
 
 
 def main() -> None:
@@ -40,7 +32,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="timing window per implementation (mlp, cnn; lstm alternates fixed rounds)")
     args = ap.parse_args()
-    print(f"BLAS: {blas_banner()}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}")
+    print(machine_header())
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:
         mod = importlib.import_module(f"bench_{name}")
         print()

@@ -12,6 +12,11 @@ Usage::
     python benchmarks/bench_lstm.py                       # speed table
     python benchmarks/bench_lstm.py --mnist ../shared/data/mnist --epochs 12
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_lstm.py
+    python benchmarks/bench_lstm.py --whole-sequence     # ablation: products over all steps
+
+The header names the machine (CPU model, caches, one-thread sgemm rate); the table gives the
+median over rounds and, as the spread, the range of the per-round ratio (each sparknet round
+is paired with the PyTorch round that follows it).
 
 ``run(...)`` returns the numbers as a dict.
 """
@@ -22,6 +27,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -30,9 +36,12 @@ try:
     import sparknet  # noqa: F401
 except ImportError:  # running from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from sparknet import LSTM, Dense, Sequential
-from sparknet.optim import RMSprop
+from _machine import machine_header  # noqa: E402  (the benchmarks folder, put on the path above)
+
+from sparknet import LSTM, Dense, Sequential  # noqa: E402
+from sparknet.optim import RMSprop  # noqa: E402
 
 
 def _batches(n_batches, batch, steps, features, classes, seed=0):
@@ -95,7 +104,8 @@ def _timed(step, n):
 
 
 def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128, classes: int = 10,
-        n_steps: int = 5, rounds: int = 12, torch: bool = True, step_kernel: bool = True) -> dict:
+        n_steps: int = 5, rounds: int = 12, torch: bool = True, step_kernel: bool = True,
+        fused_steps: bool = True) -> dict:
     """Training samples/s of sparknet's and PyTorch's LSTM (one thread, float32).
 
     The two alternate in ``rounds`` rounds of ``n_steps`` training steps each, so that
@@ -104,19 +114,23 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     excludes time the thread spent descheduled on a busy machine).
 
     ``step_kernel=False`` makes sparknet use the BLAS for every product instead of its
-    built-in float32 AVX-512 kernels (an ablation).
+    built-in float32 AVX-512 kernels (an ablation); ``fused_steps=False`` keeps the built-in
+    kernels but runs the input projection and the weight gradients as products over all
+    steps (:func:`sparknet._recurrent.use_fused_steps`, the order before per-step fusion).
 
     Returns:
         ``{"config": ..., "sparknet": {...}, "torch": {...} or None, "ratio_wall": ...,
         "ratio_cpu": ..., "openblas_coretype": ...}`` with rates in samples/s.
     """
-    from sparknet import _recurrent
+    import sparknet._recurrent as _recurrent
 
     X, y = _batches(4, batch, steps, features, classes)
     own = _recurrent.use_step_kernel(step_kernel)
-    res = {"config": dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
-                          n_steps=n_steps, rounds=rounds, avx512_step_kernels=own),
-           "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
+    fused = _recurrent.use_fused_steps(fused_steps)
+    config = dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
+                  n_steps=n_steps, rounds=rounds, avx512_step_kernels=own, fused_steps=own and fused)
+    res: dict[str, Any] = {"config": config,
+                           "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
     with threadpool_limits(1):
         steppers = {"sparknet": _make_sparknet(X, y, hidden, classes)}
         if torch:
@@ -124,13 +138,14 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
                 steppers["torch"] = _make_torch(X, y, hidden, classes)
             except ImportError as exc:
                 print(f"PyTorch not importable ({exc}); skipping the comparison", file=sys.stderr)
-        times = {k: [] for k in steppers}
-        for k, st in steppers.items():   # warm-up
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in steppers}
+        for st in steppers.values():   # warm-up
             _timed(st, 3)
         for _ in range(rounds):
             for k, st in steppers.items():
                 times[k].append(_timed(st, n_steps))
     _recurrent.use_step_kernel(True)
+    _recurrent.use_fused_steps(True)
     for k, tl in times.items():
         wall = np.array([w for w, _ in tl])
         cpu = np.array([c for _, c in tl])
@@ -142,6 +157,11 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
         res["ratio_wall"] = res["sparknet"]["wall_median"] / res["torch"]["wall_median"]
         res["ratio_best"] = res["sparknet"]["wall_best"] / res["torch"]["wall_best"]
         res["ratio_cpu"] = res["sparknet"]["cpu"] / res["torch"]["cpu"]
+        # per-round ratios (a sparknet round against the PyTorch round right after it)
+        pw = [t / s for (s, _), (t, _) in zip(times["sparknet"], times["torch"])]
+        pc = [t / s for (_, s), (_, t) in zip(times["sparknet"], times["torch"])]
+        res["ratio_wall_range"] = (min(pw), max(pw))
+        res["ratio_cpu_range"] = (min(pc), max(pc))
     return res
 
 
@@ -174,9 +194,11 @@ def run_mnist(path: str, epochs: int = 12, batch: int = 128, hidden: int = 128, 
 def report(res: dict) -> None:
     """Print the table of :func:`run`'s result."""
     c = res["config"]
+    kernels = ("BLAS only" if not c["avx512_step_kernels"] else "AVX-512 step kernels, fused steps"
+               if c["fused_steps"] else "AVX-512 step kernels, whole-sequence products")
     print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
           f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}, "
-          f"{'AVX-512 step kernels' if c['avx512_step_kernels'] else 'BLAS only'}); training samples/s")
+          f"{kernels}); training samples/s")
     print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
     for k in ("sparknet", "torch"):
         if res.get(k):
@@ -185,9 +207,12 @@ def report(res: dict) -> None:
     if res["torch"]:
         print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x{res['ratio_cpu']:>9.2f}x"
               f"   (sparknet / PyTorch)")
+        (wl, wh), (cl, ch) = res["ratio_wall_range"], res["ratio_cpu_range"]
+        print(f"per-round ratio range: wall {wl:.2f}-{wh:.2f}x, CPU time {cl:.2f}-{ch:.2f}x "
+              f"({c['rounds']} alternating rounds of {c['n_steps']} steps)")
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--hidden", type=int, default=128)
@@ -196,13 +221,17 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--blas", action="store_true",
                     help="use the BLAS for every product (not the built-in AVX-512 kernels)")
+    ap.add_argument("--whole-sequence", action="store_true",
+                    help="built-in kernels, but the input projection and weight gradients as "
+                         "products over all steps (ablation)")
     ap.add_argument("--mnist", metavar="DIR", help="also train on MNIST rows from this folder")
     ap.add_argument("--epochs", type=int, default=12, help="MNIST epochs")
     ap.add_argument("--lr", type=float, default=1e-3, help="MNIST RMSprop learning rate")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args(argv)
+    print(machine_header())
     res = run(batch=args.batch, hidden=args.hidden, n_steps=args.n_steps, rounds=args.rounds,
-              torch=not args.no_torch, step_kernel=not args.blas)
+              torch=not args.no_torch, step_kernel=not args.blas, fused_steps=not args.whole_sequence)
     report(res)
     if args.mnist:
         if not os.path.isdir(args.mnist):

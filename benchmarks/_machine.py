@@ -1,0 +1,127 @@
+"""What every benchmark prints first: the machine it ran on.
+
+Figures from different machines differ by more than any change being measured (one-thread
+sgemm ran ~205 GFLOP/s where ``README.md`` was written, ~92 on another machine of the same
+kind), so each benchmark's header names the CPU model, its cache sizes and the one-thread
+sgemm rate measured right then through the BLAS the kernels call (``sparknet._blas``), with
+the load average (the machine is often shared)::
+
+    from _machine import machine_header
+    print(machine_header())
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import numpy as np
+
+_SYS_CACHE = "/sys/devices/system/cpu/cpu0/cache"
+_rate: tuple[float, float] | None = None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def _size_text(size: str) -> str:
+    """``48K`` -> ``48 KiB``, ``2048K`` -> ``2 MiB``."""
+    s = size.strip().upper()
+    unit = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    try:
+        n = int(s.rstrip("KMGB")) * unit
+    except ValueError:
+        return size.strip()
+    for name, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {name}"
+    return f"{n} B"
+
+
+def cache_sizes() -> dict[str, str]:
+    """Data and unified cache sizes seen by one core, ``{"L1d": "48 KiB", "L2": ..., "L3": ...}``
+    (from ``/sys``; empty where the kernel does not expose them)."""
+    out: dict[str, str] = {}
+    try:
+        entries = sorted(os.listdir(_SYS_CACHE))
+    except OSError:
+        return out
+    for e in entries:
+        d = os.path.join(_SYS_CACHE, e)
+        try:
+            with open(os.path.join(d, "level")) as f:
+                level = f.read().strip()
+            with open(os.path.join(d, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(d, "size")) as f:
+                size = f.read()
+        except OSError:
+            continue
+        if kind == "Instruction":
+            continue
+        out[f"L{level}d" if kind == "Data" else f"L{level}"] = _size_text(size)
+    return out
+
+
+def sgemm_gflops(n: int = 1024, repeats: int = 7) -> tuple[float, float]:
+    """One-thread float32 GEMM rate, ``(best, median)`` GFLOP/s over ``repeats`` products of
+    two ``n x n`` matrices, through the BLAS sparknet's kernels call.  Measured once per process."""
+    global _rate
+    if _rate is None:
+        from threadpoolctl import threadpool_limits
+
+        from sparknet import _blas
+
+        A = np.random.default_rng(0).random((n, n), dtype=np.float32)
+        C = np.empty_like(A)
+        times = []
+        with threadpool_limits(1):
+            _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
+                times.append(time.perf_counter() - t0)
+        flops = 2.0 * n ** 3
+        _rate = (flops / min(times) / 1e9, flops / float(np.median(times)) / 1e9)
+    return _rate
+
+
+def blas_banner() -> str:
+    """The BLAS libraries loaded (threadpoolctl's view) and ``OPENBLAS_CORETYPE``."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        import sparknet._blas  # noqa: F401  (loads scipy's BLAS)
+        libs = "; ".join(f"{d.get('internal_api')} {d.get('version')} [{d.get('architecture')}]"
+                         for d in threadpool_info() if d.get("user_api") == "blas")
+    except Exception as exc:  # pragma: no cover - a banner never stops a benchmark
+        libs = f"unknown ({exc})"
+    return f"{libs}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}"
+
+
+def machine_header() -> str:
+    """Two lines naming the machine: CPU model, CPUs, caches, the one-thread sgemm rate now,
+    the load average; then the BLAS in use."""
+    caches = cache_sizes()
+    cache = ", ".join(f"{k} {v}" for k, v in caches.items()) or "cache sizes unknown"
+    best, median = sgemm_gflops()
+    try:
+        load = "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        load = "load average unknown"
+    return (f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {cache}; "
+            f"sgemm 1 thread (1024^3): {best:.0f} GFLOP/s best, {median:.0f} median; {load}\n"
+            f"BLAS: {blas_banner()}")
+
+
+if __name__ == "__main__":
+    print(machine_header())
