@@ -348,6 +348,8 @@ def main(argv=None) -> None:
     ap.add_argument("--mnist", default=None, help="MNIST folder: also train and report accuracy")
     ap.add_argument("--mnist-epochs", type=int, default=8)
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     report(run(batch=args.batch, seconds=args.seconds, mnist_dir=args.mnist,
                 mnist_epochs=args.mnist_epochs))
 

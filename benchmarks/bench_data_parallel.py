@@ -168,6 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--async", action="store_true",
                     help="sync vs async rounds instead (the other arguments go to bench_data_parallel_async.py)")
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     if args.report:
         with open(args.report) as fh:
             report(json.load(fh))

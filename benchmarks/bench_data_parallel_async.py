@@ -130,6 +130,8 @@ def main(argv=None):
     ap.add_argument("--scenarios", nargs="+", default=["equal", "straggler"])
     ap.add_argument("--json", default=None, help="write the raw results here")
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
 
     from threadpoolctl import threadpool_limits
     threadpool_limits(1)

@@ -166,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mnist", default=DEFAULT_MNIST, help="folder of the MNIST IDX files")
     ap.add_argument("--only", choices=("digits", "mnist"), default=None)
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
 
     from sparknet.datasets import load_digits, load_mnist
 

@@ -228,4 +228,6 @@ if __name__ == "__main__":
     ap.add_argument("--seconds", type=float, default=3.0, help="timing window per implementation")
     ap.add_argument("--mnist", default=None, help="MNIST folder (e.g. ../shared/data/mnist)")
     args = ap.parse_args()
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     report(run(args.seconds, args.mnist))

@@ -225,6 +225,8 @@ def main() -> None:
     ap.add_argument("--combine-mib", type=float, default=32,
                     help="with --replicas: MiB of partial gradients the driver collects per piece")
     args = ap.parse_args()
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     ins = args.in_features or [1024 if w <= 2048 else 4096 for w in args.widths]
     if len(ins) == 1:
         ins = ins * len(args.widths)

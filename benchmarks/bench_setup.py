@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     data = load(args.mnist)
     load_avg = os.getloadavg()
     header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm {sgemm_gflops():.0f} GFLOP/s; "
