@@ -1,0 +1,130 @@
+"""The outer optimizer of sync='average' (sparknet.cluster.outer): its maths against numpy,
+plain averaging as its momentum-0 / lr-1 case, its checks, its state, and digits fits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sparknet import Dense, RMSprop, Sequential
+from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.outer import OuterOptimizer, resolve_outer
+
+
+def _reference(params, deltas, mu, lr, nesterov):
+    """v = mu v + delta; params += lr (mu v + delta) (Nesterov) or lr v, in float64."""
+    p, v = params.astype(np.float64), np.zeros(params.shape)
+    for d in deltas:
+        v = mu * v + d
+        p = p + lr * (mu * v + d if nesterov else v)
+    return p
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mu,lr,nesterov", [(0.5, 1.0, True), (0.9, 0.7, True), (0.6, 0.8, False),
+                                            (0.0, 2.0, True)])
+def test_outer_step_equals_the_numpy_formula(dtype, mu, lr, nesterov):
+    rng = np.random.default_rng(3)
+    params = rng.standard_normal(1000).astype(dtype)
+    deltas = [rng.standard_normal(1000).astype(dtype) * 0.1 for _ in range(6)]
+    want = _reference(params, deltas, mu, lr, nesterov)
+    outer, got = OuterOptimizer(momentum=mu, lr=lr, nesterov=nesterov), params.copy()
+    for d in deltas:
+        outer.step(got, d)
+    assert outer.t == 6 and got.dtype == dtype
+    np.testing.assert_allclose(got, want, rtol=1e-12 if dtype == np.float64 else 2e-5, atol=1e-6)
+    assert outer.state_keys() == (("momentum_buffer",) if mu > 0 else ())
+
+
+def test_momentum_0_lr_1_is_plain_averaging_bit_for_bit():
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        params = rng.standard_normal(4096).astype(dtype)
+        outer, got, want = OuterOptimizer(momentum=0.0, lr=1.0), params.copy(), params.copy()
+        assert outer.is_plain
+        for _ in range(3):
+            d = rng.standard_normal(4096).astype(dtype)
+            outer.step(got, d)
+            want += d
+        np.testing.assert_array_equal(got, want)
+
+
+def test_state_arrays_resume_the_momentum_exactly():
+    rng = np.random.default_rng(1)
+    deltas = [rng.standard_normal(300).astype(np.float32) for _ in range(5)]
+    whole, p_whole = OuterOptimizer(momentum=0.7, lr=0.9), np.zeros(300, np.float32)
+    for d in deltas:
+        whole.step(p_whole, d)
+    first, p = OuterOptimizer(momentum=0.7, lr=0.9), np.zeros(300, np.float32)
+    for d in deltas[:2]:
+        first.step(p, d)
+    saved = first.state_arrays()
+    assert sorted(saved) == ["outer_momentum_buffer", "outer_t"]
+    assert saved["outer_t"].dtype == np.int64 and saved["outer_t"].tolist() == [2]
+    resumed = OuterOptimizer.from_config(first.get_config())
+    resumed.load_state_arrays({k: v.copy() for k, v in saved.items()})
+    for d in deltas[2:]:
+        resumed.step(p, d)
+    np.testing.assert_array_equal(p, p_whole)
+    resumed.reset()
+    assert resumed.t == 0 and resumed.state_arrays() == {"outer_t": np.array([0])}
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"momentum": 1.0}, "momentum=1.0"), ({"momentum": -0.1}, "momentum=-0.1"),
+    ({"momentum": "0.5"}, "momentum='0.5'"), ({"momentum": True}, "momentum=True"),
+    ({"lr": 0.0}, "lr=0.0"), ({"lr": -1.0}, "lr=-1.0"), ({"lr": float("inf")}, "lr=inf"),
+    ({"lr": float("nan")}, "lr=nan"), ({"lr": None}, "lr=None"),
+])
+def test_bad_outer_values_raise_naming_them(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OuterOptimizer(**kwargs)
+
+
+def test_outer_choice_of_the_trainer(spark):
+    model = Sequential([Dense(4, activation="softmax")], input_shape=(3,))
+    assert resolve_outer(None, mode="sync", sync="average") is None
+    assert resolve_outer("none", mode="sync", sync="average") is None
+    assert resolve_outer("auto", mode="sync", sync="gradient") is None
+    assert resolve_outer("auto", mode="async", sync="average") is None
+    assert isinstance(resolve_outer("nesterov", mode="sync", sync="average"), OuterOptimizer)
+    mine = OuterOptimizer(momentum=0.3)
+    assert DataParallelTrainer(model, spark, outer=mine).outer is mine
+    with pytest.raises(ValueError, match="outer must be .*got outer='bogus'"):
+        DataParallelTrainer(model, spark, outer="bogus")
+    with pytest.raises(ValueError, match="needs mode='sync' and sync='average'.*sync='gradient'"):
+        DataParallelTrainer(model, spark, sync="gradient", outer="nesterov")
+    with pytest.raises(ValueError, match="needs mode='sync' and sync='average'.*mode='async'"):
+        DataParallelTrainer(model, spark, mode="async", outer=OuterOptimizer())
+
+
+def _digits_fit(spark, digits, outer, epochs=12, local_steps=10, seed=0):
+    X, y, Xt, yt = digits
+    model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=seed)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, sync="average", local_steps=local_steps,
+                                  optimizer=RMSprop(lr=3e-3), outer=outer, seed=seed)
+    _, history = trainer.fit(X, y, epochs=epochs, batch_size=16, verbose=0, validation_data=(Xt, yt))
+    return model, history
+
+
+def test_fit_with_momentum_0_lr_1_equals_plain_averaging(spark, digits):
+    """Same data, schedule and seeds: the outer step with momentum 0 and lr 1 leaves the
+    very parameters plain averaging leaves."""
+    plain, _ = _digits_fit(spark, digits, None, epochs=3)
+    outer, _ = _digits_fit(spark, digits, OuterOptimizer(momentum=0.0, lr=1.0), epochs=3)
+    np.testing.assert_array_equal(outer.params, plain.params)
+
+
+def test_fit_with_nesterov_outer_reaches_plain_averaging_accuracy(spark, digits):
+    """Digits on local Spark, 2 partitions, rounds of 10 local steps (5 per epoch): the
+    outer Nesterov step reaches the test accuracy plain averaging reaches, and its
+    momentum is live state after the fit."""
+    _, h_plain = _digits_fit(spark, digits, None)
+    outer = OuterOptimizer(momentum=0.5)
+    model, h_outer = _digits_fit(spark, digits, outer)
+    plain_acc, outer_acc = h_plain["val_accuracy"][-1], h_outer["val_accuracy"][-1]
+    print(f"digits, 12 epochs: plain averaging {plain_acc:.4f}, outer Nesterov 0.5 {outer_acc:.4f}")
+    assert plain_acc >= 0.95
+    assert outer_acc >= plain_acc - 0.01
+    assert outer.t == sum(h_outer["rounds"]) and outer.t > 12
+    buf = outer.state_arrays()["outer_momentum_buffer"]
+    assert buf.shape == model.params.shape and np.abs(buf).max() > 0
