@@ -9,8 +9,9 @@ epoch.  The runs (``--runs`` picks a subset):
 ``df-plain``     :class:`~sparknet.cluster.DataParallelTrainer` on ``--master`` (local[2]),
                  2 partitions, DataFrame input (ML Vector column), ``sync="average"``,
                  plain averaging (``outer=None``);
-``df-outer``     the same with the outer optimizer (:mod:`sparknet.cluster.outer`,
-                 ``--outer-momentum``, ``--outer-lr``);
+``df-outer``     the same with the outer optimizer (:mod:`sparknet.cluster.outer`;
+                 ``OuterOptimizer()``, sized from the partitions, unless
+                 ``--outer-momentum`` / ``--outer-lr`` are given);
 ``np-plain``,    the same two on numpy input;
 ``np-outer``
 ``async``        ``mode="async"`` on the DataFrame;
@@ -380,8 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--outer-momentum", type=float, default=0.5, help="the *-outer runs' momentum")
-    ap.add_argument("--outer-lr", type=float, default=1.0, help="the *-outer runs' outer lr")
+    ap.add_argument("--outer-momentum", type=float, default=None,
+                    help="the *-outer runs' momentum (default: sized from the partitions)")
+    ap.add_argument("--outer-lr", type=float, default=None,
+                    help="the *-outer runs' outer lr (default: sized with the momentum)")
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write every figure to this file")

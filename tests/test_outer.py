@@ -7,7 +7,7 @@ import pytest
 
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.cluster.outer import OuterOptimizer, resolve_outer
+from sparknet.cluster.outer import OuterOptimizer, resolve_outer, sized_for
 
 
 def _reference(params, deltas, mu, lr, nesterov):
@@ -69,11 +69,41 @@ def test_state_arrays_resume_the_momentum_exactly():
     assert resumed.t == 0 and resumed.state_arrays() == {"outer_t": np.array([0])}
 
 
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_unset_momentum_and_lr_are_sized_from_the_partitions(nesterov):
+    """Sized for P on the first step: a new direction moves 1x the averaged delta, one kept
+    round after round P x; one partition is plain averaging, bit for bit."""
+    assert sized_for(1, nesterov) == (0.0, 1.0)
+    for P in (2, 4):
+        mu, lr = sized_for(P, nesterov)
+        assert lr * (1 + mu if nesterov else 1) == pytest.approx(1.0)
+        assert lr / (1 - mu) == pytest.approx(P)
+        outer, p = OuterOptimizer(nesterov=nesterov), np.zeros(50)
+        assert not outer.sized and outer.state_arrays()["outer_t"].tolist() == [0]
+        outer.step(p, np.ones(50), partitions=P)
+        np.testing.assert_allclose(p, 1.0)
+        assert (outer.momentum, outer.lr) == (mu, lr)
+        for _ in range(200):
+            before = p.copy()
+            outer.step(p, np.ones(50), partitions=P)
+        np.testing.assert_allclose(p - before, P, rtol=1e-6)
+    one, p, want = OuterOptimizer(nesterov=nesterov), np.full(20, 0.1, np.float32), np.full(20, 0.1, np.float32)
+    for d in np.random.default_rng(5).standard_normal((4, 20)).astype(np.float32):
+        one.step(p, d, partitions=1)
+        want += d
+    assert one.is_plain
+    np.testing.assert_array_equal(p, want)
+    with pytest.raises(ValueError, match="pass partitions= to its first step"):
+        OuterOptimizer(nesterov=nesterov).step(np.zeros(3), np.ones(3))
+    with pytest.raises(ValueError, match="partitions=0"):
+        sized_for(0)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"momentum": 1.0}, "momentum=1.0"), ({"momentum": -0.1}, "momentum=-0.1"),
     ({"momentum": "0.5"}, "momentum='0.5'"), ({"momentum": True}, "momentum=True"),
     ({"lr": 0.0}, "lr=0.0"), ({"lr": -1.0}, "lr=-1.0"), ({"lr": float("inf")}, "lr=inf"),
-    ({"lr": float("nan")}, "lr=nan"), ({"lr": None}, "lr=None"),
+    ({"lr": float("nan")}, "lr=nan"), ({"lr": "1"}, "lr='1'"),
 ])
 def test_bad_outer_values_raise_naming_them(kwargs, match):
     with pytest.raises(ValueError, match=match):

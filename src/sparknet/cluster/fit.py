@@ -81,7 +81,8 @@ class FitContext:
         epochs: epochs of the fit.
         batch_size: the fit's ``batch_size``.
         history: the fit's history (``None`` for ``evaluate``).
-        cost: the round cost model, once calibrated.
+        cost: the round cost model, once measured: by the probe round
+            (``local_steps="auto"``), else from the first epoch's rounds.
         rounds: rounds per epoch.
         steps_per_round: local steps per partition in one round.
         epochs_per_round: epochs one round spans (``sync="average"``).
@@ -252,7 +253,8 @@ class FitContext:
         if outer is None:
             model.params += delta
         else:
-            outer.step(model.params, np.ascontiguousarray(delta))
+            outer.step(model.params, np.ascontiguousarray(delta),
+                       partitions=sum(1 for n in self.train.rows if n > 0))
 
     def _running(self, stats: np.ndarray) -> dict[str, str]:
         """The progress bar's running loss (and accuracy) over the epoch(s) so far."""

@@ -12,9 +12,13 @@ momentum as in DiLoCo) carries the rounds' common direction forward:
     params += lr (mu v + delta)      (Nesterov, default)
     params += lr v                   (nesterov=False: heavy ball, BMUF's form)
 
-In a steady direction a round moves ``lr / (1 - mu)`` times its averaged delta, so
-``mu = 1 - 1/P`` makes up for the ``P``-fold shorter path.  ``momentum=0, lr=1`` is
-plain averaging, bit for bit.
+A new direction moves the parameters ``lr (1 + mu)`` times its averaged delta at once
+(``lr`` for heavy ball), a direction kept round after round ``lr / (1 - mu)`` times.
+Left unset, ``momentum`` and ``lr`` are sized from ``P`` on the first step so that the
+first is 1 (a round's news is taken at face value, as plain averaging does) and the
+second is ``P`` (a steady direction goes as far as one process's ``P tau`` steps):
+``mu = sqrt(1 - 1/P), lr = 1 / (1 + mu)`` with Nesterov, BMUF's ``mu = 1 - 1/P, lr = 1``
+without.  ``P = 1`` gives ``momentum=0, lr=1``: plain averaging, bit for bit.
 
 The step is :func:`sparknet.optim.sgd` on the outer gradient ``-delta`` (one place for
 the maths), and the state is serialised the way every optimizer's is
@@ -31,12 +35,26 @@ import numpy as np
 from sparknet import optim as optim_mod
 
 
+def sized_for(partitions: int, nesterov: bool = True) -> tuple[float, float]:
+    """``(momentum, lr)`` moving a new direction 1x and a kept one ``partitions`` x its
+    averaged delta: ``(sqrt(1 - 1/P), 1 / (1 + mu))`` (Nesterov) or ``(1 - 1/P, 1)``."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be at least 1, got partitions={partitions!r}")
+    if not nesterov:
+        return 1.0 - 1.0 / partitions, 1.0
+    mu = math.sqrt(1.0 - 1.0 / partitions)
+    return mu, 1.0 / (1.0 + mu)
+
+
 class OuterOptimizer:
     """Outer SGD with (Nesterov) momentum on the averaged round delta, run on the driver.
 
     Args:
-        momentum: ``mu``, in ``[0, 1)`` (0: no momentum).
-        lr: outer learning rate, positive (1: the averaged delta at full length).
+        momentum: ``mu``, in ``[0, 1)`` (0: no momentum); ``None`` (default): sized from
+            the partitions on the first step (:func:`sized_for`).
+        lr: outer learning rate, positive (1: the averaged delta at full length);
+            ``None`` (default): sized with ``momentum`` (``1 / (1 + momentum)`` with
+            Nesterov, 1 without), on the first step when ``momentum`` is ``None`` too.
         nesterov: Nesterov momentum (default) or heavy ball; ignored when ``momentum`` is 0.
 
     Raises:
@@ -45,19 +63,33 @@ class OuterOptimizer:
 
     name = "outer"
 
-    def __init__(self, momentum: float = 0.5, lr: float = 1.0, nesterov: bool = True) -> None:
-        mu, rate = _real(momentum, "momentum"), _real(lr, "lr")
-        if not 0.0 <= mu < 1.0:
+    def __init__(self, momentum: float | None = None, lr: float | None = None, nesterov: bool = True) -> None:
+        self.nesterov = bool(nesterov)
+        self._sgd: optim_mod.SGD | None = None
+        self.momentum: float | None = None if momentum is None else _real(momentum, "momentum")
+        self.lr: float | None = None if lr is None else _real(lr, "lr")
+        if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"OuterOptimizer momentum must be in [0, 1), got momentum={momentum!r}")
-        if not (rate > 0 and math.isfinite(rate)):
+        if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"OuterOptimizer lr must be a positive finite number, got lr={lr!r}")
-        self.momentum, self.lr, self.nesterov = mu, rate, bool(nesterov)
-        self._sgd = optim_mod.SGD(lr=rate, momentum=mu, nesterov=self.nesterov and mu > 0)
+        if self.momentum is not None:
+            self._size(self.momentum, self.lr)
+
+    def _size(self, momentum: float, lr: float | None) -> None:
+        if lr is None:
+            lr = 1.0 / (1.0 + momentum) if self.nesterov else 1.0
+        self.momentum, self.lr = momentum, lr
+        self._sgd = optim_mod.SGD(lr=lr, momentum=momentum, nesterov=self.nesterov and momentum > 0)
+
+    @property
+    def sized(self) -> bool:
+        """Whether ``momentum`` and ``lr`` are set (given, or sized by a first step)."""
+        return self._sgd is not None
 
     @property
     def t(self) -> int:
         """Outer steps taken (rounds applied)."""
-        return self._sgd.t
+        return 0 if self._sgd is None else self._sgd.t
 
     @property
     def is_plain(self) -> bool:
@@ -66,27 +98,42 @@ class OuterOptimizer:
 
     def state_keys(self) -> tuple[str, ...]:
         """Names of the state arrays (``("momentum_buffer",)`` with momentum)."""
-        return self._sgd.state_keys()
+        return () if self._sgd is None else self._sgd.state_keys()
 
-    def step(self, params: np.ndarray, delta: np.ndarray) -> None:
+    def step(self, params: np.ndarray, delta: np.ndarray, partitions: int | None = None) -> None:
         """Move flat ``params`` in place by the outer step on the round's averaged ``delta``
-        (same length and dtype)."""
+        (same length and dtype); ``partitions`` (the partitions averaged) sizes an unset
+        ``momentum`` and ``lr`` on the first step."""
+        if self._sgd is None:
+            if partitions is None:
+                raise ValueError("OuterOptimizer(momentum=None) is sized from the number of partitions: "
+                                 "pass partitions= to its first step, or give momentum")
+            mu, lr = sized_for(partitions, self.nesterov)
+            self._size(mu, self.lr if self.lr is not None else lr)
+        assert self._sgd is not None
         self._sgd.step(params, np.negative(delta))
 
     def reset(self) -> None:
         """Forget the momentum and the step count (a new run from other parameters)."""
-        self._sgd.t = 0
-        self._sgd.state = {}
+        if self._sgd is not None:
+            self._sgd.t = 0
+            self._sgd.state = {}
 
     # -- state, for checkpoints ------------------------------------------
     def state_arrays(self, prefix: str = "outer_") -> dict[str, np.ndarray]:
         """The state as named arrays (copies): ``<prefix>t`` (int64, shape (1,)) and
         ``<prefix>momentum_buffer`` (holding ``-v``, SGD's buffer of the outer gradient)."""
+        if self._sgd is None:
+            return {f"{prefix}t": np.zeros(1, dtype=np.int64)}
         return self._sgd.state_arrays(prefix)
 
     def load_state_arrays(self, arrays: Mapping[str, np.ndarray], prefix: str = "outer_",
                           copy: bool = True) -> None:
-        """Read state written by :meth:`state_arrays` (``copy=False`` binds to the arrays)."""
+        """Read state written by :meth:`state_arrays` (``copy=False`` binds to the arrays);
+        the optimizer must be sized (its config from :meth:`get_config` of the saved one)."""
+        if self._sgd is None:
+            raise ValueError("load_state_arrays needs a sized OuterOptimizer: build it with "
+                             "OuterOptimizer.from_config(saved.get_config())")
         self._sgd.load_state_arrays(arrays, prefix, copy=copy)
 
     def get_config(self) -> dict[str, Any]:
