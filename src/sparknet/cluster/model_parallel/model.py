@@ -46,13 +46,6 @@ log = logging.getLogger(__name__)
 DEFAULT_COMBINE_BYTES = 32 << 20
 
 
-def _count(value: Any, what: str) -> int:
-    """``value`` checked by :func:`~sparknet._validation.positive_int` (``None`` refused)."""
-    out = positive_int(value, what)
-    assert out is not None
-    return out
-
-
 class ModelParallel:
     """A layer stack whose large dense layers are cut into neuron blocks living on executors.
 
@@ -143,8 +136,8 @@ class ModelParallel:
         self.input_shape = tuple(int(d) for d in input_shape)
         if not self.input_shape or any(d <= 0 for d in self.input_shape):
             raise ValueError(f"input_shape must have positive sizes, got {input_shape!r}")
-        self.replicas = _count(replicas, "replicas")
-        self.combine_bytes = _count(combine_bytes, "combine_bytes")
+        self.replicas = positive_int(replicas, "replicas")
+        self.combine_bytes = positive_int(combine_bytes, "combine_bytes")
         self.checkpoint_dir = checkpoint_dir
         self.name = name
         self._loss = None if loss is None else losses_mod.get(loss)
@@ -395,7 +388,7 @@ class ModelParallel:
             ValueError: bad input shapes or labels.
             BlockStateLost: a block's state is gone and there is no checkpoint.
         """
-        epochs, batch_size = _count(epochs, "epochs"), _count(batch_size, "batch_size")
+        epochs, batch_size = positive_int(epochs, "epochs"), positive_int(batch_size, "batch_size")
         if checkpoint_every and not self.checkpoint_dir:
             raise ValueError("checkpoint_every needs a checkpoint_dir")
         lo = self.loss
