@@ -7,7 +7,8 @@ likewise), the MLP 784-512-256-10, RMSprop 1e-3, batch 128, one epoch per fit.  
 Spark session (``local[2]``, or ``--standalone``: a standalone cluster of 2 workers x 1
 core on 127.0.0.1 started by ``tests/_standalone_cluster.py``):
 
-1. the first fit of the session (Python workers not started yet);
+1. the first fit of the session (``--no-warm-up``: the Python workers not started yet;
+   default: started in the background by ``get_spark``, while the DataFrames are built);
 2. a second fit on the same DataFrames (resident shards reusable);
 3. a fit on a changed DataFrame (different rows: the shards must be rebuilt).
 
@@ -124,7 +125,7 @@ class _Phases:
         from sparknet.cluster import data_parallel, fit, resident
         self.wrap(resident.Resident, "_materialise", "shard jobs (incl. worker start)")
         self.wrap(data_parallel.DataParallelTrainer, "_load",
-                  lambda self_, d, y, cols, cls, n, what, name: f"load {what} (total)")
+                  lambda self_, d, y, cols, cls, n, what, *rest: f"load {what} (total)")
         self.wrap(fit.FitContext, "calibrate", "calibration")
         return self
 
@@ -162,24 +163,30 @@ def one_fit(spark: Any, df: Any, dft: Any, args: argparse.Namespace) -> dict[str
             "reused": getattr(h, "reused_shards", None)}
 
 
-def session(master: str) -> Any:
-    from sparknet.cluster.session import get_spark
-    spark = get_spark(master, app_name="sparknet-bench-setup",
-                      conf={"spark.ui.enabled": "false", "spark.driver.memory": "4g",
-                            "spark.executor.memory": "2g", "spark.ui.showConsoleProgress": "false",
-                            "spark.sql.shuffle.partitions": "2"})
+def session(master: str, warm_up: bool) -> tuple[Any, Any]:
+    """The session, and the thread starting its Python workers (None without warm-up or
+    with a sparknet whose get_spark has none)."""
+    from sparknet.cluster import session as session_mod
+    conf = {"spark.ui.enabled": "false", "spark.driver.memory": "4g", "spark.executor.memory": "2g",
+            "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"}
+    if hasattr(session_mod, "start_python_workers"):
+        spark = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf, warm_up=False)
+        thread = session_mod.start_python_workers(spark) if warm_up else None
+    else:
+        spark, thread = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf), None
     spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return spark, thread
 
 
 def run_session(master: str, data: tuple, args: argparse.Namespace) -> dict[str, Any]:
     X, y, Xt, yt = data
-    spark = session(master)
+    spark, warm = session(master, not args.no_warm_up)
     try:
         df, dft = to_df(spark, X, y, 2), to_df(spark, Xt, yt, 2)
         changed = to_df(spark, X[::-1].copy(), y[::-1].copy(), 2)  # the same rows in another order
+        warmed = None if warm is None else not warm.is_alive()
         out = {"first": one_fit(spark, df, dft, args), "second": one_fit(spark, df, dft, args),
-               "changed": one_fit(spark, changed, dft, args)}
+               "changed": one_fit(spark, changed, dft, args), "warm_up_done": warmed}
         for d in (df, dft, changed):
             d.unpersist()
         return out
@@ -211,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--standalone", action="store_true", help="standalone 2 x 1-core cluster on 127.0.0.1")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="do not start the Python workers when the session starts (cold first fit)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     from _machine import machine_header  # benchmarks/_machine.py, next to this script
@@ -219,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     load_avg = os.getloadavg()
     header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm {sgemm_gflops():.0f} GFLOP/s; "
               f"load average at start {load_avg[0]:.1f}; master "
-              f"{'standalone 2 x 1 core' if args.standalone else 'local[2]'}")
+              f"{'standalone 2 x 1 core' if args.standalone else 'local[2]'}; "
+              f"{'no warm-up' if args.no_warm_up else 'Python workers started with the session'}")
     runs = []
     for _ in range(args.repeats):
         if args.standalone:
@@ -228,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_session(cl.url, data, args))
         else:
             runs.append(run_session("local[2]", data, args))
+    header += f" (finished before the first fit: {[r['warm_up_done'] for r in runs]})"
     report(runs, header)
     if args.json:
         with open(args.json, "w") as fh:

@@ -10,12 +10,11 @@ naming the column and value.
 
 Reuse: the shards of a *cached* DataFrame (``df.cache()``) or a persisted RDD stay on
 the executors after the fit and serve the next fit on the same data, columns and
-partitioning without a job (:func:`shard_data` with ``reuse=True``).  They are keyed by
-the cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus
-the columns, dtype and partitions: different rows are a different cache, so they are
-built anew, and so are they after ``unpersist()`` (the entry is dropped then).  At most
-:data:`MAX_REUSED` sets of shards are kept (least recently used first out);
-:func:`release_shards` (or ``DataParallelTrainer.release_shards()``) frees them all.
+partitioning without a job (:func:`shard_data` with ``reuse=True``), keyed by the
+cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus the
+columns, dtype and partitions: different rows are a different cache, built anew, as is
+the data after ``unpersist()`` (the entry is dropped then).  At most :data:`MAX_REUSED`
+sets are kept (least recently used out first); :func:`release_shards` frees them all.
 """
 from __future__ import annotations
 
@@ -370,23 +369,14 @@ def _names(source: str, features_col: str, label_col: str) -> tuple[str, str]:
 
 
 def _job_phases(res: Resident, plan: float) -> dict[str, float]:
-    """The steps of building ``res``, from its last task to finish: ``plan`` (driver
-    seconds before the job), the worker's start (process, imports) until the builder
-    ran, the conversion to numpy, the checks, the spill, and the rest of the job."""
-    phases = {"plan (driver)": max(plan, 0.0)}
-    timed = [i for i in res.infos if i.timing]
-    if not timed:
-        phases["shard job"] = res.build_seconds
-        return phases
-    last = max(timed, key=lambda i: i.timing["start"] + i.timing["build"] + i.timing["spill"])
-    tm, check = last.timing, float(last.meta.get("check_seconds", 0.0))
-    start = min(max(tm["start"] - res.build_started, 0.0), res.build_seconds)
-    phases["worker start, imports"] = start
-    phases["convert to numpy"] = max(tm["build"] - check, 0.0)
-    phases["checks (executors)"] = check
-    phases["spill"] = tm["spill"]
-    phases["shard job: scheduling, results"] = max(res.build_seconds - start - tm["build"] - tm["spill"], 0.0)
-    return phases
+    """The steps of building ``res``: ``plan`` (driver seconds before the job), then the
+    job's (:meth:`Resident.build_phases`), its build split into conversion and checks."""
+    job = res.build_phases()
+    check = max((float(i.meta.get("check_seconds", 0.0)) for i in res.infos), default=0.0)
+    check = min(check, job.get("build", 0.0))
+    return {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0),
+            "convert to numpy": job.get("build", 0.0) - check, "checks (executors)": check,
+            "spill": job.get("spill", 0.0), "shard job: scheduling, results": job["rest"]}
 
 
 def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
@@ -551,30 +541,29 @@ class _ShardCache:
 
     def give_back(self, d: ShardedData) -> bool:
         """End a loan; False when ``d`` is no longer kept (released meanwhile)."""
+        key = d.cache_key
         with self._lock:
-            if d.cache_key is None or self._entries.get(d.cache_key) is not d:
+            if key is None or self._entries.get(key) is not d:
                 return False
-            self._busy.discard(d.cache_key)
+            self._busy.discard(key)
             return True
 
     def prune(self, sc: SparkContext) -> None:
         """Drop the entries whose cache is gone (``unpersist()``) or whose application ended."""
         try:
-            persistent = sc._jsc.getPersistentRDDs()
-            gone = [k for k in self._entries if k not in self._busy
-                    and (k[0] != sc.applicationId or not persistent.containsKey(k[1]))]
+            kept = sc._jsc.getPersistentRDDs()
+            gone = [k for k in self._entries if k[0] != sc.applicationId or not kept.containsKey(k[1])]
         except Exception:  # pragma: no cover - context stopped
-            gone = [k for k in self._entries if k not in self._busy]
-        self.release(gone)
+            gone = list(self._entries)
+        self.release([k for k in gone if k not in self._busy])
 
     def release(self, keys: Iterable[tuple] | None = None) -> int:
         """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
         with self._lock:
             chosen = list(self._entries) if keys is None else [k for k in keys if k in self._entries]
             dropped = [self._entries.pop(k) for k in chosen]
-        for d in dropped:
-            if d.cache_key not in self._busy:
-                d.resident.close()
+        for d in (d for d in dropped if d.cache_key not in self._busy):
+            d.resident.close()
         return len(dropped)
 
 

@@ -22,7 +22,8 @@ Two synchronous flavours (``sync=``):
     partition keeps *its own* optimizer state (RMSprop's running squared-gradient
     average, momentum buffers, step count) resident next to its shard across rounds
     and epochs, so the state follows that partition's gradient statistics and is
-    never reset or shipped.  ``tau`` defaults to the smallest number of steps that
+    never reset or shipped within the fit (a later fit on reused shards starts its
+    own).  ``tau`` defaults to the smallest number of steps that
     keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round, measured by a
     probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`) and
     re-measured from every round (the next rounds are re-sized from them).  When one

@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Round costs measured by the last fit on a set of (reused) training shards, for a
+#: network, dtype, batch size and mode: a later fit there sizes its first rounds from
+#: them instead of a probe round.  Keyed by :func:`_cost_key`; the newest 32 are kept.
+_MEASURED: dict[tuple, RoundCostModel] = {}
+
 
 class FitHistory(History):
     """The :class:`~sparknet.model.History` of a data-parallel fit.
@@ -154,10 +159,18 @@ class FitContext:
         wall, comp = time.perf_counter() - t0, max(res.times) if res.times else 0.0
         return RoundCostModel(max(wall - comp, 1e-4), max(res.step_time, 1e-6), int(self.model.params.nbytes))
 
+    def _cost_key(self) -> tuple:
+        """What a round's cost depends on: the shards, the network (not its weights or
+        seed), the batch size, the sync flavour and the training mode."""
+        cfg = {k: v for k, v in self.spec.config.items() if k not in ("seed", "name")}
+        tr = self.trainer
+        return (self.train.resident.key, repr(cfg), self.batch_size, tr.sync, tr.mode)
+
     def calibrate(self) -> None:
         """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no
         measurement (the cost model then comes from the first epoch's rounds, see
-        :meth:`resize`); ``local_steps="auto"`` measures a probe round first."""
+        :meth:`resize`); ``local_steps="auto"`` measures a probe round first, unless
+        the shards are reused and an earlier fit there measured the same rounds."""
         tr = self.trainer
         n_max = max(self.train.rows)
         if tr.sync == "gradient":
@@ -168,7 +181,8 @@ class FitContext:
         if tr.local_steps != "auto":
             self._size(steps_epoch, int(tr.local_steps))
             return
-        cost = self.cost = self._measure()
+        cost = _MEASURED.get(self._cost_key()) if self.train.reused else None
+        cost = self.cost = cost or self._measure()
         self._size(steps_epoch, cost.steps_for(tr.max_overhead))
         if cost.overhead(self.steps_per_round) > tr.max_overhead:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
@@ -193,7 +207,9 @@ class FitContext:
             return
         first = self.cost is None
         cost = self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, int(self.model.params.nbytes))
-        tr.cost = cost
+        tr.cost = _MEASURED[self._cost_key()] = cost
+        while len(_MEASURED) > 32:
+            del _MEASURED[next(iter(_MEASURED))]
         if tr.sync == "gradient":
             if first and cost.overhead(1) > tr.max_overhead:
                 log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "

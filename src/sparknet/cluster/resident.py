@@ -356,8 +356,7 @@ class _Dropper:
 
 def _as_info(item: Any) -> ShardInfo:
     """An anchor record: a :class:`ShardInfo`, or the DataFrame row holding it pickled
-    (the anchor of :meth:`Resident.from_dataframe` keeps the rows as they come: no second
-    Python stage behind the Arrow one when it is built)."""
+    (what :meth:`Resident.from_dataframe`'s Arrow stage emits)."""
     if isinstance(item, ShardInfo):
         return item
     import pickle
@@ -412,8 +411,7 @@ class Resident:
     Attributes:
         key: unique key of this state in the executors' stores.
         infos: the :class:`ShardInfo` of every partition, in partition order.
-        anchor: the persisted anchor RDD (one record per partition: its
-            :class:`ShardInfo`, or the DataFrame row holding it pickled).
+        anchor: the persisted anchor RDD (one :class:`ShardInfo` per partition).
     """
 
     def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
@@ -448,10 +446,12 @@ class Resident:
     def _materialise(self) -> None:
         from pyspark import StorageLevel
 
-        anchor: RDD[Any]  # ShardInfo records, or DataFrame rows holding them (see _as_info)
+        anchor: RDD[Any]
         if self._df is not None:
             func = _arrow_builder(self.key, self._build, self.spill_dir)
-            anchor = self._df.mapInArrow(func, "info binary").rdd
+            # the Python map behind the Arrow stage starts the executors' other Python
+            # daemon (plain RDD tasks, as every later round is) alongside the Arrow one
+            anchor = self._df.mapInArrow(func, "info binary").rdd.map(_as_info, preservesPartitioning=True)
         else:
             assert self._rdd is not None  # __init__ took an RDD or a DataFrame
             anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
@@ -473,6 +473,18 @@ class Resident:
     @property
     def num_partitions(self) -> int:
         return len(self.infos)
+
+    def build_phases(self) -> dict[str, float]:
+        """The last build job's seconds, from its last task to finish: until that task's
+        builder ran (``start``: scheduling, the Python worker's start and imports), in
+        ``build``, in ``spill``, and the ``rest`` (results back, the job's end)."""
+        timed = [i for i in self.infos if i.timing]
+        if not timed:
+            return {"rest": self.build_seconds}
+        tm = max(timed, key=lambda i: i.timing["start"] + i.timing["build"] + i.timing["spill"]).timing
+        start = min(max(tm["start"] - self.build_started, 0.0), self.build_seconds)
+        rest = max(self.build_seconds - start - tm["build"] - tm["spill"], 0.0)
+        return {"start": start, "build": tm["build"], "spill": tm["spill"], "rest": rest}
 
     def rebuild(self) -> None:
         """Drop every shard and build them again from the source."""

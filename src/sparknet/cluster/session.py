@@ -7,7 +7,9 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -83,7 +85,7 @@ def check_java(min_version: int = 17) -> str:
 
 
 def get_spark(master: str | None = None, app_name: str = "sparknet",
-              conf: dict | None = None) -> SparkSession:
+              conf: dict | None = None, warm_up: bool = True) -> SparkSession:
     """The active SparkSession, or a new one (default master ``local[*]``).
 
     Sets ``PYSPARK_PYTHON`` to this interpreter (so executors import the same
@@ -96,6 +98,9 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
         master: Spark master URL; ``None`` means ``local[*]`` for a new session.
         app_name: application name of a new session.
         conf: extra Spark settings for a new session.
+        warm_up: start the executors' Python workers of a new session in the
+            background (:func:`start_python_workers`), so that the first fit does not
+            wait for them.
 
     Returns:
         a ``pyspark.sql.SparkSession``.
@@ -117,7 +122,53 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     _warn_settings(spark)
+    if warm_up:
+        start_python_workers(spark)
     return spark
+
+
+def start_python_workers(spark: SparkSession, wait: float = 30.0) -> threading.Thread:
+    """Start every executor's two Python daemons (the one of plain RDD tasks and the one
+    of Arrow tasks; each imports sparknet once, see :data:`DEFAULT_CONF`) and one worker
+    of each per core, in a background job (job group ``sparknet-warm-up``): the first
+    fit then finds them running instead of waiting for them.
+
+    Args:
+        spark: the session.
+        wait: seconds to wait for executors to register (standalone, YARN, k8s) before
+            the job; it starts once their number has been steady for a second.
+
+    Returns:
+        the background thread (``join()`` it to wait for the workers).
+    """
+    def run() -> None:
+        sc = spark.sparkContext
+        try:
+            sc.setJobGroup("sparknet-warm-up", "sparknet: starting the executors' Python workers")
+            deadline, seen, steady = time.time() + wait, -1, time.time()
+            while time.time() < deadline and not (sc.master or "local").startswith("local"):
+                n = sc._jsc.sc().getExecutorMemoryStatus().size() - 1  # less the driver
+                if n != seen:
+                    seen, steady = n, time.time()
+                elif n > 0 and time.time() - steady >= 1.0:
+                    break
+                time.sleep(0.1)
+            tasks = max(sc.defaultParallelism, seen)
+            spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_noop, "id long").rdd.map(_noop).count()
+        except Exception as exc:  # a stopped session: nothing to warm
+            log.debug("sparknet: warming up the Python workers failed: %s", exc)
+
+    thread = threading.Thread(target=run, name="sparknet-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _arrow_noop(batches: Iterator[Any]) -> Iterator[Any]:
+    yield from batches
+
+
+def _noop(row: Any) -> int:
+    return 0
 
 
 def preload(modules: tuple[str, ...] = PRELOAD) -> list[str]:
