@@ -116,7 +116,11 @@ def test_outer_choice_of_the_trainer(spark):
     assert resolve_outer("none", mode="sync", sync="average") is None
     assert resolve_outer("auto", mode="sync", sync="gradient") is None
     assert resolve_outer("auto", mode="async", sync="average") is None
-    assert isinstance(resolve_outer("nesterov", mode="sync", sync="average"), OuterOptimizer)
+    assert resolve_outer("auto", mode="sync", sync="average", local_steps=8) is None
+    assert isinstance(resolve_outer("nesterov", mode="sync", sync="average", local_steps=8), OuterOptimizer)
+    default = DataParallelTrainer(model, spark).outer  # the trainer sizes rounds and outer step
+    assert isinstance(default, OuterOptimizer) and not default.sized and default.nesterov
+    assert DataParallelTrainer(model, spark, local_steps=5).outer is None
     mine = OuterOptimizer(momentum=0.3)
     assert DataParallelTrainer(model, spark, outer=mine).outer is mine
     with pytest.raises(ValueError, match="outer must be .*got outer='bogus'"):
@@ -146,13 +150,14 @@ def test_fit_with_momentum_0_lr_1_equals_plain_averaging(spark, digits):
 
 def test_fit_with_nesterov_outer_reaches_plain_averaging_accuracy(spark, digits):
     """Digits on local Spark, 2 partitions, rounds of 10 local steps (5 per epoch): the
-    outer Nesterov step reaches the test accuracy plain averaging reaches, and its
-    momentum is live state after the fit."""
+    outer Nesterov step (the default one, sized from the 2 partitions) reaches the test
+    accuracy plain averaging reaches, and its momentum is live state after the fit."""
     _, h_plain = _digits_fit(spark, digits, None)
-    outer = OuterOptimizer(momentum=0.5)
+    outer = OuterOptimizer()
     model, h_outer = _digits_fit(spark, digits, outer)
     plain_acc, outer_acc = h_plain["val_accuracy"][-1], h_outer["val_accuracy"][-1]
-    print(f"digits, 12 epochs: plain averaging {plain_acc:.4f}, outer Nesterov 0.5 {outer_acc:.4f}")
+    print(f"digits, 12 epochs: plain averaging {plain_acc:.4f}, outer Nesterov {outer_acc:.4f}")
+    assert (outer.momentum, outer.lr) == sized_for(2)
     assert plain_acc >= 0.95
     assert outer_acc >= plain_acc - 0.01
     assert outer.t == sum(h_outer["rounds"]) and outer.t > 12

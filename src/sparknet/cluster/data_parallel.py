@@ -151,13 +151,16 @@ class DataParallelTrainer:
         reduce: how round results come back: ``"tree"`` (``treeAggregate``, default) or
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
-        outer: the outer optimizer of ``sync="average"``, a step on each round's
-            averaged delta (:mod:`sparknet.cluster.outer`): an
-            :class:`~sparknet.cluster.outer.OuterOptimizer`, ``"nesterov"`` (its
-            defaults), ``None``/``"none"`` (plain averaging: the mean delta added as
-            it is) or ``"auto"`` (default: ``DEFAULT_OUTER`` in synchronous average
-            mode, none otherwise).  Its state (momentum) is kept in the object across
-            fits, like the driver's optimizer of ``sync="gradient"``.
+        outer: the outer optimizer of ``sync="average"``, a step with momentum on
+            each round's averaged delta (:mod:`sparknet.cluster.outer`): an
+            :class:`~sparknet.cluster.outer.OuterOptimizer`, ``"nesterov"``
+            (``OuterOptimizer()``: sized from the partitions, so that a steady
+            direction moves as far as one process's steps would), ``None``/``"none"``
+            (plain averaging: the mean delta added as it is) or ``"auto"`` (default:
+            ``"nesterov"`` when ``local_steps="auto"`` in synchronous average mode;
+            plain averaging with a given ``local_steps``, which runs the schedule
+            documented in this module exactly).  Its momentum is kept in the object across fits,
+            like the driver's optimizer of ``sync="gradient"``.
         **mode_options: options of a registered mode (``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
             see :class:`sparknet.cluster.async_ps.AsyncOptions`).
@@ -197,7 +200,7 @@ class DataParallelTrainer:
         self.reduce = reduce
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
-        self.outer = resolve_outer(outer, mode=mode, sync=sync)
+        self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
         self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)

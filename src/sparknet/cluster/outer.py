@@ -154,25 +154,23 @@ def _real(value: Any, what: str) -> float:
     return float(value)
 
 
-#: The outer optimizer of ``outer="auto"`` in synchronous average mode (``None``: plain
-#: averaging); chosen by the measurements in ``benchmarks/README.md`` (time to accuracy).
-DEFAULT_OUTER: dict[str, Any] | None = None
-
-
-def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str) -> OuterOptimizer | None:
+def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str,
+                  local_steps: "int | str" = "auto") -> OuterOptimizer | None:
     """The outer optimizer of a trainer: ``None`` or ``"none"`` (plain averaging),
-    ``"nesterov"`` (:class:`OuterOptimizer` with its defaults), an instance, or
-    ``"auto"``: :data:`DEFAULT_OUTER` in synchronous average mode, none otherwise.
+    ``"nesterov"`` (:class:`OuterOptimizer`, sized from the partitions), an instance, or
+    ``"auto"``: sized Nesterov when the trainer sizes the rounds too (synchronous
+    average mode, ``local_steps="auto"``: the fastest time to accuracy measured, see
+    ``benchmarks/README.md``), else plain averaging (a given ``local_steps`` runs the
+    documented schedule of :mod:`sparknet.cluster.data_parallel` exactly).
 
     Raises:
         ValueError: an unknown value, or an outer optimizer where no averaged delta is
             applied by the driver (``mode="async"`` or ``sync="gradient"``).
     """
-    plain = outer is None or (isinstance(outer, str) and outer.lower() == "none")
     averaged = mode == "sync" and sync == "average"
     if isinstance(outer, str) and outer.lower() == "auto":
-        return OuterOptimizer(**DEFAULT_OUTER) if averaged and DEFAULT_OUTER is not None else None
-    if plain:
+        return OuterOptimizer() if averaged and local_steps == "auto" else None
+    if outer is None or (isinstance(outer, str) and outer.lower() == "none"):
         return None
     if isinstance(outer, str) and outer.lower() == "nesterov":
         outer = OuterOptimizer()
