@@ -339,6 +339,47 @@ static void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float
         }
     }
 }
+/* The LSTM forward gate row of sn_lstm_fwd_f (same contract, formulas and results) 16 units
+   at a time in zmm registers: the x86-64-v4 clone of the loop above uses 256-bit vectors, and
+   the five rational functions per unit make this loop compute bound (1.6 -> 1.3 ms a
+   28 x 128 x 128 forward on a Xeon; the backward row is memory bound and gains nothing). */
+__attribute__((target("avx512f,fma"), unused))
+static inline __m512 sn_tanh16(__m512 x) {
+    const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
+    x = _mm512_min_ps(_mm512_max_ps(x, -lim), lim);
+    __m512 x2 = x * x;
+    __m512 p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+    p = x2 * p + -8.60467152213735e-11f;
+    p = x2 * p + 5.12229709037114e-08f;
+    p = x2 * p + 1.48572235717979e-05f;
+    p = x2 * p + 6.37261928875436e-04f;
+    p = x2 * p + 4.89352455891786e-03f;
+    p = x * p;
+    __m512 q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+    q = x2 * q + 2.26843463243900e-03f;
+    q = x2 * q + 4.89352518554385e-03f;
+    return p / q;
+}
+__attribute__((target("avx512f,fma"), unused))
+static inline __m512 sn_sigm16(__m512 x) { return 0.5f + 0.5f * sn_tanh16(0.5f * x); }
+__attribute__((target("avx512f,fma"), unused))
+static void sn_lstm_fwd_f16(int H, float* a, const float* b, const float* c_prev, float* c,
+                            float* tc, float* h) {
+    for (int j = 0; j < H; j += 16) {
+        __mmask16 m = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1u);
+#define SN_PRE(q) (_mm512_maskz_loadu_ps(m, a + (q) * H + j) + _mm512_maskz_loadu_ps(m, b + (q) * H + j))
+        __m512 i = sn_sigm16(SN_PRE(0)), f = sn_sigm16(SN_PRE(1));
+        __m512 g = sn_tanh16(SN_PRE(2)), o = sn_sigm16(SN_PRE(3));
+#undef SN_PRE
+        __m512 cj = f * _mm512_maskz_loadu_ps(m, c_prev + j) + i * g;
+        __m512 t = sn_tanh16(cj);
+        _mm512_mask_storeu_ps(a + j, m, i); _mm512_mask_storeu_ps(a + H + j, m, f);
+        _mm512_mask_storeu_ps(a + 2 * H + j, m, g); _mm512_mask_storeu_ps(a + 3 * H + j, m, o);
+        _mm512_mask_storeu_ps(c + j, m, cj); _mm512_mask_storeu_ps(tc + j, m, t);
+        _mm512_mask_storeu_ps(h + j, m, o * t);
+    }
+}
+
 SN_UNUSED static int sn_has_avx512(void) {
     static int has = -1;
     if (has < 0) { __builtin_cpu_init(); has = __builtin_cpu_supports("avx512f") ? 1 : 0; }
@@ -352,6 +393,8 @@ SN_UNUSED SN_UNUSED static int sn_has_avx512(void) { return 0; }
 SN_UNUSED static void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda, const float* Bp,
                                float* C, int ldc, int acc) { }
 SN_UNUSED static void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) { }
+SN_UNUSED static void sn_lstm_fwd_f16(int H, float* a, const float* b, const float* c_prev, float* c,
+                                      float* tc, float* h) { }
 SN_UNUSED static void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                               int K2, const float* A2, int lda2, const float* Bp2,
                                               float* C, int ldc, int acc) { }

@@ -48,12 +48,22 @@ cdef extern from "recurrent_kernels.h":
                        double* db) noexcept nogil
     void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                 float* C, int ldc, int acc) noexcept nogil
+    void sn_lstm_fwd_f16(int H, float* a, const float* b, const float* c_prev, float* c,
+                         float* tc, float* h) noexcept nogil
+    int sn_has_avx512() noexcept nogil
+
+
+# the float32 forward gate row in 16-wide AVX-512 registers on CPUs that have them (same results)
+cdef bint _rows16 = sn_has_avx512()
 
 
 cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floating* c_prev,
                                floating* c, floating* tc, floating* h) noexcept nogil:
     if floating is float:
-        sn_lstm_fwd_f(H, a, b, c_prev, c, tc, h)
+        if _rows16:
+            sn_lstm_fwd_f16(H, a, b, c_prev, c, tc, h)
+        else:
+            sn_lstm_fwd_f(H, a, b, c_prev, c, tc, h)
     else:
         sn_lstm_fwd_d(H, a, b, c_prev, c, tc, h)
 
