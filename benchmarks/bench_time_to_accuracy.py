@@ -98,7 +98,7 @@ def sgemm_gflops(seconds: float = 1.0) -> float:
     """One-thread sgemm rate (1024^3, per CPU second) through the BLAS sparknet links."""
     from threadpoolctl import threadpool_limits
 
-    from sparknet import _blas
+    import sparknet._blas as _blas
     n = 1024
     A = np.random.default_rng(0).random((n, n), dtype=np.float32)
     C = np.empty_like(A)
@@ -223,6 +223,8 @@ def run_estimator(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
         fitted = clf.fit(d["df"])
         wall = time.perf_counter() - t0
     h = fitted._history
+    if h is None:
+        raise RuntimeError("SparkNetClassifier.fit left no training history")
     return _from_history(h, wall - float(np.sum(h["time"])))
 
 
@@ -273,6 +275,8 @@ def run_torch(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     t_call = time.time()
     res = TorchDistributor(num_processes=PARTITIONS, local_mode=True, use_gpu=False).run(
         _torch_train, d["npy"], args.epochs, args.batch_size, args.lr, args.seed)
+    if res is None:
+        raise RuntimeError("TorchDistributor.run returned nothing from rank 0")
     return {"setup": res["start"] - t_call, "epoch_times": res["epoch_times"], "accs": res["accs"]}
 
 
