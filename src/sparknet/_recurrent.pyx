@@ -28,6 +28,14 @@ where a BLAS would repack them at every step; the weight gradients use the same 
 with ``dgates`` read transposed.  Float64, other CPUs, or :func:`use_step_kernel` (False)
 use the BLAS ``gemm`` for every product.
 
+The LSTM on that kernel goes step by step instead (:func:`use_fused_steps`, the default):
+each forward step computes ``gates[t] = x_t @ W_ih^T + h_{t-1} @ W_hh^T`` in one pass (no
+``(T*N, 4H)`` projection written and read back), and each backward step writes its gate
+gradients to an ``(N, 4H)`` scratch that stays in cache for the step's ``dh`` product and its
+shares of ``dW_hh``, ``dW_ih`` and ``dx``.  Products over all ``T*N`` rows read ``dgates``
+with a ``4H``-float row stride that maps the rows onto few cache sets, and ran at a quarter
+of the kernel's rate on a 2 MiB-L2 Xeon; per step they run at its full rate.
+
 Masks.  ``mask[n, t] == 0`` marks a padded step: the state is carried unchanged
 (``h[t+1] = h[t]``, ``c[t+1] = c[t]``), the per-step output is zero, and in the backward the
 incoming state gradient passes through unchanged while the step's gate gradients are zero
