@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write every figure to this file")
     args = ap.parse_args(argv)
+    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    print(machine_header(), flush=True)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     bad = sorted(set(runs) - set(RUNS))
     if bad:
