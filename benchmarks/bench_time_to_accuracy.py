@@ -230,7 +230,8 @@ def run_estimator(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
 
 def _torch_train(paths: dict[str, str], epochs: int, batch: int, lr: float, seed: int) -> Any:
     """One DDP process (run by TorchDistributor): RMSprop on its half of the rows, rank 0
-    evaluating on the test set after every epoch (not timed)."""
+    evaluating on the test set after every epoch (not timed); every process returns rank
+    0's figures."""
     import time
 
     import numpy as np
@@ -266,8 +267,11 @@ def _torch_train(paths: dict[str, str], epochs: int, batch: int, lr: float, seed
             with torch.no_grad():
                 accs.append(float((net(Xt).argmax(1) == yt).float().mean()))
         dist.barrier()
+    # every process writes its result to the same file (the last one wins): all return rank 0's
+    out = [{"start": start, "epoch_times": times, "accs": accs} if rank == 0 else None]
+    dist.broadcast_object_list(out, src=0)
     dist.destroy_process_group()
-    return {"start": start, "epoch_times": times, "accs": accs} if rank == 0 else None
+    return out[0]
 
 
 def run_torch(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
