@@ -18,7 +18,10 @@ Two synchronous flavours (``sync=``):
 ``"average"`` -- local steps then average (SparkNet's tau).
     Every round, each partition starts from the broadcast parameters, runs ``tau``
     optimizer steps of ``batch_size`` rows on its own shard, and returns its weight
-    delta; the driver adds the row-weighted mean delta to the parameters.  Each
+    delta; the driver applies the row-weighted mean delta to the parameters: added as
+    it is (plain averaging), or through an outer Nesterov step on it
+    (:mod:`sparknet.cluster.outer`; the default ``outer="auto"`` when the trainer sizes
+    the rounds itself, ``local_steps="auto"``).  Each
     partition keeps *its own* optimizer state (RMSprop's running squared-gradient
     average, momentum buffers, step count) resident next to its shard across rounds
     and epochs, so the state follows that partition's gradient statistics and is
