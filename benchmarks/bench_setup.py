@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from collections import defaultdict
@@ -42,34 +41,6 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 DEFAULT_MNIST = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def sgemm_gflops(seconds: float = 1.0) -> float:
-    """One-thread sgemm rate (1024^3) through the BLAS sparknet's kernels call."""
-    from sparknet import _blas
-    from sparknet.threads import blas_threads
-
-    n = 1024
-    A = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    C = np.empty_like(A)
-    with blas_threads(1):
-        _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-        t0, k = time.perf_counter(), 0
-        while time.perf_counter() - t0 < seconds:
-            _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-            k += 1
-        return 2 * n ** 3 * k / (time.perf_counter() - t0) / 1e9
 
 
 def load(mnist_dir: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -222,11 +193,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="do not start the Python workers when the session starts (cold first fit)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    from _machine import machine_header  # benchmarks/_machine.py, next to this script
+    from _machine import cpu_model, machine_header, sgemm_gflops  # benchmarks/_machine.py, next to this script
     print(machine_header(), flush=True)
     data = load(args.mnist)
     load_avg = os.getloadavg()
-    header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm {sgemm_gflops():.0f} GFLOP/s; "
+    header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm {sgemm_gflops()[0]:.0f} GFLOP/s; "
               f"load average at start {load_avg[0]:.1f}; master "
               f"{'standalone 2 x 1 core' if args.standalone else 'local[2]'}; "
               f"{'no warm-up' if args.no_warm_up else 'Python workers started with the session'}")

@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -69,51 +68,11 @@ PARTITIONS = 2
 
 
 # --------------------------------------------------------------------------- the machine
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
-
-
-def cache_sizes() -> str:
-    """The caches of CPU 0 from sysfs, e.g. ``L1d 48K, L1i 32K, L2 2048K, L3 107520K``."""
-    base, out = "/sys/devices/system/cpu/cpu0/cache", []
-    with contextlib.suppress(OSError):
-        for idx in sorted(os.listdir(base)):
-            if not idx.startswith("index"):
-                continue
-
-            def read(name: str, idx: str = idx) -> str:
-                with open(os.path.join(base, idx, name)) as fh:
-                    return fh.read().strip()
-            kind = {"Data": "d", "Instruction": "i"}.get(read("type"), "")
-            out.append(f"L{read('level')}{kind} {read('size')}")
-    return ", ".join(out) or "unknown"
-
-
-def sgemm_gflops(seconds: float = 1.0) -> float:
-    """One-thread sgemm rate (1024^3, per CPU second) through the BLAS sparknet links."""
-    from threadpoolctl import threadpool_limits
-
-    import sparknet._blas as _blas
-    n = 1024
-    A = np.random.default_rng(0).random((n, n), dtype=np.float32)
-    C = np.empty_like(A)
-    with threadpool_limits(1):
-        _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-        t0, k = time.process_time(), 0
-        while time.process_time() - t0 < seconds:
-            _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-            k += 1
-    return 2 * n ** 3 * k / (time.process_time() - t0) / 1e9
-
-
 def machine() -> dict[str, Any]:
-    return {"cpu": cpu_model(), "caches": cache_sizes(), "cores": os.cpu_count(),
-            "sgemm_gflops_1thread": sgemm_gflops(), "load_average": os.getloadavg(),
+    from _machine import cache_sizes, cpu_model, sgemm_gflops  # benchmarks/_machine.py
+
+    return {"cpu": cpu_model(), "caches": ", ".join(f"{k} {v}" for k, v in cache_sizes().items()),
+            "cores": os.cpu_count(), "sgemm_gflops_1thread": sgemm_gflops()[0], "load_average": os.getloadavg(),
             "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")}}
 
 
