@@ -28,23 +28,27 @@
 #endif
 
 /* float32 tanh: odd/even rational approximation on [-7.905, 7.905] (clamped outside),
-   max abs error 3.5e-7; branch free, so loops over it vectorise. */
+   max abs error 3.5e-7; branch free, so loops over it vectorise.  SN_TANH_RATIONAL is its
+   body for an x already clamped, of type T: float here, a 16-float vector in sn_tanh16
+   (GCC's vector arithmetic takes the scalar constants), so the two give the same bits. */
+#define SN_TANH_RATIONAL(T, x)                                              \
+    T x2 = x * x;                                                           \
+    T p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;             \
+    p = x2 * p + -8.60467152213735e-11f;                                    \
+    p = x2 * p + 5.12229709037114e-08f;                                     \
+    p = x2 * p + 1.48572235717979e-05f;                                     \
+    p = x2 * p + 6.37261928875436e-04f;                                     \
+    p = x2 * p + 4.89352455891786e-03f;                                     \
+    p = x * p;                                                              \
+    T q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;             \
+    q = x2 * q + 2.26843463243900e-03f;                                     \
+    q = x2 * q + 4.89352518554385e-03f;                                     \
+    return p / q;
 static inline float sn_tanh_f(float x) {
     const float lim = 7.90531110763549805f;
     x = x > lim ? lim : x;
     x = x < -lim ? -lim : x;
-    float x2 = x * x;
-    float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-    p = x2 * p + -8.60467152213735e-11f;
-    p = x2 * p + 5.12229709037114e-08f;
-    p = x2 * p + 1.48572235717979e-05f;
-    p = x2 * p + 6.37261928875436e-04f;
-    p = x2 * p + 4.89352455891786e-03f;
-    p = x * p;
-    float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-    q = x2 * q + 2.26843463243900e-03f;
-    q = x2 * q + 4.89352518554385e-03f;
-    return p / q;
+    SN_TANH_RATIONAL(float, x)
 }
 static inline float sn_sigm_f(float x) { return 0.5f + 0.5f * sn_tanh_f(0.5f * x); }
 static inline double sn_tanh_d(double x) { return tanh(x); }
@@ -348,18 +352,7 @@ __attribute__((target("avx512f,fma"), unused))
 static inline __m512 sn_tanh16(__m512 x) {
     const __m512 lim = _mm512_set1_ps(7.90531110763549805f);
     x = _mm512_min_ps(_mm512_max_ps(x, -lim), lim);
-    __m512 x2 = x * x;
-    __m512 p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-    p = x2 * p + -8.60467152213735e-11f;
-    p = x2 * p + 5.12229709037114e-08f;
-    p = x2 * p + 1.48572235717979e-05f;
-    p = x2 * p + 6.37261928875436e-04f;
-    p = x2 * p + 4.89352455891786e-03f;
-    p = x * p;
-    __m512 q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-    q = x2 * q + 2.26843463243900e-03f;
-    q = x2 * q + 4.89352518554385e-03f;
-    return p / q;
+    SN_TANH_RATIONAL(__m512, x)
 }
 __attribute__((target("avx512f,fma"), unused))
 static inline __m512 sn_sigm16(__m512 x) { return 0.5f + 0.5f * sn_tanh16(0.5f * x); }
