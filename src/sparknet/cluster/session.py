@@ -122,7 +122,7 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     _warn_settings(spark)
-    if warm_up:
+    if warm_up and active is None:  # a running session (getOrCreate returned it) is warm already
         start_python_workers(spark)
     return spark
 
