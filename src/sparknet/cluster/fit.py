@@ -142,9 +142,10 @@ class FitContext:
 
     def _run(self, data: ShardedData, task: Any, description: str) -> RoundResult:
         """One round: ``task`` over every shard of ``data``, summed by the server."""
-        rdd = data.resident.mapPartitions(task)
-        self.sc.setJobDescription(description)
-        return data.resident.run_action(lambda: self.ps.gather(rdd))
+        def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
+            self.sc.setJobDescription(description)
+            return self.ps.gather(data.resident.mapPartitions(task))
+        return data.resident.run_action(action)
 
     # -- calibration ------------------------------------------------------
     def _measure(self, steps: int = 4, warmup: int = 2) -> RoundCostModel:

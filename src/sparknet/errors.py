@@ -1,0 +1,61 @@
+"""The errors sparknet raises for a training run that cannot go on.
+
+Bad arguments and bad data raise ``ValueError``/``TypeError`` naming the argument,
+column or value; the classes here are for what happens *during* a run:
+
+* :class:`TrainingDiverged` -- a loss, a gradient, a delta or the parameters became NaN
+  or infinite; the model keeps its last finite weights.
+* :class:`RoundTimeout` -- a round (or a model-parallel step) did not finish within the
+  trainer's ``round_timeout``; its Spark jobs were cancelled.
+* :class:`CheckpointError` -- a checkpoint or model file that cannot be trusted
+  (truncated, tampered, sizes that do not match its content, another network's).
+
+Spark-side losses have their own classes where they are raised:
+:class:`sparknet.cluster.resident.ResidentStateLost` and
+:class:`sparknet.cluster.model_parallel.BlockStateLost`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class TrainingDiverged(FloatingPointError):
+    """Training produced a NaN or infinite loss, gradient, delta or parameter.
+
+    The trainer that raises it has put back the last finite parameters (the model the
+    user holds is never left all-NaN) and has not written a checkpoint of the diverged
+    state.  ``FloatingPointError`` is its base, so ``except FloatingPointError`` catches it.
+
+    Attributes:
+        epoch: 1-based epoch where it was seen (``None`` when not known).
+        round: 1-based round of that epoch (data-parallel), or ``None``.
+        step: 1-based optimizer step (one process, model parallel), or ``None``.
+        partition: the partition whose result was not finite, or ``None``.
+        what: what was not finite (``"loss"``, ``"gradient"``, ``"delta"``, ``"parameters"``).
+    """
+
+    def __init__(self, message: str, *, epoch: int | None = None, round: int | None = None,
+                 step: int | None = None, partition: int | None = None, what: str = "loss") -> None:
+        super().__init__(message)
+        self.epoch, self.round, self.step, self.partition, self.what = epoch, round, step, partition, what
+
+    @classmethod
+    def describe(cls, what: str, value: Any = None, *, lr: float | None = None, **where: Any) -> "TrainingDiverged":
+        """A ``TrainingDiverged`` whose message names what diverged and where, e.g.
+        ``the loss became nan in epoch 3, round 2, partition 1; ...``."""
+        place = ", ".join(f"{k} {v}" for k, v in where.items() if v is not None)
+        got = "" if value is None else f" became {value}"
+        hint = "" if lr is None else f" (now {lr:g})"
+        msg = (f"training diverged: the {what}{got or ' is not finite'}{' in ' + place if place else ''}; "
+               f"the model keeps its last finite weights; lower the learning rate{hint}")
+        fields = {k: where.get(k) for k in ("epoch", "round", "step", "partition")}
+        return cls(msg, what=what, **fields)
+
+
+class RoundTimeout(TimeoutError):
+    """A round or step ran longer than ``round_timeout`` seconds; its jobs were cancelled."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or model file that cannot be read safely: missing or truncated files,
+    a checksum that does not match, declared sizes that do not match the content."""
