@@ -342,6 +342,26 @@ def apply_summed(store: Store, key: str, r0: int, r1: int, g: np.ndarray, opt: O
     apply_rows(Arrays(store), key, r0, r1, g, opt, t)
 
 
+def all_finite(arr: np.ndarray) -> bool:
+    """Whether every element of ``arr`` is finite, checked row chunk by row chunk (a block
+    may be close to the worker's memory limit: no temporary of its size)."""
+    flat = arr.reshape(arr.shape[0], -1) if arr.ndim > 1 else arr.reshape(-1, 1)
+    step = max(1, CHUNK_ELEMS // max(flat.shape[1], 1))
+    return all(bool(np.isfinite(flat[r0:r0 + step]).all()) for r0 in range(0, flat.shape[0], step))
+
+
+def nonfinite(arrays: Arrays, layer: BlockedLayer, k: int, state_keys: Sequence[str]) -> list[str]:
+    """The parameters (and optimizer state) of block ``k`` of ``layer`` holding a NaN or an
+    infinity, named ``"layer <i> block <k> <param>"``."""
+    i = layer.index
+    bad = []
+    for pname in layer.param_shapes(k):
+        for suffix in [""] + [f".{s}" for s in state_keys]:
+            if not all_finite(arrays[f"{i}.{pname}{suffix}"]):
+                bad.append(f"layer {i} block {k} {pname}{suffix}")
+    return bad
+
+
 def gather(store: Store, layer: BlockedLayer, keys: Sequence[str]) -> dict[str, np.ndarray]:
     """Copies of the named parameters (``kernel``, ``bias``) this slot holds for ``layer``."""
     arrays = Arrays(store)

@@ -9,15 +9,20 @@ A saved folder holds
   :meth:`~sparknet.optim.Optimizer.state_arrays` under the prefix ``stage<j>.opt_``);
 * ``manifest.json``, written last, so a folder with a manifest is complete.
 
-Checkpoints are such folders named ``step-<t>`` under the model's ``checkpoint_dir``.
+The folder is built beside its final place and renamed into it (:func:`staged_folder`).
+Checkpoints are :class:`~sparknet.checkpoint.CheckpointStore` folders holding the same
+block files (:mod:`~sparknet.cluster.model_parallel.recovery`).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import shutil
+import uuid
 import zipfile
-from typing import Any, Sequence, cast
+from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
@@ -107,14 +112,28 @@ def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
     return out
 
 
-def begin_save(folder: str) -> str:
-    """Make ``folder`` and remove its manifest (the folder is incomplete until it is rewritten)."""
-    folder = os.path.abspath(os.fspath(folder))
-    os.makedirs(folder, exist_ok=True)
-    man = os.path.join(folder, "manifest.json")
-    if os.path.exists(man):
-        os.unlink(man)
-    return folder
+@contextlib.contextmanager
+def staged_folder(folder: str) -> Iterator[tuple[str, str]]:
+    """``(final, staging)``: write a saved model into ``staging``, a hidden folder beside
+    ``folder``; on success it replaces ``folder`` (a previous model there is removed only
+    then), on an error it is deleted and ``folder`` is left as it was."""
+    final = os.path.abspath(os.fspath(folder))
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    staging = os.path.join(parent, f".{os.path.basename(final)}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(staging)
+    try:
+        yield final, staging
+        old = None
+        if os.path.exists(final):
+            old = os.path.join(parent, f".{os.path.basename(final)}.old-{uuid.uuid4().hex[:8]}")
+            os.replace(final, old)
+        os.replace(staging, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def write_manifest(folder: str, manifest: dict[str, Any]) -> None:
@@ -131,17 +150,3 @@ def read_manifest(folder: str) -> dict[str, Any]:
     if m.get("format") != FORMAT or m.get("version") not in _READS:
         raise ValueError(f"{folder!r} is not a {FORMAT} folder of version {', '.join(map(str, _READS))}")
     return m
-
-
-def checkpoint_folder(checkpoint_dir: str, t: int) -> str:
-    return os.path.join(checkpoint_dir, f"step-{t:09d}")
-
-
-def latest_checkpoint(checkpoint_dir: str | None) -> str | None:
-    """The newest complete checkpoint folder under ``checkpoint_dir``, or ``None``."""
-    d = checkpoint_dir
-    if not d or not os.path.isdir(d):
-        return None
-    done = sorted(f for f in os.listdir(d)
-                  if f.startswith("step-") and os.path.isfile(os.path.join(d, f, "manifest.json")))
-    return os.path.join(d, done[-1]) if done else None

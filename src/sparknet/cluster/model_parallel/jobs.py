@@ -187,9 +187,20 @@ class GatherJob(BlockJob):
                 if self.holds(slot, layer)}
 
 
+class SaveResult(NamedTuple):
+    """A slot's answer to :class:`SaveJob`."""
+
+    #: bytes of parameters and optimizer state written
+    nbytes: int
+    #: the arrays found not finite (``"layer <i> block <k> <param>"``): then nothing was written
+    nonfinite: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class SaveJob(BlockJob):
-    """Replica 0's slots stream their blocks into ``folder`` (replicas are identical)."""
+    """Replica 0's slots stream their blocks into ``folder`` (replicas are identical), after
+    checking every array is finite: a slot holding a NaN or an infinity writes nothing and
+    names the arrays (so no file of a diverged state is ever written)."""
 
     folder: str = ""
     opt: Optional[Optimizer] = None
@@ -200,12 +211,15 @@ class SaveJob(BlockJob):
         assert self.opt is not None
         if self.layout.replica(slot) != 0:
             return None
-        arrays, k, total = ex.Arrays(store), self.layout.block(slot), 0
+        arrays, k = ex.Arrays(store), self.layout.block(slot)
+        mine = [layer for layer, step in zip(self.layers, self.steps) if self.holds(slot, layer)]
         for layer, step in zip(self.layers, self.steps):
             if self.holds(slot, layer):
                 ex.check_state(arrays, slot, layer, self.generation, step)
-                total += save_block(arrays, layer, k, self.folder, self.opt.state_keys())
-        return total
+        bad = [name for layer in mine for name in ex.nonfinite(arrays, layer, k, self.opt.state_keys())]
+        if bad:
+            return SaveResult(0, tuple(bad))
+        return SaveResult(sum(save_block(arrays, layer, k, self.folder, self.opt.state_keys()) for layer in mine))
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -13,8 +12,9 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
+from sparknet.checkpoint import Checkpoint, CheckpointStore
 from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
-from sparknet.cluster.model_parallel import files
+from sparknet.cluster.model_parallel import persistence, recovery
 from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
@@ -23,24 +23,26 @@ from sparknet.cluster.model_parallel.jobs import (
     InitJob,
     Layout,
     Piece,
-    SaveJob,
     StatusJob,
     plan_pieces,
     shard_rows,
 )
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
-    DriverStage,
+    NonFinite,
     PairStage,
     Stage,
+    assemble,
     build_stages,
-    driver_arrays,
+    check_finite,
     nbytes,
-    set_driver_arrays,
 )
+from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 
 log = logging.getLogger(__name__)
+
+
 
 #: bytes of replicas' partial gradients the driver collects per piece when combining them
 DEFAULT_COMBINE_BYTES = 32 << 20
@@ -62,8 +64,11 @@ class ModelParallel:
         optimizer: an :class:`~sparknet.optim.RMSprop` or :class:`~sparknet.optim.SGD`
             (or its name); default RMSprop.  Blocks keep their own share of its state.
         loss: ``"cross_entropy"``, ``"mse"`` or a Loss; default as ``Sequential``.
-        checkpoint_dir: folder of checkpoints (:meth:`checkpoint`); when a block's state
-            is lost, :meth:`fit` restores the newest checkpoint from here and goes on.
+        checkpoint_dir: folder of checkpoints (:meth:`checkpoint`, ``fit(checkpoint_every=N)``;
+            see :mod:`~sparknet.cluster.model_parallel.recovery`), a folder the executors and
+            the driver both reach; when a block's state is lost, :meth:`fit` restores the
+            newest checkpoint from here and replays the steps after it.
+        checkpoint_keep: how many of the newest checkpoints to keep (default 3).
         name: a readable prefix of the executors' resident state.
         replicas: ``D`` data-parallel replicas of the blocks (``D * K`` slots; each step's
             batch is cut into ``D`` row shards and each block's gradient summed over its
@@ -82,10 +87,13 @@ class ModelParallel:
                  optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, checkpoint_dir: str | None = None,
                  name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
-                 _load: str | None = None) -> None:
+                 checkpoint_keep: int = 3, _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
         self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
                           replicas, combine_bytes)
+        self.checkpoint_keep = positive_int(checkpoint_keep, "checkpoint_keep")
+        self._store = None if checkpoint_dir is None else recovery.open_store(os.fspath(checkpoint_dir),
+                                                                              self.checkpoint_keep)
         shapes = self._layer_shapes()
         self.blocked: list[BlockedLayer] = self.plan.resolve(layers, shapes, self._softmax_head)
         self.layout = Layout(self.plan.max_blocks, self.replicas)
@@ -290,7 +298,9 @@ class ModelParallel:
         return check_targets(y, n, self.output_shape, self.dtype, name="y")
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: losses_mod.Loss,
-                    next_x: np.ndarray | None = None) -> tuple[float, float, float]:
+                    next_x: np.ndarray | None = None, epoch: int | None = None) -> tuple[float, float, float]:
+        """One step; raises :class:`~sparknet.errors.TrainingDiverged` (step count and
+        weights as before the step) when its loss or a delta is not finite."""
         from sparknet.activations import grad as act_grad
         from sparknet.activations import softmax
 
@@ -303,14 +313,25 @@ class ModelParallel:
         s, w, g = lo.value_and_grad(pred, yb)
         if not np.isfinite(s):
             self.t -= 1
-            raise FloatingPointError(f"loss became {s} at step {self.t + 1}; lower the learning rate")
+            raise TrainingDiverged.describe("loss", s, lr=self._lr(), epoch=epoch, step=self.t + 1)
         if pred is not out:
             g = act_grad("softmax", pred, g)
-        for j in range(len(self.stages) - 1, 0, -1):
-            dx = self.stages[j].backward(g, need_dx=True)
-            assert dx is not None
-            g = dx
-        self.stages[0].backward(g, need_dx=False, next_x=next_x)   # a driver stage ignores next_x
+        try:
+            for j in range(len(self.stages) - 1, -1, -1):
+                check_finite(g, "delta", f"stage {j}'s output")
+                dx = self.stages[j].backward(g, need_dx=j > 0, next_x=next_x if j == 0 else None)
+                if j > 0:
+                    assert dx is not None
+                    g = dx
+        except NonFinite as exc:
+            if j == len(self.stages) - 1:       # before any update: the step did not happen
+                self.t -= 1
+                raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})", lr=self._lr(), epoch=epoch,
+                                                step=self.t + 1) from None
+            raise TrainingDiverged(
+                f"training diverged: the {exc.what} of {exc.where} is not finite in step {self.t}, after the stages "
+                f"above it were updated (restore() the newest checkpoint); lower the learning rate",
+                epoch=epoch, step=self.t, what=exc.what) from None
         self._flush()
         correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
         self.step_times.append(time.perf_counter() - t0)
@@ -318,6 +339,10 @@ class ModelParallel:
         self.last_step_times = {k: self._times[k] - before_t[k] for k in self._times}
         self.last_step_times["step_s"] = self.step_times[-1]
         return float(s), float(w), correct
+
+    def _lr(self) -> float | None:
+        lr = self.opt_meta["config"].get("lr")
+        return None if lr is None else float(lr)
 
     def train_on_batch(self, x: Any, y: Any, next_x: Any = None) -> tuple[float, float]:
         """One optimizer step on a batch; returns ``(mean loss, accuracy)``.
@@ -349,22 +374,28 @@ class ModelParallel:
         return (s / w if w else 0.0), (c / w if w else float("nan"))
 
     def _guarded(self, fn: Callable[[], Any]) -> Any:
+        """Run a step; when a block's state is lost, restore the newest checkpoint and redo
+        the step (:meth:`train_on_batch` does not know the batches since the checkpoint:
+        :meth:`fit` replays them)."""
         try:
             return fn()
         except BlockStateLost as exc:
-            ckpt = self.latest_checkpoint()
+            ckpt = self._checkpoint_store().latest() if self.checkpoint_dir else None
             if ckpt is None:
                 raise BlockStateLost(
                     f"{exc}; no checkpoint to restore from (set checkpoint_dir and call checkpoint()), "
                     f"training stopped rather than going on with missing or stale weights") from None
-            log.warning("block state lost (%s); restoring checkpoint %s and redoing the step", exc, ckpt)
-            self.restore(ckpt)
+            lost_at = self.t
+            self._restore(ckpt)
             self.restores += 1
+            log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and redoing this step; "
+                        "train_on_batch cannot replay the %d step(s) between them (fit() does)", lost_at, exc,
+                        ckpt.path, ckpt.step, max(lost_at - 1 - ckpt.step, 0))
             return fn()
 
     def fit(self, X: Any, y: Any, epochs: int = 1, batch_size: int = 256, shuffle: bool = True,
             checkpoint_every: int = 0, verbose: int = 0, max_steps: int | None = None,
-            lookahead: bool = True) -> dict:
+            lookahead: bool = True, resume: bool = False) -> dict:
         """Minibatch training with distributed backpropagation.
 
         Args:
@@ -373,56 +404,46 @@ class ModelParallel:
             epochs: passes over the data.
             batch_size: samples per step (with replicas: the combined batch of all replicas).
             shuffle: reshuffle every epoch (seeded by the model's seed).
-            checkpoint_every: write a checkpoint to ``checkpoint_dir`` every this many
-                steps (0: never).
+            checkpoint_every: write a checkpoint to ``checkpoint_dir`` at the fit's start and
+                every this many steps (0: never); a block state lost mid-fit then restores the
+                newest one and replays the steps after it (see
+                :mod:`~sparknet.cluster.model_parallel.fitting`).
             verbose: 1 prints one line per epoch.
-            max_steps: stop after this many steps in this call.
+            max_steps: stop after this many steps of this fit (a resumed fit counts the
+                steps run before the checkpoint).
             lookahead: run the first blocked stage's forward pass for the next batch in the
                 same Spark job as its backward pass for this one (same results, one
                 exchange fewer per step; with replicas, in the last job of its gradient combine).
+            resume: continue the fit recorded in the newest complete checkpoint of
+                ``checkpoint_dir`` (same data and arguments); with no checkpoint there, a
+                fresh fit (logged).
 
         Returns:
-            ``{"loss": [...], "accuracy": [...], "step_time": [...], "bytes_per_step": {...}}``.
+            ``{"loss": [...], "accuracy": [...], "step_time": [...], "bytes_per_step": {...}}``
+            (a resumed fit's history includes the steps before the checkpoint).
 
         Raises:
-            ValueError: bad input shapes or labels.
-            BlockStateLost: a block's state is gone and there is no checkpoint.
+            ValueError: bad input shapes, labels or arguments; a resume with other data.
+            BlockStateLost: a block's state is gone and no checkpoint of this fit can restore it.
+            TrainingDiverged: the loss or a delta became NaN or infinite (the model keeps the
+                weights of the step before; no checkpoint of it is written).
         """
+        from sparknet.cluster.model_parallel.fitting import run_fit
+
         epochs, batch_size = positive_int(epochs, "epochs"), positive_int(batch_size, "batch_size")
-        if checkpoint_every and not self.checkpoint_dir:
-            raise ValueError("checkpoint_every needs a checkpoint_dir")
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
+                or checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be a non-negative int (steps; 0: never), got {checkpoint_every!r}")
+        if max_steps is not None:
+            max_steps = positive_int(max_steps, "max_steps")
+        if (checkpoint_every or resume) and not self.checkpoint_dir:
+            raise ValueError(f"{'checkpoint_every' if checkpoint_every else 'resume=True'} needs a checkpoint_dir")
         lo = self.loss
         X = self._prepare_x(X)
         y = self._prepare_y(y, X.shape[0], lo)
-        rng = np.random.default_rng([self.seed, 7])
-        hist: dict[str, Any] = {"loss": [], "accuracy": [], "step_time": []}
-        n, done = X.shape[0], 0
-        for epoch in range(epochs):
-            order = rng.permutation(n) if shuffle else np.arange(n)
-            tot = np.zeros(3)
-            starts = list(range(0, n, batch_size))
-            xb = X[order[:batch_size]]
-            for bi, b0 in enumerate(starts):
-                if max_steps is not None and done >= max_steps:
-                    break
-                idx = order[b0:b0 + batch_size]
-                last = bi + 1 == len(starts) or (max_steps is not None and done + 1 >= max_steps)
-                following = None if last else X[order[starts[bi + 1]:starts[bi + 1] + batch_size]]
-                nx = following if lookahead else None
-                s, w, c = self._guarded(partial(self._train_step, xb, y[idx], lo, nx))
-                xb = following
-                tot += (s, w, c)
-                done += 1
-                hist["step_time"].append(self.step_times[-1])
-                if checkpoint_every and self.t % checkpoint_every == 0:
-                    self.checkpoint()
-            hist["loss"].append(tot[0] / max(tot[1], 1e-12))
-            hist["accuracy"].append(tot[2] / max(tot[1], 1e-12) if lo.is_classification else float("nan"))
-            if verbose:
-                print(f"epoch {epoch + 1}/{epochs}: loss={hist['loss'][-1]:.4f} "
-                      f"acc={hist['accuracy'][-1]:.4f} bytes/step={self.last_step_bytes}", flush=True)
-        hist["bytes_per_step"] = dict(self.last_step_bytes)
-        return hist
+        return run_fit(self, X, y, lo, epochs=epochs, batch_size=batch_size, shuffle=bool(shuffle),
+                       checkpoint_every=int(checkpoint_every), verbose=verbose, max_steps=max_steps,
+                       lookahead=lookahead, resume=bool(resume))
 
     # ----------------------------------------------------------------- inference
     def predict_output(self, X: Any, batch_size: int = 512) -> np.ndarray:
@@ -468,27 +489,7 @@ class ModelParallel:
         by_idx = {s.index: s for s in self.blocked}
         wanted = tuple(by_idx[i] for i in indices if i in by_idx)
         parts_all = (self.backend.run(GatherJob(self.layout, wanted, replica=replica)) if wanted else [])
-        return {i: self._assemble(i, by_idx, parts_all, replica) for i in indices}
-
-    def _assemble(self, index: int, by_idx: dict, parts_all: list, replica: int) -> dict[str, np.ndarray]:
-        if index in by_idx:
-            s = by_idx[index]
-            parts = [parts_all[self.layout.slot(replica, k)][index] for k in range(s.blocks)]
-            axis = 0 if s.cut == "rows" else 1
-            out = {"kernel": np.concatenate([p["kernel"] for p in parts], axis=axis)}
-            if s.use_bias:
-                if s.cut == "rows":
-                    out["bias"] = np.concatenate([p["bias"] for p in parts])
-                else:
-                    pair = next(st for st in self.stages if isinstance(st, PairStage) and st.b is s)
-                    assert pair.bias is not None
-                    out["bias"] = pair.bias.copy()
-            return out
-        for st in self.stages:
-            if isinstance(st, DriverStage) and st.first <= index < st.first + len(st.seq.layers):
-                sl = st.seq.param_slices()[index - st.first]
-                return {k: st.seq.params[a:b].reshape(shape).copy() for k, (a, b, shape) in sl.items()}
-        raise ValueError(f"layer index {index} is out of range")
+        return {i: assemble(self, i, by_idx, parts_all, replica) for i in indices}
 
     def status(self) -> list[dict]:
         """Per slot: each layer's ``[generation, step, busy]`` record, and the address space
@@ -511,77 +512,70 @@ class ModelParallel:
                 model.params[a:b] = weights[i][k].reshape(-1)
         return model
 
+    # ----------------------------------------------------------- files and checkpoints
     def save(self, folder: str) -> str:
         """Write the model, its optimizer state and step count to ``folder``.
 
         Each executor streams its own blocks into ``layerIII_blockKKK.npz`` files
-        (params and optimizer state, written atomically; with replicas, replica 0's
-        blocks, the replicas being equal); the driver writes its own layers to
-        ``driver.npz`` and ``manifest.json`` last, so a folder with a manifest is
-        complete.  On a multi-host cluster ``folder`` must be on a filesystem every
-        executor and the driver can reach.  The replica count is not saved:
-        :meth:`load` takes it.
+        (params and optimizer state; with replicas, replica 0's blocks, the replicas
+        being equal); the driver writes its own layers to ``driver.npz`` and
+        ``manifest.json`` last.  All is written into a hidden folder beside ``folder``
+        that replaces it once complete, so ``folder`` always holds a whole model, old or
+        new.  On a multi-host cluster ``folder`` must be on a filesystem every executor
+        and the driver can reach.  The replica count is not saved: :meth:`load` takes it.
 
         Returns:
             The folder path.
+
+        Raises:
+            TrainingDiverged: a parameter is not finite (nothing is written).
         """
-        folder = files.begin_save(folder)
-        steps = tuple(self._steps[s.index] for s in self.blocked)
-        self.backend.run(SaveJob(self.layout, tuple(self.blocked), folder=folder, opt=self.job_optimizer,
-                                 generation=self.generation, steps=steps))
-        files.write_driver(folder, driver_arrays(self.stages))
-        files.write_manifest(folder, {"architecture": self._architecture(), "plan": self.plan.to_dict(),
-                                      "optimizer": self.opt_meta, "t": self.t,
-                                      "steps": {str(k): v for k, v in self._steps.items()}})
-        return folder
+        return persistence.save(self, folder)
 
     @classmethod
     def load(cls, folder: str, spark: Any = None, checkpoint_dir: str | None = None,
-             name: str = "blocks", replicas: int = 1,
-             combine_bytes: int = DEFAULT_COMBINE_BYTES) -> "ModelParallel":
-        """Rebuild a model saved by :meth:`save` (with ``replicas`` replicas, each streaming
-        the same block files); each executor streams its blocks from the files."""
-        from sparknet.model import layers_from_config
+             name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
+             checkpoint_keep: int = 3) -> "ModelParallel":
+        """Rebuild a model saved by :meth:`save`, or from a checkpoint folder (with
+        ``replicas`` replicas, each streaming the same block files); each executor streams
+        its blocks from the files."""
+        return persistence.load(cls, folder, spark=spark, checkpoint_dir=checkpoint_dir, name=name,
+                                replicas=replicas, combine_bytes=combine_bytes, checkpoint_keep=checkpoint_keep)
 
-        folder = os.path.abspath(os.fspath(folder))
-        m = files.read_manifest(folder)
-        arch = m["architecture"]
-        opt = optim_mod.from_config(m["optimizer"]["name"], m["optimizer"]["config"])
-        mp = cls(layers_from_config(arch["layers"]), BlockPlan.from_dict(m["plan"]), arch["input_shape"],
-                 spark=spark, dtype=arch["dtype"], seed=arch["seed"], optimizer=opt, loss=arch.get("loss"),
-                 checkpoint_dir=checkpoint_dir, name=name, replicas=replicas, combine_bytes=combine_bytes,
-                 _load=folder)
-        mp._after_load(folder, m)
-        return mp
+    def _checkpoint_store(self) -> CheckpointStore:
+        if self._store is None:
+            raise ValueError("checkpoints need a checkpoint_dir (ModelParallel(..., checkpoint_dir=...))")
+        return self._store
 
-    def _after_load(self, folder: str, m: dict) -> None:
-        set_driver_arrays(self.stages, files.read_driver(folder, int(m["version"])))
-        self.t = int(m["t"])
-        # the executors' step records restart at 0 under this model's own generation
-        self._steps = {s.index: 0 for s in self.blocked}
+    def _write_checkpoint(self, position: "recovery.FitPosition | None") -> Checkpoint:
+        return recovery.write(self, self._checkpoint_store(), position)
 
-    # ---------------------------------------------------------------- checkpoints
     def checkpoint(self) -> str:
-        """Save to ``checkpoint_dir/step-<t>`` and return the folder."""
-        if not self.checkpoint_dir:
-            raise ValueError("checkpoint() needs a checkpoint_dir")
-        return self.save(files.checkpoint_folder(self.checkpoint_dir, self.t))
+        """Write checkpoint ``t`` to ``checkpoint_dir`` (atomically, through
+        :class:`~sparknet.checkpoint.CheckpointStore`; the newest ``checkpoint_keep`` are
+        kept) and return its folder.
+
+        Raises:
+            TrainingDiverged: a parameter is not finite (no checkpoint is written).
+        """
+        return self._write_checkpoint(None).path
 
     def latest_checkpoint(self) -> str | None:
-        """The newest complete checkpoint folder, or ``None``."""
-        return files.latest_checkpoint(self.checkpoint_dir)
+        """The newest checkpoint folder whose files match their manifest, or ``None``."""
+        ckpt = None if self._store is None else self._store.latest()
+        return None if ckpt is None else ckpt.path
 
-    def restore(self, folder: str) -> None:
-        """Replace every block, driver layer and the step count by the checkpoint in ``folder``."""
-        m = files.read_manifest(folder)
-        self.backend.close()
-        self.generation = int(np.random.default_rng().integers(1, 2**62))
-        self.backend = self._new_backend()
-        self._init_blocks(os.path.abspath(folder))
-        self._after_load(folder, m)
-        for st in self.stages:
-            if isinstance(st, (BlockStage, PairStage)):
-                st._pre = None
+    def restore(self, folder: "str | Checkpoint") -> None:
+        """Replace every block, driver layer, RNG state and the step count by the
+        checkpoint (or :meth:`save` folder) in ``folder``.
+
+        Raises:
+            CheckpointError: a damaged checkpoint, or one of another network.
+        """
+        persistence.restore(self, folder)
+
+    def _restore(self, ckpt: "str | Checkpoint") -> "tuple[Checkpoint, recovery.FitPosition | None]":
+        return recovery.restore(self, ckpt)
 
     def close(self) -> None:
         """Drop the resident blocks on the executors (and their files)."""

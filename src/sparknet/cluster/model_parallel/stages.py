@@ -38,6 +38,22 @@ class Stage(Protocol):
         ...
 
 
+class NonFinite(ArithmeticError):
+    """A stage met a NaN or an infinity (``what``: ``"gradient"``, ``"delta"``) before
+    updating its weights; :class:`~sparknet.cluster.model_parallel.ModelParallel` turns
+    it into :class:`~sparknet.errors.TrainingDiverged`."""
+
+    def __init__(self, what: str, where: str) -> None:
+        super().__init__(f"{what} of {where} is not finite")
+        self.what, self.where = what, where
+
+
+def check_finite(a: np.ndarray, what: str, where: str) -> None:
+    """Raise :class:`NonFinite` when ``a`` holds a NaN or an infinity."""
+    if not np.isfinite(a).all():
+        raise NonFinite(what, where)
+
+
 def nbytes(a: Any) -> int:
     """Bytes of the arrays in ``a`` (nested tuples, lists and dicts; anything else counts 0)."""
     if isinstance(a, dict):
@@ -75,6 +91,7 @@ class DriverStage:
     def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
         dx = self.seq.backward(g, input_grad=need_dx)
         if self.seq.n_params:
+            check_finite(self.seq.grads, "gradient", f"driver layers {self.first}..{self.first + len(self.seq.layers) - 1}")
             self.opt.step(self.seq.params, self.seq.grads)
         return dx
 
@@ -321,3 +338,28 @@ def set_driver_arrays(stages: Sequence[Stage], data: Mapping[str, np.ndarray]) -
         elif isinstance(st, PairStage) and st.bias is not None:
             st.bias[...] = data[f"stage{j}.bias"]
             st.opt.load_state_arrays(data, f"stage{j}.opt_")
+
+
+def assemble(owner: "ModelParallel", index: int, by_idx: Mapping[int, BlockedLayer], parts_all: list,
+             replica: int) -> dict[str, np.ndarray]:
+    """The whole ``kernel``/``bias`` of layer ``index``: concatenated from its blocks'
+    copies (``parts_all``: per slot, what a gather job returned) or read from its driver
+    stage."""
+    if index in by_idx:
+        s = by_idx[index]
+        parts = [parts_all[owner.layout.slot(replica, k)][index] for k in range(s.blocks)]
+        axis = 0 if s.cut == "rows" else 1
+        out = {"kernel": np.concatenate([p["kernel"] for p in parts], axis=axis)}
+        if s.use_bias:
+            if s.cut == "rows":
+                out["bias"] = np.concatenate([p["bias"] for p in parts])
+            else:
+                pair = next(st for st in owner.stages if isinstance(st, PairStage) and st.b is s)
+                assert pair.bias is not None
+                out["bias"] = pair.bias.copy()
+        return out
+    for st in owner.stages:
+        if isinstance(st, DriverStage) and st.first <= index < st.first + len(st.seq.layers):
+            sl = st.seq.param_slices()[index - st.first]
+            return {k: st.seq.params[a:b].reshape(shape).copy() for k, (a, b, shape) in sl.items()}
+    raise ValueError(f"layer index {index} is out of range")
