@@ -26,6 +26,86 @@ def positive_int(value: Any, what: str, *, allow_none: bool = False, extra: str 
     return int(value)
 
 
+def non_negative_int(value: Any, what: str) -> int:
+    """``value`` as an ``int`` when it is an integer >= 0 (not a bool); else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def check_bool(value: Any, what: str) -> bool:
+    """``value`` as a ``bool`` when it is one (or a numpy bool, or the int 0 or 1)."""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise ValueError(f"{what} must be True or False, got {value!r}")
+
+
+def check_name(value: Any, what: str) -> str:
+    """A name: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a string, got {value!r}")
+    return value
+
+
+def check_float(value: Any, what: str, low: float = -np.inf, high: float = np.inf, *,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """``value`` as a finite ``float`` in the interval from ``low`` to ``high`` (open at a side
+    when ``*_open``); anything else (NaN, infinity, a string, None) raises ``ValueError`` naming
+    ``what``, the interval and the value."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    f = float(value) if ok else float("nan")
+    if ok and np.isfinite(f):
+        ok = (f > low if low_open else f >= low) and (f < high if high_open else f <= high)
+    else:
+        ok = False
+    if not ok:
+        if low == 0 and low_open and high == np.inf:
+            rule = "a positive finite number"
+        elif high == np.inf:
+            rule = f"a finite number >= {low:g}"
+        else:
+            rule = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"{what} must be {rule}, got {value!r}")
+    return f
+
+
+def check_shape(value: Any, what: str) -> tuple[int, ...]:
+    """A shape: a sequence of positive integers (not a string, not floats)."""
+    items: Any = value
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, np.ndarray)):
+        items = None
+    elif any(isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d <= 0 for d in value):
+        items = None
+    if items is None:
+        raise ValueError(f"{what} must be a sequence of positive integers (the per-sample shape), "
+                         f"got {value!r}")
+    return tuple(int(d) for d in items)
+
+
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """``callbacks`` as a list of callables (checked before training starts)."""
+    if callable(callbacks) or not isinstance(callbacks, (list, tuple)):
+        raise ValueError(f"callbacks must be a list of callables f(epoch, logs), got {callbacks!r}")
+    for i, cb in enumerate(callbacks):
+        if not callable(cb):
+            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r}")
+    return list(callbacks)
+
+
+def check_sample_weight(sample_weight: Any, n: int, dtype: DTypeLike) -> np.ndarray:
+    """``(n,)`` finite, non-negative per-sample weights that do not all vanish."""
+    sw = check_array(sample_weight, "sample_weight", dtype=dtype)
+    if sw.shape != (n,):
+        raise ValueError(f"sample_weight has shape {sw.shape}, expected ({n},)")
+    neg = np.flatnonzero(sw < 0)
+    if neg.size:
+        raise ValueError(f"sample_weight holds a negative weight {float(sw[neg[0]])!r} at index {int(neg[0])}; "
+                         f"weights must be >= 0")
+    if not sw.any():
+        raise ValueError("sample_weight is all zero: no sample would count")
+    return sw
+
+
 def check_array(X: Any, name: str = "X", sample_shape: Sequence[int] | None = None,
                 dtype: DTypeLike = np.float32, allow_int: bool = False) -> np.ndarray:
     """Return ``X`` as a C-contiguous array of ``dtype`` (or int64 when ``allow_int``).
@@ -60,6 +140,13 @@ def check_array(X: Any, name: str = "X", sample_shape: Sequence[int] | None = No
         if bad.any():
             first = np.argwhere(bad)[0]
             raise ValueError(f"{name} contains NaN or infinity (first at index {tuple(int(i) for i in first)})")
+    target = np.dtype(dtype)
+    if arr.dtype.kind == "f" and target.kind == "f" and target.itemsize < arr.dtype.itemsize:
+        big = np.abs(arr) > np.finfo(target).max
+        if big.any():
+            first = np.argwhere(big)[0]
+            raise ValueError(f"{name} holds values too large for {target.name} (first at index "
+                             f"{tuple(int(i) for i in first)}: {float(arr[tuple(first)])!r}); rescale it")
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -72,7 +159,11 @@ def check_labels(y: Any, n: int, n_classes: int | None, name: str = "y",
     if arr.ndim == 0 or arr.shape[0] != n:
         raise ValueError(f"X has {n} samples but {name} has {arr.shape[0] if arr.ndim else 0}")
     if lead_shape is not None and tuple(arr.shape[1:]) != tuple(lead_shape):
-        raise ValueError(f"{name} has per-sample shape {tuple(arr.shape[1:])}, expected {tuple(lead_shape)}")
+        hint = ""
+        if arr.ndim == len(lead_shape) + 2 and n_classes is not None and arr.shape[-1] == n_classes:
+            hint = f"; cross-entropy takes class ids, not one-hot rows: pass {name}.argmax(axis=-1)"
+        raise ValueError(f"{name} has per-sample shape {tuple(arr.shape[1:])}, expected "
+                         f"{tuple(lead_shape)}{hint}")
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all():
             raise ValueError(f"{name} contains NaN or infinity")
@@ -110,4 +201,6 @@ def check_mask(mask: Any, x_shape: Sequence[int], name: str = "mask") -> np.ndar
         raise ValueError(f"{name} has non-numeric dtype {m.dtype}")
     if len(x_shape) < 2 or m.shape != tuple(x_shape[:2]):
         raise ValueError(f"{name} has shape {m.shape}; it must be (N, T) = {tuple(x_shape[:2])}")
+    if m.dtype.kind == "f" and not np.isfinite(m).all():
+        raise ValueError(f"{name} contains NaN or infinity; a mask holds 0 (padding) or 1 (a real step)")
     return np.ascontiguousarray(m != 0)

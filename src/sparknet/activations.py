@@ -13,7 +13,7 @@ CANONICAL = {0: "identity", 1: "relu", 2: "tanh", 3: "sigmoid", 4: "softmax"}
 def activation_id(name: str | None) -> int:
     """Kernel id of an activation name (``None`` and ``"linear"`` mean identity)."""
     key = name.lower() if isinstance(name, str) else name
-    if key not in IDS:
+    if not (key is None or isinstance(key, str)) or key not in IDS:
         raise ValueError(
             f"unknown activation {name!r}; choose one of: identity, relu, tanh, sigmoid, softmax")
     return IDS[key]

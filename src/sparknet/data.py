@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-from sparknet._validation import positive_int
+from sparknet._validation import non_negative_int, positive_int
 
 __all__ = ["pad_sequences", "lengths_to_mask", "char_vocab", "bptt_batches"]
 
@@ -114,7 +114,7 @@ def lengths_to_mask(lengths: Any, maxlen: int | None = None, padding: str = "pos
         raise ValueError(f"lengths must be a 1-D array of non-negative integers, got {L!r}")
     if padding not in ("post", "pre"):
         raise ValueError(f"padding must be 'post' or 'pre', got {padding!r}")
-    T = int(L.max()) if maxlen is None else int(maxlen)
+    T = int(L.max()) if maxlen is None else non_negative_int(maxlen, "maxlen")
     steps = np.arange(T)
     if padding == "post":
         return steps[None, :] < L[:, None]
@@ -123,6 +123,8 @@ def lengths_to_mask(lengths: Any, maxlen: int | None = None, padding: str = "pos
 
 def char_vocab(text: str) -> tuple[list[str], np.ndarray]:
     """The sorted characters of ``text`` and ``text`` as int64 ids into that list."""
+    if not isinstance(text, str):
+        raise ValueError(f"char_vocab takes a str, got {type(text).__name__}")
     if not text:
         raise ValueError("char_vocab got an empty text")
     chars = sorted(set(text))

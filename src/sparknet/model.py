@@ -9,9 +9,22 @@ import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
-from sparknet._validation import check_array, check_labels, check_mask, check_targets, positive_int
+from sparknet._validation import (
+    check_array,
+    check_bool,
+    check_callbacks,
+    check_labels,
+    check_mask,
+    check_name,
+    check_sample_weight,
+    check_shape,
+    check_targets,
+    non_negative_int,
+    positive_int,
+)
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
+from sparknet.divergence import StepGuard
 from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
 from sparknet.progress import progress_bar
 from sparknet.threads import blas_threads
@@ -85,11 +98,14 @@ class Sequential:
         self.built = False
         for layer in layers:
             self.add(layer)
-        self.dtype = np.dtype(dtype)
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            self.dtype = np.dtype(object)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
-        self.seed = int(seed)
-        self.name = name
+        self.seed = non_negative_int(seed, "seed")
+        self.name = check_name(name, "Sequential name")
         self._loss = None if loss is None else losses_mod.get(loss)
         self.optimizer: optim_mod.Optimizer | None = None
         self.params: np.ndarray = np.zeros(0, dtype=self.dtype)
@@ -117,9 +133,7 @@ class Sequential:
         and initialise the parameters (seeded)."""
         if not self.layers:
             raise ValueError("a Sequential model needs at least one layer")
-        shape = tuple(int(d) for d in input_shape)
-        if any(d <= 0 for d in shape):
-            raise ValueError(f"input_shape must have positive sizes, got {shape}")
+        shape = check_shape(input_shape, "input_shape")
         self.input_shape = shape
         specs: list[list[tuple[str, tuple[int, ...]]]] = []
         for i, layer in enumerate(self.layers):
@@ -159,7 +173,10 @@ class Sequential:
 
     def _ensure_built(self, X: np.ndarray) -> None:
         if not self.built:
-            self.build(np.asarray(X).shape[1:])
+            if X.ndim < 2 and not (self.layers and self.layers[0].accepts_int_input):
+                raise ValueError(f"X has shape {X.shape}: one value per sample; the model takes "
+                                 f"(N, features...): for one feature use X.reshape(-1, 1)")
+            self.build(X.shape[1:])
 
     @property
     def n_params(self) -> int:
@@ -213,8 +230,11 @@ class Sequential:
     def _prepare_x(self, X: Any, name: str = "X") -> np.ndarray:
         first = self.layers[0] if self.layers else None
         allow_int = bool(first is not None and first.accepts_int_input)
-        return check_array(X, name=name, sample_shape=self.input_shape if self.built else None,
-                           dtype=self.dtype, allow_int=allow_int)
+        arr = check_array(X, name=name, sample_shape=self.input_shape if self.built else None,
+                          dtype=self.dtype, allow_int=allow_int)
+        if first is not None and self.built:
+            first.check_input(arr)
+        return arr
 
     def _prepare_y(self, y: Any, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
         out_shape = self._built_shapes()[1]
@@ -307,6 +327,8 @@ class Sequential:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
             ``val_accuracy`` and ``time`` per epoch.
         """
+        if num_threads is not None:
+            num_threads = non_negative_int(num_threads, "num_threads")
         with blas_threads(num_threads):
             return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
                              mask, sample_weight, verbose, callbacks)
@@ -316,22 +338,30 @@ class Sequential:
              mask: Any, sample_weight: Any, verbose: int, callbacks: Sequence[Callback]) -> History:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
-        if loss is not None:
-            self._loss = losses_mod.get(loss)
+        shuffle = check_bool(shuffle, "shuffle")
+        if isinstance(verbose, bool) or not isinstance(verbose, (int, np.integer)) or verbose < 0:
+            raise ValueError(f"verbose must be 0 (silent) or 1 (a progress bar per epoch), got {verbose!r}")
+        callbacks = check_callbacks(callbacks)
+        lo = losses_mod.get(loss) if loss is not None else None
+        was_built = self.built
         X = self._prepare_x(X)
         self._ensure_built(X)
-        lo = self.loss
+        if not was_built:
+            self.layers[0].check_input(X)
+        lo = lo or self.loss
         y = self._prepare_y(y, X.shape[0], lo)
         mask = check_mask(mask, X.shape)
         if sample_weight is not None:
-            sample_weight = check_array(sample_weight, "sample_weight", dtype=self.dtype)
-            if sample_weight.shape != (X.shape[0],):
-                raise ValueError(f"sample_weight has shape {sample_weight.shape}, expected ({X.shape[0]},)")
+            sample_weight = check_sample_weight(sample_weight, X.shape[0], self.dtype)
         val = self._prepare_validation(validation_data, lo)
         opt = self._get_optimizer(optimizer)
+        opt.init_state(self.n_params, self.dtype)  # loaded state of another model fails here
+        self._loss = lo if loss is not None else self._loss
+        guard = StepGuard(self.params, self.grads, opt)
         history = History()
         n = X.shape[0]
         n_batches = (n + batch_size - 1) // batch_size
+        step = 0
         for epoch in range(epochs):
             t0 = time.perf_counter()
             order = self._rng.permutation(n) if shuffle else np.arange(n)
@@ -344,11 +374,11 @@ class Sequential:
                     mb = None if mask is None else mask[idx]
                     swb = None if sample_weight is None else sample_weight[idx]
                     s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
-                    if not np.isfinite(s):
-                        raise FloatingPointError(
-                            f"loss became {s} at epoch {epoch + 1}, batch {b + 1}; lower the learning "
-                            f"rate (now {opt.lr})")
+                    step += 1
+                    guard.check_loss(s, epoch=epoch + 1, step=step)
+                    guard.before_step(epoch=epoch + 1, step=step)
                     opt.step(self.params, self.grads)
+                    guard.after_step(epoch=epoch + 1, step=step)
                     tot_s += s
                     tot_w += w
                     tot_c += c

@@ -16,11 +16,13 @@ Nothing outside this module knows an optimizer's state keys: callers ask
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Mapping, MutableMapping
 
 import numpy as np
 
 import sparknet._optim as _optim
+from sparknet._validation import check_bool, check_float, non_negative_int
 
 State = Mapping[str, np.ndarray]
 
@@ -51,21 +53,34 @@ class Optimizer:
     """Base class.  ``lr`` is the learning rate; ``state`` holds flat arrays; ``t`` counts steps."""
 
     name = "optimizer"
+    _loaded = False
 
     def __init__(self, lr: float) -> None:
-        if not (float(lr) > 0 and np.isfinite(lr)):
-            raise ValueError(f"learning rate must be a positive finite number, got {lr!r}")
-        self.lr = float(lr)
+        self.lr = check_float(lr, "learning rate", 0.0, low_open=True)
         self.t = 0
         self.state: dict[str, np.ndarray] = {}
+        #: True while ``state`` came from a load and no step has checked it against the parameters
+        self._loaded = False
 
     def state_keys(self) -> tuple[str, ...]:
         """Names of the per-parameter state arrays this configuration needs."""
         return ()
 
     def init_state(self, n: int, dtype: Any) -> None:
-        """Make ``state`` hold zeroed arrays of length ``n`` (kept when already right)."""
+        """Make ``state`` hold zeroed arrays of length ``n`` (kept when already right).
+
+        State that was *loaded* (:meth:`load_state_arrays`, :meth:`load_state_dict`) must
+        have length ``n``: loaded state of another length belongs to another model, and
+        raises ``ValueError`` rather than being silently replaced by zeros."""
         dtype = np.dtype(dtype)
+        if self._loaded:
+            for key, loaded in list(self.state.items()):
+                if loaded.shape != (n,):
+                    raise ValueError(f"optimizer state {key} has {loaded.shape[0]} entries but there are {n} "
+                                     f"parameters: the state was saved for another model")
+                if loaded.dtype != dtype:
+                    self.state[key] = loaded.astype(dtype)
+            self._loaded = False
         for key in self.state_keys():
             cur = self.state.get(key)
             if cur is None or cur.shape != (n,) or cur.dtype != dtype:
@@ -94,8 +109,12 @@ class Optimizer:
         return {"t": self.t, **{k: v.copy() for k, v in self.state.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.t = int(state.get("t", 0))
+        """Read what :meth:`state_dict` returned (checked as :meth:`load_state_arrays` checks)."""
+        t = state.get("t", 0)
+        self.t = non_negative_int(t.item() if isinstance(t, np.ndarray) and t.size == 1 else t, "optimizer state t")
         self.state = {k: np.array(v, copy=True) for k, v in state.items() if k != "t"}
+        self._check_state(self.state, "", finite=True)
+        self._loaded = True
 
     def state_layout(self, n: int, dtype: Any, prefix: str = "opt_") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """``{name: (shape, dtype)}`` of :meth:`state_arrays` for ``n`` parameters: where a
@@ -118,12 +137,47 @@ class Optimizer:
         """Read state written by :meth:`state_arrays`.  ``copy=False`` binds ``state`` to the
         given arrays (resident state updated in place); a missing ``<prefix>t`` means 0."""
         t = arrays.get(f"{prefix}t")
-        self.t = int(np.asarray(t).reshape(-1)[0]) if t is not None else 0
+        self.t = 0 if t is None else self._step_count(t, f"{prefix}t")
         self.state = {}
         for key in self.state_keys():
             arr = arrays.get(f"{prefix}{key}")
             if arr is not None:
                 self.state[key] = np.array(arr, copy=True) if copy else arr
+        # shapes and dtypes always (cheap); values only when copying (resident state binds
+        # in place every round and was checked when it was written)
+        self._check_state(self.state, prefix, finite=copy)
+        self._loaded = True
+
+    @staticmethod
+    def _step_count(t: Any, what: str) -> int:
+        a = np.asarray(t)
+        if a.size != 1:
+            raise ValueError(f"{what} must hold one integer (the step count), got {a.size} values")
+        v = a.reshape(-1)[0].item()
+        if a.dtype.kind == "f" and np.isfinite(v) and v == np.round(v):
+            v = int(v)
+        if a.dtype.kind not in "iuf" or isinstance(v, (float, np.floating)):
+            raise ValueError(f"{what} must be a non-negative integer, got {v!r}")
+        return non_negative_int(v, what)
+
+    def _check_state(self, state: Mapping[str, np.ndarray], prefix: str, finite: bool) -> None:
+        """Loaded state arrays: flat float arrays of one length, finite when ``finite``,
+        a squared-gradient average never negative.  ``ValueError`` names the array."""
+        n = None
+        for key, arr in state.items():
+            what = f"optimizer state {prefix}{key}"
+            if arr.dtype.kind != "f":
+                raise ValueError(f"{what} has dtype {arr.dtype}; optimizer state holds floats")
+            if arr.ndim != 1:
+                raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
+            if n is not None and arr.shape[0] != n:
+                raise ValueError(f"{what} has {arr.shape[0]} entries, the other state arrays {n}")
+            n = arr.shape[0]
+            if finite:
+                if not np.isfinite(arr).all():
+                    raise ValueError(f"{what} contains NaN or infinity")
+                if key == "square_avg" and arr.size and arr.min() < 0:
+                    raise ValueError(f"{what} holds negative values; a squared-gradient average is >= 0")
 
     def write_step(self, arrays: MutableMapping[str, np.ndarray], prefix: str = "opt_") -> None:
         """Store the step count into arrays bound by ``load_state_arrays(..., copy=False)``."""
@@ -150,12 +204,11 @@ class RMSprop(Optimizer):
     def __init__(self, lr: float = 1e-3, alpha: float = 0.99, eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False) -> None:
         super().__init__(lr)
-        if not 0.0 <= alpha < 1.0:
-            raise ValueError(f"RMSprop alpha must be in [0, 1), got {alpha!r}")
-        if eps < 0 or weight_decay < 0 or momentum < 0:
-            raise ValueError("RMSprop eps, weight_decay and momentum must be >= 0")
-        self.alpha, self.eps = float(alpha), float(eps)
-        self.weight_decay, self.momentum, self.centered = float(weight_decay), float(momentum), bool(centered)
+        self.alpha = check_float(alpha, "RMSprop alpha", 0.0, 1.0, high_open=True)
+        self.eps = check_float(eps, "RMSprop eps", 0.0, low_open=True)
+        self.weight_decay = check_float(weight_decay, "RMSprop weight_decay", 0.0)
+        self.momentum = check_float(momentum, "RMSprop momentum", 0.0, 1.0, high_open=True)
+        self.centered = check_bool(centered, "RMSprop centered")
 
     def state_keys(self) -> tuple[str, ...]:
         need = ["square_avg"]
@@ -192,12 +245,12 @@ class SGD(Optimizer):
     def __init__(self, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False) -> None:
         super().__init__(lr)
-        if momentum < 0 or weight_decay < 0:
-            raise ValueError("SGD momentum and weight_decay must be >= 0")
-        if nesterov and (momentum <= 0 or dampening != 0):
+        self.momentum = check_float(momentum, "SGD momentum", 0.0, 1.0, high_open=True)
+        self.dampening = check_float(dampening, "SGD dampening", 0.0, 1.0)
+        self.weight_decay = check_float(weight_decay, "SGD weight_decay", 0.0)
+        self.nesterov = check_bool(nesterov, "SGD nesterov")
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("Nesterov momentum requires momentum > 0 and dampening == 0")
-        self.momentum, self.dampening = float(momentum), float(dampening)
-        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
 
     def state_keys(self) -> tuple[str, ...]:
         return ("momentum_buffer",) if self.momentum != 0 else ()
@@ -230,4 +283,12 @@ def from_config(name: str, config: dict) -> Optimizer:
     """The optimizer ``name`` (``Optimizer.name``) built from ``get_config()``'s dict."""
     if name not in _BY_NAME:
         raise ValueError(f"unknown optimizer {name!r} in saved state")
-    return _BY_NAME[name](**config)
+    if not isinstance(config, dict):
+        raise ValueError(f"{name} optimizer config must be a dict of its arguments, got {config!r}")
+    klass = _BY_NAME[name]
+    known = set(inspect.signature(klass).parameters)
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise ValueError(f"{name} optimizer has no argument {', '.join(map(repr, unknown))} "
+                         f"(it takes {', '.join(sorted(known))})")
+    return klass(**config)

@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from sparknet._validation import check_name
+
 #: ``(name, shape)`` of one parameter array
 ParamSpec = tuple[str, tuple[int, ...]]
 
@@ -43,7 +45,7 @@ class Layer:
     need_input_grad: bool = True
 
     def __init__(self, name: str | None = None) -> None:
-        self.name = name or type(self).__name__.lower()
+        self.name = type(self).__name__.lower() if name is None else check_name(name, "layer name")
         self.built = False
         self.input_shape: tuple[int, ...] | None = None
         self.output_shape: tuple[int, ...] | None = None
@@ -78,6 +80,11 @@ class Layer:
     def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         """The (N, T) mask that applies to this layer's output, given its input's."""
         return mask
+
+    def check_input(self, x: np.ndarray) -> None:
+        """Check a whole input array before training or inference starts (the first layer
+        only); raises ``ValueError`` for values the layer would refuse batch by batch (token
+        ids out of range).  The default accepts anything ``forward`` takes."""
 
     # -- computation ------------------------------------------------------
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:

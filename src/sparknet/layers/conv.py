@@ -36,7 +36,7 @@ from numpy.typing import DTypeLike
 import sparknet._conv as _conv
 import sparknet._pool as _pool
 from sparknet import initializers
-from sparknet._validation import positive_int
+from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.layers.base import Layer, ParamSpec, register
 
@@ -151,7 +151,7 @@ class Conv2D(FusedActivation, Layer):
         self.padding = _padding(padding, "Conv2D")
         self.dilation = _pair(dilation, "Conv2D dilation")
         self._set_activation(activation)
-        self.use_bias = bool(use_bias)
+        self.use_bias = check_bool(use_bias, "Conv2D use_bias")
         if kernel_initializer != "auto":
             initializers.check_name(kernel_initializer)
         self.kernel_initializer = kernel_initializer

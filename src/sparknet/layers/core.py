@@ -8,7 +8,7 @@ import numpy as np
 import sparknet._activations as _activations
 import sparknet._dense as _dense
 from sparknet import initializers
-from sparknet._validation import positive_int
+from sparknet._validation import check_bool, check_float, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.layers.base import Layer, ParamSpec, register
 
@@ -41,7 +41,7 @@ class Dense(FusedActivation, Layer):
         super().__init__(name)
         self.units = positive_int(units, "Dense units")
         self._set_activation(activation)
-        self.use_bias = bool(use_bias)
+        self.use_bias = check_bool(use_bias, "Dense use_bias")
         if kernel_initializer != "auto":
             initializers.check_name(kernel_initializer)
         self.kernel_initializer = kernel_initializer
@@ -132,9 +132,7 @@ class Dropout(Layer):
 
     def __init__(self, rate: float, name: str | None = None) -> None:
         super().__init__(name)
-        if not (0.0 <= float(rate) < 1.0):
-            raise ValueError(f"Dropout rate must be in [0, 1), got {rate!r}")
-        self.rate = float(rate)
+        self.rate = check_float(rate, "Dropout rate", 0.0, 1.0, high_open=True)
         self._mask: np.ndarray | None = None
 
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:

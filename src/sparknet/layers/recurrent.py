@@ -31,7 +31,7 @@ import sparknet._embedding as _embedding
 import sparknet._lstm as _lstm
 import sparknet._rnn as _rnn
 from sparknet import initializers, threads
-from sparknet._validation import positive_int
+from sparknet._validation import check_bool, positive_int
 from sparknet.activations import activation_id, canonical_name
 from sparknet.layers.base import Layer, ParamSpec, register
 
@@ -64,8 +64,9 @@ class _Recurrent(Layer):
                  recurrent_initializer: str = "orthogonal", name: str | None = None) -> None:
         super().__init__(name)
         self.units = positive_int(units, f"{type(self).__name__} units")
-        self.return_sequences = bool(return_sequences)
-        self.stateful = bool(stateful)
+        kind = type(self).__name__
+        self.return_sequences = check_bool(return_sequences, f"{kind} return_sequences")
+        self.stateful = check_bool(stateful, f"{kind} stateful")
         self.kernel_initializer = initializers.check_name(kernel_initializer)
         self.recurrent_initializer = initializers.check_name(recurrent_initializer)
         self._state: tuple[np.ndarray, ...] | None = None
@@ -323,11 +324,11 @@ class LSTM(_Recurrent):
                  name: str | None = None) -> None:
         super().__init__(units, return_sequences, stateful, kernel_initializer,
                          recurrent_initializer, name)
-        self.return_state = bool(return_state)
+        self.return_state = check_bool(return_state, "LSTM return_state")
         if self.return_state and self.return_sequences:
             raise ValueError("LSTM return_state=True needs return_sequences=False (a layer of a "
                              "Sequential model has one output); read layer.states after a call instead")
-        self.unit_forget_bias = bool(unit_forget_bias)
+        self.unit_forget_bias = check_bool(unit_forget_bias, "LSTM unit_forget_bias")
 
     def _out_shape(self, T: int) -> tuple[int, ...]:
         if self.return_state:
@@ -420,7 +421,7 @@ class Embedding(Layer):
         super().__init__(name)
         self.vocab = positive_int(vocab, "Embedding vocab")
         self.dim = positive_int(dim, "Embedding dim")
-        self.mask_zero = bool(mask_zero)
+        self.mask_zero = check_bool(mask_zero, "Embedding mask_zero")
         if embeddings_initializer not in ("normal", "uniform"):
             raise ValueError(f"Embedding embeddings_initializer must be 'normal' or 'uniform', "
                              f"got {embeddings_initializer!r}")
@@ -441,6 +442,10 @@ class Embedding(Layer):
             params["embeddings"][...] = rng.standard_normal(params["embeddings"].shape)
         else:
             params["embeddings"][...] = rng.uniform(-0.05, 0.05, params["embeddings"].shape)
+
+    def check_input(self, x: np.ndarray) -> None:
+        """Every token id of the whole input in ``[0, vocab)`` and integral, before any step."""
+        self._check_ids(x)
 
     def _check_ids(self, x: Any) -> np.ndarray:
         ids = np.asarray(x)
