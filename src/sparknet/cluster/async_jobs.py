@@ -3,15 +3,16 @@ single-partition Spark jobs, one at a time, in its own Spark job group.
 
 Used by :mod:`sparknet.cluster.async_ps`: the driver loop there hands a thread a
 :class:`Launch` and reads ``(partition, launch, result, exception)`` back from the
-run's result queue.
+run's result queue, keeping one :class:`_Epoch` per epoch.
 """
 from __future__ import annotations
 
 import queue
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
+from sparknet.cluster.fit import RoundLog
 from sparknet.cluster.rounds import TaskKind, make_task
 
 if TYPE_CHECKING:
@@ -52,6 +53,32 @@ class Launch:
     started: float = 0.0
 
 
+@dataclass
+class _AsyncLog(RoundLog):
+    """What one asynchronous epoch returns to the trainer (see ``register_mode``): the
+    synchronous epoch's log plus history entries and whether the fit was interrupted."""
+
+    logs: dict = field(default_factory=dict)
+    stop: bool = False
+
+
+@dataclass
+class _Epoch:
+    """The state of one asynchronous epoch on the driver."""
+
+    epoch: int
+    last: bool                       # the fit's last epoch: stop at the budget
+    target: int                      # rows dispatched by the end of this epoch
+    workers: list[PartitionThread]
+    log: _AsyncLog = field(default_factory=_AsyncLog)
+    applied: int = 0
+    rejected: int = 0
+    downweighted: int = 0
+    staleness: list[int] = field(default_factory=list)       # of the applied deltas
+    held: dict[int, tuple[float, dict]] = field(default_factory=dict)  # partition -> (deadline, record)
+
+    def busy(self) -> bool:
+        return bool(self.held) or any(w.busy is not None for w in self.workers)
 
 
 class PartitionThread:

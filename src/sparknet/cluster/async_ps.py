@@ -111,16 +111,18 @@ import math
 import queue
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from sparknet.cluster import data_parallel as dp
-from sparknet.cluster.async_jobs import Launch, PartitionThread, executor_message
-from sparknet.cluster.fit import FitContext, RoundLog
+from sparknet.cluster import guards
+from sparknet.cluster.async_jobs import Launch, PartitionThread, _AsyncLog, _Epoch, executor_message
+from sparknet.cluster.fit import FitContext, RoundEnd, round_hook
 from sparknet.cluster.params import STATS, RoundResult
 from sparknet.cluster.resident import ResidentStateLost, lost_reason
+from sparknet.errors import RoundTimeout
 
 log = logging.getLogger(__name__)
 
@@ -202,34 +204,6 @@ def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None, 
 
 
 # ---------------------------------------------------------------------- driver side
-@dataclass
-class _AsyncLog(RoundLog):
-    """What one asynchronous epoch returns to the trainer (see ``register_mode``): the
-    synchronous epoch's log plus history entries and whether the fit was interrupted."""
-
-    logs: dict = field(default_factory=dict)
-    stop: bool = False
-
-
-@dataclass
-class _Epoch:
-    """The state of one asynchronous epoch on the driver."""
-
-    epoch: int
-    last: bool                       # the fit's last epoch: stop at the budget
-    target: int                      # rows dispatched by the end of this epoch
-    workers: list[PartitionThread]
-    log: _AsyncLog = field(default_factory=_AsyncLog)
-    applied: int = 0
-    rejected: int = 0
-    downweighted: int = 0
-    staleness: list[int] = field(default_factory=list)       # of the applied deltas
-    held: dict[int, tuple[float, dict]] = field(default_factory=dict)  # partition -> (deadline, record)
-
-    def busy(self) -> bool:
-        return bool(self.held) or any(w.busy is not None for w in self.workers)
-
-
 class _AsyncRun:
     """The asynchronous parameter server of one fit (lives across its epochs)."""
 
@@ -254,6 +228,10 @@ class _AsyncRun:
         self.est: dict[int, float | None] = dict.fromkeys(range(self.P))  # EMA of a round's wall seconds
         self._bcs: dict[int, list] = {}                  # version -> [broadcast, refs]
         self.rebuilds = 0
+        saved = ctx.mode_resume  # the server's counters from the checkpoint resumed from
+        if saved:
+            self.version, self.dispatched = int(saved["version"]), int(saved["dispatched"])
+            self.cursor = {int(p): [int(e), int(c)] for p, (e, c) in saved["cursor"].items()}
         self.results: "queue.Queue[tuple]" = queue.Queue()
         self.t_start = time.perf_counter()
         self.updates: list[dict] = ctx.history.updates if ctx.history is not None else []
@@ -288,6 +266,31 @@ class _AsyncRun:
         for v in list(self._bcs):
             if self._bcs[v][1] <= 0:
                 self._destroy(v)
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """The server's counters a checkpoint holds (taken at an epoch's end, nothing in flight)."""
+        return {"version": self.version, "dispatched": self.dispatched,
+                "cursor": {str(p): list(c) for p, c in self.cursor.items()}}
+
+    def _timeout(self, w: PartitionThread) -> float | None:
+        """Seconds partition ``w``'s round may run (the fit's ``round_timeout``)."""
+        state = self.ctx.state
+        if state is None:
+            return None
+        done = [e for e in self.est.values() if e is not None]
+        return state.timeout("async", max(done) if done else None)
+
+    def _check_deadlines(self, st: _Epoch) -> None:
+        """``RoundTimeout`` when a partition's round has run past the round timeout (the
+        epoch's ``finally`` cancels every job)."""
+        now = time.perf_counter()
+        for w in st.workers:
+            limit = self._timeout(w) if w.busy is not None else None
+            if w.busy is not None and limit is not None and now - w.busy.started > limit:
+                raise RoundTimeout(f"asynchronous round of partition {w.index} (pass {w.busy.epoch + 1}, "
+                                   f"chunk {w.busy.chunk + 1}/{self.rounds}) ran past round_timeout="
+                                   f"{limit:.0f} s; its jobs were cancelled. Set DataParallelTrainer("
+                                   f"round_timeout=...) to seconds, or None to wait forever")
 
     # -- scheduling -------------------------------------------------------
     def _chunk_rows(self, p: int, chunk: int) -> int:
@@ -339,6 +342,8 @@ class _AsyncRun:
         t0 = time.perf_counter()
         failure: BaseException | None = None
         try:
+            if self.ctx.state is not None:  # partition state of a resumed fit
+                self.ctx.state.before_round(self.ctx, standalone=True)
             self._serve(st)
         except KeyboardInterrupt:
             n = self._cancel(st.workers)
@@ -369,6 +374,7 @@ class _AsyncRun:
                 for q in [q for q, (d, _) in st.held.items() if d <= now]:
                     self._relaunch_held(st, q)
                 self._check_threads(st.workers)
+                self._check_deadlines(st)
                 continue
             st.workers[p].busy = None
             self._release(job.version)
@@ -399,7 +405,7 @@ class _AsyncRun:
         weight, ok = self._weigh(st, staleness)
         rows, loss = 0, float("nan")
         if res is not None:
-            rows, loss, ok = self._apply(st, res, staleness, weight, ok)
+            rows, loss, ok = self._apply(st, res, staleness, weight, ok, p)
         st.log.rounds += 1
         for q in list(st.held):  # a fresher model: the deferred relaunches go now
             self._relaunch_held(st, q)
@@ -410,6 +416,8 @@ class _AsyncRun:
         self.updates.append(rec)
         if self.opts.on_update is not None:  # before its relaunch: it sees this update's model
             self.opts.on_update(dict(rec))
+        state = self.ctx.state
+        round_hook(RoundEnd(st.epoch, st.log.rounds - 1, 0, (state.rounds_done if state else 0) + st.log.rounds))
         if hold > 0:
             st.held[p] = (time.perf_counter() + hold, rec)
         else:
@@ -431,17 +439,23 @@ class _AsyncRun:
         return self.delta_weight * (1.0 + self.max_staleness) / (1.0 + staleness), True
 
     def _apply(self, st: _Epoch, res: RoundResult, staleness: int, weight: float,
-               ok: bool) -> tuple[int, float, bool]:
+               ok: bool, p: int) -> tuple[int, float, bool]:
         """``params += weight * delta / rows`` when ``ok`` and the round had rows;
-        returns (rows, the round's mean loss, whether it was applied)."""
+        returns (rows, the round's mean loss, whether it was applied).  A non-finite
+        delta or loss of partition ``p`` is never applied (``TrainingDiverged``)."""
         model = self.model
         st.log.stats += res.stats
         st.log.compute += max(res.times) if res.times else 0.0
         rows = int(res.stat("samples"))
         loss = res.stat("loss_sum") / res.stat("weight_sum") if res.stat("weight_sum") > 0 else float("nan")
+        where = {"lr": self.trainer.optimizer.lr, "epoch": st.epoch + 1, "round": st.log.rounds + 1,
+                 "partition": p}
+        guards.check_result(res, "delta", **where)
         if not (ok and res.vec is not None and rows > 0):
             return rows, loss, False  # rejected, or an empty round: nothing to apply
+        before = np.array(model.params, copy=True)
         model.params += (res.vec * model.dtype.type(weight / rows)).astype(model.dtype, copy=False)
+        guards.check_params(model.params, before, **where)
         self.version += 1
         st.applied += 1
         st.staleness.append(staleness)
@@ -531,8 +545,10 @@ class _AsyncRun:
         self._cancel(workers)
         self.dispatched -= sum(j.rows for j in back)
         log.warning("sparknet async: resident training data of partition %d lost; rebuilding all "
-                    "shards (partition optimizer state restarts from zero)", lost.partition)
+                    "shards", lost.partition)
         self.resident.rebuild()
+        if self.ctx.state is not None:  # their optimizer state: from the newest checkpoint
+            self.ctx.state.before_round(self.ctx, standalone=True)
 
     def _cancel(self, workers: list[PartitionThread]) -> int:
         """Cancel every outstanding job and wait (bounded) until each has ended."""

@@ -70,12 +70,14 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
+from sparknet.cluster import trainer_state
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData, check_label_range, label_desc, release_shards, shard_data
-from sparknet.cluster.fit import FitContext, FitHistory, RoundLog
+from sparknet.cluster.fit import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
 from sparknet.cluster.outer import OuterOptimizer, resolve_outer
 from sparknet.cluster.params import STATS, ParameterServer
 from sparknet.cluster.rounds import FitSpec
+from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
 
 if TYPE_CHECKING:
@@ -164,22 +166,43 @@ class DataParallelTrainer:
             plain averaging with a given ``local_steps``, which runs the schedule
             documented in this module exactly).  Its momentum is kept in the object across fits,
             like the driver's optimizer of ``sync="gradient"``.
+        checkpoint_dir: folder (local, shared, or a Hadoop URI such as ``hdfs://...``)
+            where every fit writes checkpoints (:mod:`sparknet.cluster.trainer_state`:
+            parameters, every optimizer state -- the partitions' too --, the position in
+            the data order, the history, the architecture and these settings), which
+            ``fit(..., resume=True)`` continues from; ``None`` (default): none.
+        checkpoint_every: when a checkpoint is written: ``"epoch"`` (default: after every
+            epoch, its validation included), an int N (every N rounds), ``"N epochs"``, or
+            ``"Ns"`` (at the first round end N seconds after the last one).  ``mode="async"``
+            writes them at epoch ends only (no round is in flight there).
+        checkpoint_keep: how many of the newest checkpoints are kept (default 3).
+        round_timeout: seconds one round (one Spark job) may run before the fit fails with
+            :class:`~sparknet.errors.RoundTimeout`, its jobs cancelled: a number, ``None``
+            (wait forever) or ``"auto"`` (default: ``max(120 s, 20 x`` the slowest round of
+            its kind measured so far, or predicted by the round cost model``)``).
         **mode_options: options of a registered mode (``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
             see :class:`sparknet.cluster.async_ps.AsyncOptions`).
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps``,
-            ``max_overhead`` or ``outer`` (an outer optimizer outside synchronous
-            average mode).
+            ``max_overhead``, ``outer`` (an outer optimizer outside synchronous
+            average mode), ``checkpoint_every``, ``checkpoint_keep`` or ``round_timeout``.
     """
+
+    checkpoint_dir: str | None
+    checkpoint_every: trainer_state.CheckpointEvery
+    checkpoint_keep: int
+    round_timeout: float | str | None
 
     def __init__(self, model: Sequential, spark: "SparkSession | None" = None,
                  num_partitions: int | None = None, mode: str = "sync", sync: str = "average",
                  local_steps: "int | str" = "auto", optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
-                 outer: "OuterOptimizer | str | None" = "auto", **mode_options: Any) -> None:
+                 outer: "OuterOptimizer | str | None" = "auto", checkpoint_dir: "str | None" = None,
+                 checkpoint_every: "str | int" = "epoch", checkpoint_keep: int = 3,
+                 round_timeout: "float | str | None" = "auto", **mode_options: Any) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
         mode = resolve_mode(mode)
@@ -204,6 +227,7 @@ class DataParallelTrainer:
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
         self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
+        trainer_state.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep, round_timeout)
         self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
@@ -221,7 +245,7 @@ class DataParallelTrainer:
     # ----------------------------------------------------------------- fit
     def fit(self, data: Any, y: Any = None, epochs: int = 10, batch_size: int = 32,
             validation_data: Any = None, features_col: str = "features", label_col: str = "label",
-            verbose: int = 1, reuse_data: bool = True) -> tuple[Sequential, FitHistory]:
+            verbose: int = 1, reuse_data: bool = True, resume: bool = False) -> tuple[Sequential, FitHistory]:
         """Train for ``epochs`` passes over ``data``.
 
         Args:
@@ -245,6 +269,12 @@ class DataParallelTrainer:
                 size (float32/float64) in the executors' ``/dev/shm`` or local
                 directory until :meth:`release_shards` (or the end of the driver);
                 ``False`` deletes them after the fit.
+            resume: continue from the newest complete checkpoint in ``checkpoint_dir``
+                (a fresh fit, logged, when there is none): parameters, optimizer states,
+                history and the position in the data order come back, and the fit runs
+                until ``epochs`` epochs in all (``epochs`` is the total, not a count of
+                further ones).  Needs the same data, partitions, mode, sync, batch size
+                and seed as the fit that wrote it.
 
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
@@ -265,10 +295,19 @@ class DataParallelTrainer:
 
         Raises:
             ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
-                labels out of range, empty data), always before the first round.
+                labels out of range, empty data), always before the first round; a
+                checkpoint of another network or schedule (``resume``).
+            TrainingDiverged: a loss, gradient, delta or the parameters became NaN or
+                infinite (epoch, round and partition named); the model keeps its last
+                finite weights and no checkpoint of the diverged state is written.
+            RoundTimeout: a round ran past ``round_timeout``; its jobs were cancelled.
+
+        ``KeyboardInterrupt`` (Ctrl-C) cancels the fit's jobs and returns the model as of
+        the last applied round (``history.interrupted``).
         """
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
+        store = trainer_state.open_store(self, resume)
         model = self.model
         classification = _is_classifier(model)
         t_fit = time.perf_counter()
@@ -280,12 +319,20 @@ class DataParallelTrainer:
         with self._resident_data(data, y, validation_data, (features_col, label_col), classification,
                                  key, reuse_data) as (train, val):
             ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
+            tag = f"sparknet-fit-{key}"
+            self.spark.sparkContext.addJobTag(tag)
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
-                                 epochs, batch_size, history=history)
-                self._calibrate(ctx, t_fit)
-                self._train(ctx, verbose)
+                                 epochs, batch_size, history=history,
+                                 state=trainer_state.FitState(self, store, self.checkpoint_every))
+                assert ctx.state is not None
+                if resume and trainer_state.resume(ctx.state, ctx):
+                    history.setup_time = time.perf_counter() - t_fit
+                else:
+                    self._calibrate(ctx, t_fit)
+                self._train(ctx, verbose, tag)
             finally:
+                self.spark.sparkContext.removeJobTag(tag)
                 ps.close()
         model.optimizer = self.optimizer
         return model, history
@@ -367,14 +414,30 @@ class DataParallelTrainer:
                  train.total, train.num_partitions, train.source, self.sync, ctx.describe_round(),
                  ctx.rounds, share)
 
-    def _train(self, ctx: FitContext, verbose: int) -> None:
-        """The epochs of the fit, each validated and recorded in ``ctx.history``."""
-        epochs, epoch = ctx.epochs, 0
+    def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
+        """The epochs of the fit (from a resumed position on), each validated, recorded in
+        ``ctx.history`` and checkpointed when one is due; ``KeyboardInterrupt`` cancels the
+        fit's jobs (tagged ``tag``) and returns."""
+        state = ctx.state
+        assert state is not None and ctx.history is not None
+        epochs, epoch = ctx.epochs, state.start.epoch
+        start = state.start.round if self.mode == "sync" else 0
         while epoch < epochs:
             t0 = time.perf_counter()
+            carry = trainer_state.epoch_carry(state.start, RoundLog) if start else None
+            t0 -= float(state.start.partial.get("elapsed", 0.0)) if start else 0.0
             span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
-            rl = self._run_epochs(ctx, epoch, span, verbose)
+            try:
+                rl = self._run_epochs(ctx, epoch, span, verbose, start, carry, t0)
+            except KeyboardInterrupt:
+                self.spark.sparkContext.cancelJobsWithTag(tag)
+                ctx.history.interrupted = True
+                log.warning("sparknet: interrupted in epoch %d; cancelled the fit's jobs; the model is as "
+                            "of the last applied round", epoch + 1)
+                return
+            start = 0
             stop = bool(getattr(rl, "stop", False))
+            ctx.history.interrupted = ctx.history.interrupted or stop
             train_time = time.perf_counter() - t0
             val_logs: dict[str, float] = {}
             if ctx.val is not None and not stop:
@@ -386,19 +449,23 @@ class DataParallelTrainer:
             if stop:
                 break
             if not np.isfinite(loss):
-                raise FloatingPointError(f"training loss became {loss} in epoch {epoch}; "
-                                         f"lower the learning rate (now {self.optimizer.lr})")
+                raise TrainingDiverged.describe("loss", loss, lr=self.optimizer.lr, epoch=epoch)
+            step = state.epochs_end(ctx, epoch, rounds=0 if self.mode == "sync" else rl.rounds)
+            round_hook(RoundEnd(epoch - span, max(rl.rounds - 1, 0), ctx.rounds if self.mode == "sync" else 0,
+                                state.rounds_done, epoch_end=True, checkpoint=step))
 
-    def _run_epochs(self, ctx: FitContext, epoch: int, span: int, verbose: int) -> RoundLog:
-        """The rounds of epoch ``epoch`` (``span`` epochs for a multi-epoch round), under a
-        progress bar: synchronous rounds, or the registered mode's epoch runner."""
+    def _run_epochs(self, ctx: FitContext, epoch: int, span: int, verbose: int, start: int = 0,
+                    carry: RoundLog | None = None, t0: float | None = None) -> RoundLog:
+        """The rounds of epoch ``epoch`` (``span`` epochs for a multi-epoch round; from round
+        ``start`` on, ``carry`` holding the rounds before it), under a progress bar:
+        synchronous rounds, or the registered mode's epoch runner."""
         from sparknet.progress import progress_bar
 
         epochs = ctx.epochs
         desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
         with progress_bar(total=ctx.rounds, desc=desc, unit="round", disable=not verbose) as bar:
             if self.mode == "sync":
-                rl = ctx.sync_epoch(epoch, bar, span)
+                rl = ctx.sync_epoch(epoch, bar, span, start, carry, t0)
                 ctx.resize(rl, span)
                 return rl
             ctx.bar = bar

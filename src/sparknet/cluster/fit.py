@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from sparknet.cluster import guards
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData
 from sparknet.cluster.params import STATS, ParameterServer, RoundResult
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
 
     from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.trainer_state import FitState
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,10 @@ class FitHistory(History):
         reused_shards: whether the training shards were reused from an earlier fit on
             the same cached data (no job built them).
         updates: one record per arriving delta (``mode="async"``; empty otherwise).
+        checkpoints: ``{"step", "seconds"}`` of every checkpoint this fit wrote
+            (``checkpoint_dir``); their seconds are inside the epochs' ``time``.
+        resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
+        interrupted: whether the fit ended on ``KeyboardInterrupt``.
     """
 
     def __init__(self) -> None:
@@ -61,6 +69,62 @@ class FitHistory(History):
         self.setup_breakdown: dict[str, float] = {}
         self.reused_shards = False
         self.updates: list[dict[str, Any]] = []
+        self.checkpoints: list[dict[str, float]] = []
+        self.resumed_from: str | None = None
+        self.interrupted = False
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """What the round hook (:func:`set_round_hook`) is told after each round.
+
+    Attributes:
+        epoch: 0-based epoch of the round (its first, for a multi-epoch round).
+        round: 0-based round of that epoch (async: the arriving update's index in it).
+        rounds: rounds of the epoch (async: 0, not known in advance).
+        rounds_done: rounds the fit has run (with the fits it resumed).
+        epoch_end: whether the round ended an epoch (its checkpoint, if due, is written).
+        checkpoint: the step of the checkpoint written after this round, or ``None``.
+    """
+
+    epoch: int
+    round: int
+    rounds: int
+    rounds_done: int
+    epoch_end: bool = False
+    checkpoint: int | None = None
+
+
+_HOOK: Callable[[RoundEnd], Any] | None = None
+_HOOK_LOCK = threading.Lock()
+
+
+def set_round_hook(hook: Callable[[RoundEnd], Any] | None) -> Callable[[RoundEnd], Any] | None:
+    """Install ``hook(RoundEnd)``, called on the driver after every training round of every
+    data-parallel fit (after its checkpoint, if one was due), or remove it (``None``);
+    returns the hook it replaces.  For tests and benchmarks
+    (:func:`sparknet.cluster.testing.on_round`): a hook may raise ``KeyboardInterrupt``
+    to interrupt the fit, or end the process to play a driver crash."""
+    global _HOOK
+    with _HOOK_LOCK:
+        previous, _HOOK = _HOOK, hook
+    return previous
+
+
+def round_hook(event: RoundEnd) -> None:
+    """Call the installed round hook, if any."""
+    hook = _HOOK
+    if hook is not None:
+        hook(event)
+
+
+def run_action(resident: "Resident", action: Callable[[], Any], timeout: float | None) -> Any:
+    """``resident.run_action(action, timeout=timeout)``."""
+    import inspect  # TEMPORARY until Resident.run_action takes timeout=
+
+    if "timeout" not in inspect.signature(resident.run_action).parameters:
+        return resident.run_action(action)
+    return resident.run_action(action, timeout=timeout)
 
 
 @dataclass
@@ -93,6 +157,9 @@ class FitContext:
         epochs_per_round: epochs one round spans (``sync="average"``).
         bar: the progress bar of the running epoch (registered modes update it).
         mode_state: what a registered mode keeps across the epochs of the fit.
+        state: checkpoints, resident optimizer state and job times of the fit
+            (:class:`~sparknet.cluster.trainer_state.FitState`; ``None`` for ``evaluate``).
+        mode_resume: what a registered mode stored in the checkpoint the fit resumed from.
     """
 
     trainer: DataParallelTrainer
@@ -109,6 +176,8 @@ class FitContext:
     epochs_per_round: int = 1
     bar: Any = None
     mode_state: Any = None
+    state: FitState | None = None
+    mode_resume: Any = None
 
     @property
     def model(self) -> Sequential:
@@ -140,12 +209,31 @@ class FitContext:
             self.epochs_per_round = 1
         self.steps_per_round = math.ceil(steps_epoch / self.rounds) * self.epochs_per_round
 
-    def _run(self, data: ShardedData, task: Any, description: str) -> RoundResult:
-        """One round: ``task`` over every shard of ``data``, summed by the server."""
+    def _run(self, data: ShardedData, task: Any, description: str, kind: str = "train") -> RoundResult:
+        """One round: ``task`` over every shard of ``data``, summed by the server, within
+        the fit's ``round_timeout`` (:mod:`sparknet.cluster.trainer_state`)."""
+        state = self.state
+
         def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
+            if state is not None and kind == "train":
+                state.before_round(self)  # partition state after a resume or a rebuild
             self.sc.setJobDescription(description)
             return self.ps.gather(data.resident.mapPartitions(task))
-        return data.resident.run_action(action)
+        if state is None:
+            return run_action(data.resident, action, None)
+        t0 = time.perf_counter()
+        res = run_action(data.resident, action, state.timeout(kind, self._predicted(data, kind)))
+        state.measured(kind, time.perf_counter() - t0)
+        return res
+
+    def _predicted(self, data: ShardedData, kind: str) -> float | None:
+        """Seconds a job should take by the round cost model (``None`` before one exists)."""
+        cost = self.cost
+        if cost is None:
+            return None
+        if kind == "train":
+            return cost.t_fixed + self.steps_per_round * cost.t_step
+        return cost.t_fixed + math.ceil(max(data.rows, default=0) / max(self.batch_size, 1)) * cost.t_step
 
     # -- calibration ------------------------------------------------------
     def _measure(self, steps: int = 4, warmup: int = 2) -> RoundCostModel:
@@ -156,7 +244,7 @@ class FitContext:
         t0 = time.perf_counter()
         task = make_task(self.spec, self.ps.broadcast(), TaskKind.PROBE, probe_steps=steps,
                          warmup_steps=warmup)
-        res = self._run(self.train, task, "sparknet: calibrating the round length")
+        res = self._run(self.train, task, "sparknet: calibrating the round length", kind="probe")
         wall, comp = time.perf_counter() - t0, max(res.times) if res.times else 0.0
         return RoundCostModel(max(wall - comp, 1e-4), max(res.step_time, 1e-6), int(self.model.params.nbytes))
 
@@ -231,32 +319,58 @@ class FitContext:
                      1e3 * t_fixed, 1e3 * t_step, self.describe_round())
 
     # -- rounds -----------------------------------------------------------
-    def sync_epoch(self, epoch: int, bar: Any, span: int = 1) -> RoundLog:
-        """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it)."""
-        rl = RoundLog()
+    def sync_epoch(self, epoch: int, bar: Any, span: int = 1, start: int = 0, rl: RoundLog | None = None,
+                   t_epoch: float | None = None) -> RoundLog:
+        """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it), from
+        round ``start`` on (a resumed epoch, ``rl`` holding its rounds so far; ``t_epoch``:
+        when the epoch started by ``time.perf_counter``)."""
+        rl = rl if rl is not None else RoundLog()
+        t_epoch = time.perf_counter() if t_epoch is None else t_epoch
         E, R = self.epochs, (1 if span > 1 else self.rounds)
         which = f"epoch {epoch + 1}/{E}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{E}"
-        for r in range(R):
+        if start:
+            bar.update(start)
+        for r in range(start, R):
             t0 = time.perf_counter()
             task = make_task(self.spec, self.ps.broadcast(), self.trainer.sync, epoch=epoch, rnd=r,
                              rounds=R, span=span)
             res = self._run(self.train, task, f"sparknet {which} round {r + 1}/{R}")
-            self._apply(res)
+            self._apply(res, epoch=epoch + 1, round=r + 1)
             rl.wall += time.perf_counter() - t0
             rl.compute += max(res.times) if res.times else 0.0
             rl.rounds += 1
             rl.stats = rl.stats + res.stats
             bar.update(1)
             bar.set_postfix(self._running(rl.stats), refresh=False)
+            step = None
+            if self.state is not None:
+                step = self.state.round_end(self, epoch, r, R, rl, time.perf_counter() - t_epoch)
+            if r + 1 < R:  # the epoch's last round is reported at the epoch's end
+                round_hook(RoundEnd(epoch, r, R, self.state.rounds_done if self.state else 0,
+                                    checkpoint=step))
         return rl
 
-    def _apply(self, res: RoundResult) -> None:
+    def _apply(self, res: RoundResult, **where: Any) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient
         (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``), added
-        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`)."""
+        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`).
+        A non-finite result, or parameters made non-finite by the step, raise
+        :class:`~sparknet.errors.TrainingDiverged` with the parameters as before the
+        round (``where``: the epoch and round, 1-based, for its message)."""
         model = self.model
+        gradient = self.trainer.sync == "gradient"
+        lr = self.trainer.optimizer.lr
+        guards.check_result(res, "gradient" if gradient else "delta", lr=lr, **where)
         if res.vec is None:
             return
+        before = np.array(model.params, copy=True)
+        self._step(res)
+        guards.check_params(model.params, before, lr=lr, **where)
+
+    def _step(self, res: RoundResult) -> None:
+        """Apply a checked round result (see :meth:`_apply`)."""
+        model = self.model
+        assert res.vec is not None
         if self.trainer.sync == "gradient":
             w = res.stat("weight_sum")
             grad = res.vec / model.dtype.type(w) if w > 0 else res.vec * 0
@@ -284,7 +398,8 @@ class FitContext:
 
     def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:
         """``val_loss`` (and ``val_accuracy``) of the current parameters on ``data``."""
-        res = self._run(data, make_task(self.spec, self.ps.broadcast(), TaskKind.EVAL), description)
+        res = self._run(data, make_task(self.spec, self.ps.broadcast(), TaskKind.EVAL), description,
+                        kind="eval")
         w = max(res.stat("weight_sum"), 1e-12)
         out = {"val_loss": res.stat("loss_sum") / w}
         if self.spec.classification:

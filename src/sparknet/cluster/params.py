@@ -45,12 +45,16 @@ class RoundResult:
             one row per epoch (shape ``(epochs, len(STATS))``).
         times: compute seconds of each task (inside the task, excluding Spark's costs).
         step_time: seconds of one local step (the slowest task's; probe rounds only).
+        nonfinite: ``(partition, what)`` of every task whose loss or vector was NaN or
+            infinite (``what``: ``"loss"``, ``"gradient"``, ``"delta"``; see
+            :mod:`sparknet.cluster.guards`).
     """
 
     vec: np.ndarray | None = None
     stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
     times: list[float] = field(default_factory=list)
     step_time: float = 0.0
+    nonfinite: list[tuple[int, str]] = field(default_factory=list)
 
     def add(self, other: "RoundResult | None") -> "RoundResult":
         """In-place sum (vectors and statistics add, times concatenate); returns self."""
@@ -63,6 +67,7 @@ class RoundResult:
                 self.vec += other.vec
         self.stats = self.stats + other.stats
         self.times = self.times + list(other.times)
+        self.nonfinite = self.nonfinite + list(other.nonfinite)
         self.step_time = max(self.step_time, other.step_time)
         return self
 

@@ -34,6 +34,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import threads
+from sparknet.cluster import guards
 from sparknet.cluster.params import STATS, RoundResult
 from sparknet.model import Sequential
 
@@ -142,6 +143,8 @@ class RoundTask:
             layer.rng = np.random.default_rng([self.spec.seed, self.epoch, self.rnd, index, i, 7])
         run = _RUNNERS[self.kind]
         res = run(self, index, shard, model)
+        if self.kind.trains:  # the driver must not apply a non-finite result (guards)
+            res.nonfinite = guards.scan(index, res, "gradient" if self.kind is TaskKind.GRADIENT else "delta")
         res.times = [time.perf_counter() - t0]
         return [res]
 

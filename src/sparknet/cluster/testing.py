@@ -5,6 +5,10 @@ No production module imports this one.  It enters through the documented hook
 training task a driver builds is wrapped by a :class:`FaultyTask`, which is pickled by
 reference to this module, so the executors run the same code.
 
+:func:`on_round` enters through the other hook,
+:func:`sparknet.cluster.fit.set_round_hook`: a function called after every training
+round on the driver (to interrupt a fit, or kill the driver, at a chosen round).
+
 Example::
 
     from sparknet.cluster.testing import inject_faults
@@ -18,9 +22,9 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from sparknet.cluster import rounds
+from sparknet.cluster import fit, rounds
 from sparknet.cluster.params import RoundResult
 
 if TYPE_CHECKING:
@@ -31,17 +35,20 @@ _LOCK = threading.Lock()
 
 @dataclass
 class FaultyTask:
-    """A training task with faults: ``fail`` raises, ``slow`` and ``delay`` sleep after it
-    (see :func:`inject_faults`)."""
+    """A training task with faults: ``fail`` raises, ``hang`` never returns, ``slow`` and
+    ``delay`` sleep after it (see :func:`inject_faults`)."""
 
     task: rounds.RoundTask
     slow: dict[int, float] = field(default_factory=dict)
     delay: dict[int, float] = field(default_factory=dict)
     fail: dict[int, str] = field(default_factory=dict)
+    hang: frozenset[int] = frozenset()
 
     def __call__(self, index: int, shard: "Shard") -> list[RoundResult]:
         if index in self.fail:
             raise RuntimeError(self.fail[index])
+        while index in self.hang:  # a task that never returns (until Spark kills its worker)
+            time.sleep(1.0)
         t0 = time.perf_counter()
         out = self.task(index, shard)
         if index in self.slow or index in self.delay:
@@ -61,16 +68,22 @@ class _Faults:
     slow: dict[int, float]
     delay: dict[int, float]
     fail: dict[int, str]
+    hang: frozenset[int] = frozenset()
+    after: int = 0
+    built: int = 0
 
     def __call__(self, task: rounds.RoundTask) -> "rounds.RoundTask | FaultyTask":
         if not task.kind.trains:
             return task
-        return FaultyTask(task, dict(self.slow), dict(self.delay), dict(self.fail))
+        self.built += 1
+        hang = self.hang if self.built > self.after else frozenset()
+        return FaultyTask(task, dict(self.slow), dict(self.delay), dict(self.fail), hang)
 
 
 @contextlib.contextmanager
 def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] | None = None,
-                  fail: "dict[int, str] | list[int] | tuple[int, ...] | None" = None) -> Iterator[None]:
+                  fail: "dict[int, str] | list[int] | tuple[int, ...] | None" = None,
+                  hang: "list[int] | tuple[int, ...] | None" = None, hang_after: int = 0) -> Iterator[None]:
     """Inject a straggler or a failing task into data-parallel training (tests and
     benchmarks only).
 
@@ -85,7 +98,10 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
     * for ``delay={p: seconds}``, partition ``p`` sleeps that many seconds after each
       training round (a fixed slowdown, for tests that need a round to last long);
     * for ``fail={p: message}`` (or a list of partitions), partition ``p``'s training
-      task raises ``RuntimeError(message)``.
+      task raises ``RuntimeError(message)``;
+    * for ``hang=[p, ...]``, partition ``p``'s training tasks never return (they sleep
+      until Spark kills their worker), from the ``hang_after + 1``-th training task
+      the driver builds on (so that rounds before it are measured).
 
     It installs a task wrapper with :func:`sparknet.cluster.rounds.set_task_wrapper`
     for the duration of the block (the previous wrapper comes back after it), so do not
@@ -95,20 +111,24 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
         slow: partition -> slowdown factor (>= 0).
         delay: partition -> extra seconds per training round (>= 0).
         fail: partitions whose training task raises, or partition -> message.
+        hang: partitions whose training tasks never return.
+        hang_after: training tasks built before the hanging ones start.
 
     Raises:
         ValueError: negative partition, factor or delay.
     """
     faults = _Faults({int(k): float(v) for k, v in (slow or {}).items()},
-                     {int(k): float(v) for k, v in (delay or {}).items()}, _fail_messages(fail))
+                     {int(k): float(v) for k, v in (delay or {}).items()}, _fail_messages(fail),
+                     frozenset(int(p) for p in (hang or ())), int(hang_after))
     for what, d in (("slow", faults.slow), ("delay", faults.delay)):
         for k, v in d.items():
             if k < 0 or not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{what}: partition {k} value {v} (need partition >= 0 and a finite "
                                  f"value >= 0)")
-    for k in faults.fail:
-        if k < 0:
-            raise ValueError(f"fail: partition {k} must be >= 0")
+    for what, keys in (("fail", faults.fail), ("hang", faults.hang)):
+        for k in keys:
+            if k < 0:
+                raise ValueError(f"{what}: partition {k} must be >= 0")
     with _LOCK:
         previous = rounds.set_task_wrapper(faults)
     try:
@@ -123,3 +143,19 @@ def _fail_messages(fail: "dict[int, str] | list[int] | tuple[int, ...] | None") 
         return {int(p): f"injected failure in partition {int(p)} (sparknet.cluster.testing.inject_faults)"
                 for p in fail}
     return {int(k): str(v) for k, v in (fail or {}).items()}
+
+
+@contextlib.contextmanager
+def on_round(hook: Callable[[fit.RoundEnd], Any]) -> Iterator[None]:
+    """Call ``hook(event)`` on the driver after every training round of the data-parallel
+    fits run inside the ``with`` block (:class:`~sparknet.cluster.fit.RoundEnd`: epoch,
+    round, rounds done, the checkpoint written after it); raising ``KeyboardInterrupt``
+    from it interrupts the fit as Ctrl-C would, ``os.kill(os.getpid(), SIGKILL)`` plays
+    a driver crash.  Installed with :func:`sparknet.cluster.fit.set_round_hook`."""
+    with _LOCK:
+        previous = fit.set_round_hook(hook)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            fit.set_round_hook(previous)
