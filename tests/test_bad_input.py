@@ -387,6 +387,8 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
      ValueError, r"mask has shape \(4, 5\); it must be \(N, T\) = \(4, 6\)"),
     ("fit-mask-nan", C(lambda: fit_refused(lstm(), np.zeros((4, 6, 2)), [0, 1, 0, 1], mask=with_(np.ones((4, 6)), (1, 2), NAN))),
      ValueError, "mask contains NaN"),
+    ("fit-mask-all-zero", C(lambda: fit_refused(lstm(), np.zeros((2, 6, 2)), [0, 1], mask=np.zeros((2, 6)))), ValueError,
+     "mask is all zero"),
     ("fit-mask-str", C(lambda: fit_refused(lstm(), np.zeros((2, 6, 2)), [0, 1], mask=[["a"] * 6] * 2)), ValueError,
      "mask has non-numeric dtype"),
     ("fit-validation-not-tuple", C(lambda: fit_refused(clf(), X20, Y20, validation_data=X20)), ValueError,

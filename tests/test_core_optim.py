@@ -128,3 +128,35 @@ def test_bad_optimizer_arguments():
         get("adamw")
     with pytest.raises(ValueError, match="same shape|one shape"):
         SGD().step(np.zeros(3), np.zeros(4))
+
+
+@pytest.mark.parametrize("opt", [
+    SGD(lr=0.5), SGD(lr=0.1, momentum=0.9, weight_decay=0.3), SGD(lr=0.2, momentum=0.8, nesterov=True),
+    SGD(lr=0.1, momentum=0.5, dampening=0.5), RMSprop(lr=0.05), RMSprop(lr=0.01, alpha=0.5, weight_decay=0.2),
+    RMSprop(lr=0.02, momentum=0.9),
+], ids=repr)
+def test_step_bound_holds_for_every_step(opt):
+    """What divergence checking relies on: step_bound bounds the change to the parameters,
+    the momentum buffer and the decayed gradient (gradients of wildly varying scale)."""
+    rng = np.random.default_rng(7)
+    n = 500
+    p = rng.standard_normal(n)
+    carry, pbound = 0.0, float(np.linalg.norm(p))
+    for k in range(60):
+        g = rng.standard_normal(n) * 10.0 ** rng.integers(-4, 4)
+        g[rng.random(n) < 0.3] = 0.0
+        bound, carry = opt.step_bound(float(np.linalg.norm(g)), pbound, n, carry)
+        decayed = g + opt.weight_decay * p
+        before = p.copy()
+        opt.step(p, g.copy())
+        slack = 1 + 1e-9
+        assert np.linalg.norm(p - before) <= bound * slack, k
+        assert np.linalg.norm(decayed) <= bound * slack, k
+        if "momentum_buffer" in opt.state:
+            assert np.linalg.norm(opt.state["momentum_buffer"]) <= carry * slack, k
+        pbound += bound
+        assert np.linalg.norm(p) <= pbound * slack
+
+
+def test_centered_rmsprop_gives_no_step_bound():
+    assert RMSprop(centered=True).step_bound(1.0, 1.0, 10, 0.0)[0] == float("inf")

@@ -41,8 +41,8 @@ def check_bool(value: Any, what: str) -> bool:
 
 
 def check_name(value: Any, what: str) -> str:
-    """A name: a non-empty string."""
-    if not isinstance(value, str) or not value:
+    """A name: a string."""
+    if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {value!r}")
     return value
 

@@ -4,19 +4,21 @@ the model keeps the weights the failing step started from.
 
 How it works, per optimizer step (:class:`StepGuard`):
 
-1. the loss of the batch is checked; not finite: nothing is applied;
+1. the batch's loss is checked; not finite: nothing is applied;
 2. the gradient's squared norm ``g . g`` (one BLAS dot) is checked; not finite (and some
    element truly is not): nothing is applied;
-3. a step is *risky* when the learning rate times the gradient norm, or the parameter norm,
-   is huge (beyond :data:`SAFE_NORM`).  Below that, neither optimizer can overflow: an SGD
-   update is bounded by ``lr * |g|`` (and its momentum buffer by a geometric sum of those),
-   an RMSprop update by ``lr / sqrt(1 - alpha)``, and ``g**2`` is finite when ``g . g`` is.
-   Only a risky step pays for a copy of the parameters and the optimizer state first;
-4. after the step the parameters' squared norm is checked; not finite: the copy is put back
-   (a risky step) and the error raised.
+3. the optimizer bounds what its step can compute (:meth:`~sparknet.optim.Optimizer.step_bound`:
+   the decayed gradient, the momentum buffer, the change to the parameters) from the
+   gradient's norm and a running bound on the parameters' norm.  Below :data:`SAFE_NORM`
+   nothing can overflow, so the step runs unguarded and the parameter bound grows by the
+   change's bound;
+4. a step beyond it (or an optimizer without a bound, as centered RMSprop) is *risky*: the
+   parameters and optimizer state are copied first, and checked after the step (a dot, and
+   the state); not finite: the copy is put back and the error raised.  The running bound is
+   then reset to the measured norm.
 
-So a healthy fit pays two dots per step and no copies; a diverging one is stopped with
-the last finite weights, the optimizer state and step count of before the bad step.
+So a healthy fit pays one dot per step and no copies; a diverging one stops with the
+weights, optimizer state and step count of before the bad step.
 """
 from __future__ import annotations
 
@@ -25,17 +27,19 @@ import numpy as np
 from sparknet.errors import TrainingDiverged
 from sparknet.optim import Optimizer
 
-#: norms beyond which a step may overflow float32 (max 3.4e38) and so is backed up first:
-#: 1e15 leaves a margin of 1e23 for the bounds in the module docstring
+#: 2-norms beyond which a step is backed up and checked: float32 overflows at 3.4e38, and
+#: every bound of :meth:`~sparknet.optim.Optimizer.step_bound` staying below 1e15 leaves a
+#: margin of 1e23 (squares of values below 1e15 stay finite too)
 SAFE_NORM = 1e15
 
 
-def _norm2(a: np.ndarray) -> float:
-    """``a . a`` (NaN or infinity when an element is; may overflow for huge finite values)."""
+def _norm(a: np.ndarray) -> float:
+    """``sqrt(a . a)``: NaN or infinity when an element is (or, rarely, when huge finite
+    values overflow the dot; callers then check the elements)."""
     if not a.size:
         return 0.0
     with np.errstate(over="ignore", invalid="ignore"):
-        return float(np.dot(a, a))
+        return float(np.sqrt(np.dot(a, a)))
 
 
 class StepGuard:
@@ -46,11 +50,19 @@ class StepGuard:
 
     def __init__(self, params: np.ndarray, grads: np.ndarray, optimizer: Optimizer) -> None:
         self.params, self.grads, self.opt = params, grads, optimizer
-        p2 = _norm2(params)
-        if not np.isfinite(p2) and not np.isfinite(params).all():
+        self._measure()
+        if not np.isfinite(self._pnorm):
             raise TrainingDiverged.describe("parameters", "non-finite before training", lr=optimizer.lr)
-        self._pnorm = float(np.sqrt(p2))
         self._backup: tuple[np.ndarray, dict[str, np.ndarray], int] | None = None
+        self._next: tuple[float, float] = (0.0, 0.0)
+
+    def _measure(self) -> None:
+        """Measure the parameters' norm and the momentum buffer's (the running bounds' start)."""
+        self._pnorm = _norm(self.params)
+        if not np.isfinite(self._pnorm) and np.isfinite(self.params).all():
+            self._pnorm = float(np.finfo(np.float64).max)  # finite but too large to square
+        buf = self.opt.state.get("momentum_buffer")
+        self._carry = _norm(buf) if buf is not None else 0.0
 
     def _error(self, what: str, value: object, **where: int) -> TrainingDiverged:
         return TrainingDiverged.describe(what, value, lr=self.opt.lr, **where)
@@ -62,32 +74,38 @@ class StepGuard:
 
     def before_step(self, **where: int) -> None:
         """Check the gradient; back up parameters and optimizer state for a risky step."""
-        g2 = _norm2(self.grads)
-        if not np.isfinite(g2) and not np.isfinite(self.grads).all():
-            raise self._error("gradient", "non-finite", **where)
-        risky = not np.isfinite(g2) or self.opt.lr * np.sqrt(g2) > SAFE_NORM or self._pnorm > SAFE_NORM
+        gnorm = _norm(self.grads)
+        if not np.isfinite(gnorm):
+            if not np.isfinite(self.grads).all():
+                raise self._error("gradient", "non-finite", **where)
+            gnorm = float("inf")  # finite, but too large to square: risky
+        n = self.params.shape[0]
+        bound, carry = self.opt.step_bound(gnorm, self._pnorm, n, self._carry)
+        if self._pnorm + bound > SAFE_NORM:
+            self._measure()  # the running bound may only have drifted upwards: measure it
+            bound, carry = self.opt.step_bound(gnorm, self._pnorm, n, self._carry)
+        risky = not (gnorm <= SAFE_NORM and self._pnorm + bound <= SAFE_NORM)
         self._backup = None
         if risky:
             self._backup = (self.params.copy(), {k: v.copy() for k, v in self.opt.state.items()}, self.opt.t)
+        self._next = (bound, carry)
 
     def after_step(self, **where: int) -> None:
-        """Check the new parameters (and, after a risky step, the optimizer state); not
-        finite: put back what the step started from and raise."""
-        p2 = _norm2(self.params)
-        bad = not np.isfinite(p2) and not np.isfinite(self.params).all()
-        if not bad and self._backup is not None:
-            bad = not all(np.isfinite(v).all() for v in self.opt.state.values())
-        if bad:
-            restored = self._restore()
-            err = self._error("parameters", "non-finite", **where)
-            if not restored:  # cannot happen within the bounds above; say so rather than hide it
-                err.args = (f"{err.args[0]} (could not put back the weights: the step was not backed up)",)
-            raise err
-        self._pnorm = float(np.sqrt(p2)) if np.isfinite(p2) else np.inf
-
-    def _restore(self) -> bool:
+        """After a risky step, check the parameters and the optimizer state; not finite: put
+        back what the step started from and raise.  After a safe one, grow the bounds."""
         if self._backup is None:
-            return False
+            bound, self._carry = self._next
+            self._pnorm += bound
+            return
+        bad = not np.isfinite(self.params).all() or not all(np.isfinite(v).all() for v in self.opt.state.values())
+        if bad:
+            self._restore()
+            raise self._error("parameters", "non-finite", **where)
+        self._backup = None
+        self._measure()
+
+    def _restore(self) -> None:
+        assert self._backup is not None
         params, state, t = self._backup
         self.params[...] = params
         for key in list(self.opt.state):
@@ -96,4 +114,4 @@ class StepGuard:
             else:  # created by the failed (first) step
                 del self.opt.state[key]
         self.opt.t = t
-        return True
+        self._backup = None

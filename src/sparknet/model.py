@@ -351,6 +351,8 @@ class Sequential:
         lo = lo or self.loss
         y = self._prepare_y(y, X.shape[0], lo)
         mask = check_mask(mask, X.shape)
+        if mask is not None and not mask.any():
+            raise ValueError("mask is all zero: every time step is padding, no step would count")
         if sample_weight is not None:
             sample_weight = check_sample_weight(sample_weight, X.shape[0], self.dtype)
         val = self._prepare_validation(validation_data, lo)

@@ -101,6 +101,15 @@ class Optimizer:
         ``self.state`` and ``self.t`` are not touched."""
         raise NotImplementedError
 
+    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+        """An upper bound on every 2-norm the next step computes -- the decayed gradient, the
+        momentum buffer and the change it makes to the parameters -- given bounds on the
+        gradient's and the parameters' 2-norms, for ``n`` parameters.  ``carry`` is the bound
+        this returned for the momentum buffer at the last step (its true norm at the start).
+        Returns ``(bound, carry)``; the bound is ``inf`` when this optimizer cannot give one.
+        :class:`sparknet.divergence.StepGuard` backs a step up only when the bound is large."""
+        return float("inf"), carry
+
     # -- state, for checkpoints and the parameter server ----------------
     def get_config(self) -> dict:
         raise NotImplementedError
@@ -223,6 +232,19 @@ class RMSprop(Optimizer):
                 lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay,
                 momentum=self.momentum)
 
+    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+        # g' = g + wd p; v' = alpha v + (1 - alpha) g'^2 >= (1 - alpha) g'^2, so each ratio
+        # |g'_i| / (sqrt(v'_i) + eps) <= 1 / sqrt(1 - alpha): the ratios' norm <= sqrt(n / (1 - alpha)).
+        # Centered, the denominator sqrt(v' - a'^2) has no such floor: no bound.
+        if self.centered:
+            return float("inf"), carry
+        decayed = grad_norm + self.weight_decay * param_norm
+        ratios = float(np.sqrt(n / (1.0 - self.alpha)))
+        if self.momentum > 0:  # b' = m b + ratios; the change is lr b'
+            carry = self.momentum * carry + ratios
+            return max(decayed, carry, self.lr * carry), carry
+        return max(decayed, self.lr * ratios), 0.0
+
     def get_config(self) -> dict:
         return {"lr": self.lr, "alpha": self.alpha, "eps": self.eps,
                 "weight_decay": self.weight_decay, "momentum": self.momentum,
@@ -259,6 +281,14 @@ class SGD(Optimizer):
         sgd(params, grads, state.get("momentum_buffer"), lr=self.lr, momentum=self.momentum,
             dampening=self.dampening, weight_decay=self.weight_decay, nesterov=self.nesterov,
             first_step=t == 1)
+
+    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+        decayed = grad_norm + self.weight_decay * param_norm  # g' = g + wd p
+        if self.momentum == 0:
+            return max(decayed, self.lr * decayed), 0.0
+        carry = self.momentum * carry + decayed  # b' = m b + (1 - d) g' (b' = g' at the first step)
+        change = self.lr * (decayed + self.momentum * carry if self.nesterov else carry)
+        return max(decayed, carry, change), carry
 
     def get_config(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,

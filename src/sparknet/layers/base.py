@@ -45,7 +45,7 @@ class Layer:
     need_input_grad: bool = True
 
     def __init__(self, name: str | None = None) -> None:
-        self.name = type(self).__name__.lower() if name is None else check_name(name, "layer name")
+        self.name = check_name(name, "layer name") if name else type(self).__name__.lower()
         self.built = False
         self.input_shape: tuple[int, ...] | None = None
         self.output_shape: tuple[int, ...] | None = None
