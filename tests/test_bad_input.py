@@ -94,7 +94,8 @@ def members(path: str) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
-def rewritten(tmp: Any, name: str = "bad.npz", drop: tuple[str, ...] = (), **changes: Any) -> str:
+def rewritten(tmp: Any, name: str = "bad.npz", drop: tuple[str, ...] = (), compressed: bool = False,
+              **changes: Any) -> str:
     """A copy of :func:`saved`'s file with members replaced, added or dropped."""
     arrays = members(saved(tmp))
     for key in drop:
@@ -102,7 +103,7 @@ def rewritten(tmp: Any, name: str = "bad.npz", drop: tuple[str, ...] = (), **cha
     for key, value in changes.items():
         arrays[key] = value if isinstance(value, np.ndarray) else np.array(value)
     path = os.path.join(str(tmp), name)
-    np.savez(path, **arrays)
+    (np.savez_compressed if compressed else np.savez)(path, **arrays)
     return path
 
 
@@ -245,6 +246,13 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("dense-initializer-unknown", C(lambda: Dense(3, kernel_initializer="lecun")), ValueError, "unknown initializer 'lecun'"),
     ("dense-use-bias-str", C(lambda: Dense(3, use_bias="no")), ValueError, "use_bias must be True or False, got 'no'"),
     ("dense-name-int", C(lambda: Dense(3, name=7)), ValueError, "layer name must be a string, got 7"),
+    ("conv-activation-unknown", C(lambda: Conv2D(4, 3, activation="elu")), ValueError, "unknown activation 'elu'"),
+    ("conv-initializer-unknown", C(lambda: Conv2D(4, 3, kernel_initializer="x")), ValueError, "unknown initializer 'x'"),
+    ("rnn-return-sequences-str", C(lambda: SimpleRNN(3, return_sequences="all")), ValueError,
+     "SimpleRNN return_sequences must be True or False, got 'all'"),
+    ("embedding-mask-zero-str", C(lambda: Embedding(10, 4, mask_zero="yes")), ValueError,
+     "Embedding mask_zero must be True or False"),
+    ("flatten-name-int", C(lambda: Flatten(name=3)), ValueError, "layer name must be a string, got 3"),
     ("activation-unknown", C(lambda: Activation("gelu")), ValueError, "unknown activation 'gelu'"),
     ("dropout-rate-one", C(lambda: Dropout(1.0)), ValueError, r"Dropout rate must be in \[0, 1\), got 1.0"),
     ("dropout-rate-negative", C(lambda: Dropout(-0.1)), ValueError, "Dropout rate .*-0.1"),
@@ -481,6 +489,8 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("load-header-overflows", lambda tmp: load_model(lying_header(tmp, (2 ** 40, 2 ** 40))), CheckpointError,
      "params.npy declares shape"),
     # ---- load: the optimizer part
+    ("load-version-zip-bomb", lambda tmp: load_model(rewritten(tmp, compressed=True, version=np.zeros(2 ** 23, np.int64))),
+     CheckpointError, "'version' declares 67,108,992 bytes"),
     ("load-optimizer-bad-json", lambda tmp: load_model(rewritten(tmp, optimizer="{"), with_optimizer=True), CheckpointError,
      "bad.npz.*malformed optimizer"),
     ("load-optimizer-unknown", lambda tmp: load_model(rewritten(tmp, optimizer=opt_meta(name="adam")), with_optimizer=True),
@@ -551,6 +561,15 @@ def test_good_files_still_round_trip(tmp_path):
     assert isinstance(opt, RMSprop) and opt.t == 2 and extra == {}
     assert set(opt.state) == {"square_avg", "momentum_buffer"}
     np.testing.assert_array_equal(model.params, members(path)["params"])
+
+
+def test_a_compressed_model_file_loads_too(tmp_path):
+    arrays = members(saved(tmp_path))
+    path = os.path.join(str(tmp_path), "compressed.npz")
+    np.savez_compressed(path, **arrays)
+    model, opt = load_model(path, with_optimizer=True)
+    np.testing.assert_array_equal(model.params, arrays["params"])
+    np.testing.assert_array_equal(opt.state["momentum_buffer"], arrays["opt_momentum_buffer"])
 
 
 def test_a_failed_save_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):

@@ -40,8 +40,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 FORMAT = "sparknet-model"
 VERSION = 1
-#: members other than the arrays (JSON text, markers) are small; larger ones are refused
-MAX_TEXT_BYTES = 64 * 2 ** 20
+#: members other than ``params`` and the optimizer state (JSON text, markers, the step
+#: count) are small; larger ones are refused before they are read
+MAX_META_BYTES = 64 * 2 ** 20
 
 
 @contextlib.contextmanager
@@ -179,13 +180,16 @@ class _ModelFile:
     def __contains__(self, key: str) -> bool:
         return key in self.layouts
 
-    def read(self, key: str) -> np.ndarray:
-        """Member ``key`` as an array (its layout already checked; the zip CRC checked here)."""
+    def read(self, key: str, large: bool = False) -> np.ndarray:
+        """Member ``key`` as an array (its layout already checked; the zip CRC checked here).
+        Only a ``large`` member (weights, optimizer state: sizes checked by the caller) may
+        exceed :data:`MAX_META_BYTES`."""
         if key not in self.layouts:
             raise self.error(f"lacks its {key!r} entry")
         shape, fortran, dtype, info = self.layouts[key]
-        if dtype.kind in "USV" and info.file_size > MAX_TEXT_BYTES:
-            raise self.error(f"is refused: entry {key!r} holds {info.file_size:,} bytes of text")
+        if not large and info.file_size > MAX_META_BYTES:
+            raise self.error(f"is refused: entry {key!r} declares {info.file_size:,} bytes "
+                             f"(at most {MAX_META_BYTES:,} expected)")
         try:
             with self.zip.open(info) as fh:
                 np.lib.format.read_magic(fh)
@@ -255,7 +259,7 @@ def _read_model(f: _ModelFile) -> Sequential:
     if shape[0] != need:
         raise f.error(f"is refused: {shape[0]:,} parameters stored, the architecture declares {need:,} "
                       f"(checked before building it: a file of another network, or a damaged one)")
-    params = f.read("params")
+    params = f.read("params", large=True)
     count, first = _first_bad(params)
     if count:
         raise f.error(f"is refused: params holds {count} NaN or infinite value{'s' if count > 1 else ''} "
@@ -289,7 +293,7 @@ def _read_optimizer(f: _ModelFile, model: Sequential) -> Optimizer | None:
             if shape != (model.n_params,):
                 raise ValueError(f"optimizer state {key} has {shape[0] if len(shape) == 1 else shape} entries, "
                                  f"the model has {model.n_params} parameters")
-            state[name] = f.read(name)
+            state[name] = f.read(name, large=True)
         state["opt_t"] = f.read("opt_t") if "opt_t" in f else np.array([meta.get("t", 0)])
         opt.load_state_arrays(state, "opt_")
     except ValueError as exc:
