@@ -326,6 +326,12 @@ class Sequential:
         Returns:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
             ``val_accuracy`` and ``time`` per epoch.
+
+        Raises:
+            ValueError: for any bad argument or data (naming it), before the first step.
+            sparknet.errors.TrainingDiverged: a loss, gradient or parameter became NaN or
+                infinite (the error names the epoch and step); the model keeps the weights,
+                and the optimizer the state, of before that step.
         """
         if num_threads is not None:
             num_threads = non_negative_int(num_threads, "num_threads")
