@@ -156,3 +156,59 @@ def vector_size_check(kind: FeatureKind, col: str, expected: int, what: str) -> 
     if kind.kind == "vector" and kind.size is not None and kind.size != expected:
         raise ValueError(f"{what}: features column {col!r} holds vectors of size {kind.size} "
                          f"(from its metadata), the network expects {expected} values")
+
+
+#: what Spark's ``vector_to_array`` says about a null row (it fails in the JVM)
+NULL_VECTOR = "vector_to_array requires a non-null input"
+
+
+def null_vector_message(df: DataFrame, features_col: str, label_col: str) -> str:
+    """The message for a null Vector row: which column holds nulls (and how many), from
+    one count job run after the load failed on them."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+
+    cols = [(c, role) for c, role in ((features_col, "features"), (label_col, "label"))
+            if c in df.columns and isinstance(df.schema[c].dataType, VectorUDT)]
+    counts = df.agg(*[F.sum(F.col(quote(c)).isNull().cast("long")).alias(role) for c, role in cols]
+                    ).collect()[0].asDict()
+    named = [f"{role} column {c!r} has {counts[role]} null rows" for c, role in cols if counts[role]]
+    return "training data: " + ("; ".join(named) or f"a Vector column of {[c for c, _ in cols]} has null "
+                                "rows") + " (drop or fill them, e.g. df.na.drop())"
+
+
+def declared_outputs(config: dict[str, Any]) -> int | None:
+    """The outputs per row a network config declares without being built: the units of
+    a last ``Dense`` layer (None for other last layers)."""
+    layers = config.get("layers") or []
+    last = layers[-1] if layers else {}
+    units = (last.get("config") or {}).get("units") if last.get("class") == "Dense" else None
+    return int(units) if isinstance(units, int) else None
+
+
+def label_width(df: DataFrame, col: str) -> int | None:
+    """Values per row of a regression label column: 1 for numbers, a Vector's size from
+    its metadata or else from the first non-null row (one small job), an array's from the
+    first non-null row; None when unknown (no such column or row: the load names it)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if col not in df.columns:
+        return None
+    field = df.schema[col]
+    dt = field.dataType
+    if isinstance(dt, (T.NumericType, T.BooleanType)):
+        return 1
+    if isinstance(dt, VectorUDT):
+        attr = (field.metadata or {}).get("ml_attr") or {}
+        if "num_attrs" in attr:
+            return int(attr["num_attrs"])
+        size = F.size(vector_to_array(F.col(quote(col))))
+    elif isinstance(dt, T.ArrayType):
+        size = F.size(F.col(quote(col)))
+    else:
+        return None
+    row = df.where(F.col(quote(col)).isNotNull()).select(size).limit(1).collect()
+    return int(row[0][0]) if row else None

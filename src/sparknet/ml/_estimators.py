@@ -11,7 +11,7 @@ from pyspark import keyword_only
 from pyspark.ml.classification import ProbabilisticClassificationModel, ProbabilisticClassifier
 from pyspark.ml.linalg import DenseVector, Vectors
 
-from sparknet.ml._params import NetworkSpec
+from sparknet.ml._params import NetworkSpec, _ThresholdsParams
 from sparknet.ml._scoring import FeatureVector, OutputSpec, _SparkNetModel
 from sparknet.ml._training import _SparkNetEstimator
 
@@ -23,7 +23,8 @@ __all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegress
 
 
 # -------------------------------------------------------------------------- classifier
-class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], ProbabilisticClassifier):
+class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _ThresholdsParams,
+                         ProbabilisticClassifier):
     """Train a sparknet network as a Spark ML classifier (data parallel, on the cluster).
 
     The label column holds class ids ``0 .. numClasses - 1`` (index strings with
@@ -67,6 +68,14 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], Prob
             rows, for networks of dense layers on a Vector column) or ``"auto"`` (default: the JVM
             for small dense networks, where it is faster; see :mod:`sparknet.ml`).
         verbose: 1 shows a progress bar.
+        checkpointInterval: epochs between checkpoints (1); -1 writes none.  Ignored
+            while ``checkpointDir`` is not set.
+        checkpointDir: folder (local, shared or a Hadoop URI) for the fit's checkpoints
+            (:class:`~sparknet.checkpoint.CheckpointStore`: the newest 3 kept); None
+            (default): none.
+        resume: continue from the newest complete checkpoint in ``checkpointDir`` (a fresh
+            fit when there is none); with ``syncMethod="gradient"`` and the same Params and
+            data the resumed fit ends with the weights of an uninterrupted one.
 
     Example::
 
@@ -91,7 +100,9 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], Prob
                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
-                 inferenceEngine: str | None = None, verbose: int | None = None) -> None:
+                 inferenceEngine: str | None = None, verbose: int | None = None,
+                 checkpointInterval: int | None = None, checkpointDir: str | None = None,
+                 resume: bool | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -106,7 +117,9 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], Prob
                   mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
-                  inferenceEngine: str | None = None, verbose: int | None = None) -> SparkNetClassifier:
+                  inferenceEngine: str | None = None, verbose: int | None = None,
+                  checkpointInterval: int | None = None, checkpointDir: str | None = None,
+                  resume: bool | None = None) -> SparkNetClassifier:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -114,7 +127,7 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], Prob
         return SparkNetClassificationModel()
 
 
-class SparkNetClassificationModel(_SparkNetModel, ProbabilisticClassificationModel):
+class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams, ProbabilisticClassificationModel):
     """A fitted sparknet classifier (a Spark ML ``Transformer``).
 
     ``transform`` adds, like MLlib's probabilistic classifiers (column names are Params):
@@ -200,7 +213,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
-                 verbose: int | None = None) -> None:
+                 verbose: int | None = None, checkpointInterval: int | None = None,
+                 checkpointDir: str | None = None, resume: bool | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -214,7 +228,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                   mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
-                  verbose: int | None = None) -> SparkNetRegressor:
+                  verbose: int | None = None, checkpointInterval: int | None = None,
+                  checkpointDir: str | None = None, resume: bool | None = None) -> SparkNetRegressor:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 

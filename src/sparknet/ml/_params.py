@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Sequence, Union
 import numpy as np
 from pyspark.ml.base import _PredictorParams
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasSeed
+from pyspark.ml.param.shared import HasCheckpointInterval, HasSeed, HasThresholds
 
 from sparknet.model import Sequential
 
@@ -79,6 +79,29 @@ def _amount(name: str, *, positive: bool = False) -> Callable[[Any], float]:
             raise TypeError(f"{name} must be a finite number {bound}, got {v}")
         return v
     return conv
+
+
+def _interval(value: Any) -> int:
+    """Param converter: MLlib's checkpoint interval, an int ``>= 1`` or ``-1`` (disabled)."""
+    v = TypeConverters.toInt(value)
+    if v < 1 and v != -1:
+        raise TypeError(f"checkpointInterval must be >= 1 (epochs) or -1 (no checkpoints), got {v}")
+    return v
+
+
+def _optional_folder(value: Any) -> str:
+    """Param converter: a non-empty folder path or URI (``None`` is stored as it is)."""
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"checkpointDir must be a folder path or a Hadoop URI (str), got {value!r}")
+    return value
+
+
+def _thresholds(value: Any) -> list[float]:
+    """Param converter: MLlib's class thresholds, finite values ``>= 0``, at most one ``0``."""
+    v = TypeConverters.toListFloat(value)
+    if not v or any(not np.isfinite(t) or t < 0 for t in v) or sum(t == 0 for t in v) > 1:
+        raise TypeError(f"thresholds must be finite values >= 0 with at most one 0 (one per class), got {v}")
+    return v
 
 
 def _shape(value: Any) -> list[int]:
@@ -169,8 +192,8 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                           "sequence features: steps kept per row (longer sequences are "
                                           "cut, shorter ones padded); 0 uses the longest training sequence",
                                           typeConverter=_count("maxSequenceLength", positive=False))
-    verbose: Param[int] = Param(Params._dummy(), "verbose", "1 shows a progress bar on the driver",
-                                typeConverter=TypeConverters.toInt)
+    verbose: Param[int] = Param(Params._dummy(), "verbose", "1 shows a progress bar on the driver (>= 0)",
+                                typeConverter=_count("verbose", positive=False))
 
     def __init__(self) -> None:
         super().__init__()
@@ -222,9 +245,67 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
         return self.getOrDefault(self.verbose)
 
 
-class _EstimatorParams(_SparkNetParams):
+class _ThresholdsParams(HasThresholds):
+    """MLlib's ``thresholds`` Param, its values checked when set (MLlib checks them in the
+    JVM, which sparknet's Python stages never reach)."""
+
+    thresholds: Param[list[float]] = Param(
+        Params._dummy(), "thresholds",
+        "per-class thresholds: the class with the largest probability / threshold is predicted; "
+        "one finite value >= 0 per class, at most one of them 0", typeConverter=_thresholds)
+
+
+class _CheckpointParams(HasCheckpointInterval):
+    """Checkpoints of a fit and resuming from them (Estimators only).
+
+    ``checkpointInterval`` keeps MLlib's name and meaning (every N iterations, here epochs;
+    ``-1`` disables; ignored while no checkpoint folder is set), but the folder is the
+    ``checkpointDir`` Param rather than ``SparkContext.setCheckpointDir``: a fit's
+    checkpoints are sparknet's own (:class:`sparknet.checkpoint.CheckpointStore`), not RDD
+    checkpoints."""
+
+    checkpointInterval: Param[int] = Param(
+        Params._dummy(), "checkpointInterval",
+        "epochs between checkpoints of the fit (>= 1), or -1 for none; ignored while "
+        "checkpointDir is not set", typeConverter=_interval)
+    checkpointDir: Param[str] = Param(
+        Params._dummy(), "checkpointDir",
+        "folder (local, shared file system or Hadoop URI) the fit writes its checkpoints to and "
+        "resumes from; None (default): no checkpoints", typeConverter=_optional_folder)
+    resume: Param[bool] = Param(
+        Params._dummy(), "resume",
+        "continue from the newest complete checkpoint in checkpointDir (a fresh fit when there is "
+        "none)", typeConverter=TypeConverters.toBoolean)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(checkpointInterval=1, checkpointDir=None, resume=False)
+
+    def getCheckpointDir(self) -> str | None:
+        """The checkpoint folder, or None (no checkpoints)."""
+        return self.getOrDefault(self.checkpointDir)
+
+    def getResume(self) -> bool:
+        """Whether ``fit`` continues from the newest checkpoint in ``checkpointDir``."""
+        return self.getOrDefault(self.resume)
+
+    def setCheckpointInterval(self, value: int) -> Self:
+        """Set :attr:`checkpointInterval` (epochs, >= 1; -1 disables checkpoints)."""
+        return self._set(checkpointInterval=value)
+
+    def setCheckpointDir(self, value: str | None) -> Self:
+        """Set :attr:`checkpointDir` (None: no checkpoints)."""
+        return self._set(checkpointDir=value)
+
+    def setResume(self, value: bool) -> Self:
+        """Set :attr:`resume`."""
+        return self._set(resume=value)
+
+
+class _EstimatorParams(_SparkNetParams, _CheckpointParams):
     """The Estimators' Params: the shared ones, the ``network`` Param (a fitted Model
-    holds the trained network instead, as its ``network`` property) and the setters."""
+    holds the trained network instead, as its ``network`` property), the checkpoint
+    Params and the setters."""
 
     network: Param[str] = Param(Params._dummy(), "network",
                                 "the network: a sparknet Sequential's architecture (get_config()) as JSON "

@@ -10,16 +10,29 @@ Layout of a saved stage at ``path`` (any Hadoop file system Spark can write):
   (:func:`sparknet.io.save_model`: an ``.npz`` of plain arrays, JSON architecture plus
   the flat weights).
 
+A save is atomic: everything is written into a hidden folder beside ``path``
+(``.<name>.sparknet-tmp-<id>``) that is renamed to ``path`` once complete, through
+Hadoop's ``FileSystem`` (a rename within one folder: atomic on local and HDFS file
+systems).  A failed write deletes the hidden folder and leaves ``path`` as it was; with
+``overwrite()`` the old folder stays in place until the new one is complete.  The
+metadata also records the stored network's architecture, parameter count and the
+SHA-256 of its bytes.
+
 Loading reads the JSON, checks that the class named there is one of sparknet's ML
 classes (and the one asked for), then reads the Parquet bytes and opens them with
 :func:`sparknet.io.load_model`, which uses ``numpy.load(..., allow_pickle=False)`` and
 refuses object arrays: a file crafted to run code on load is rejected with a
-``ValueError`` before anything in it runs.
+``ValueError`` before anything in it runs.  Weights that are not the ones saved with
+the metadata (another network's, truncated, altered) are refused with a ``ValueError``
+that names both networks or the checksum.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import tempfile
+import uuid
 from typing import Any, ClassVar, TypeVar
 
 from pyspark.ml.param import Params
@@ -60,8 +73,75 @@ def network_from_bytes(blob: bytes, where: str) -> Sequential:
             fh.write(blob)
         try:
             return load_model(path)
-        except ValueError as exc:
-            raise ValueError(f"{where}: {str(exc).replace(repr(path), 'the stored model')}") from exc
+        except Exception as exc:  # numpy/zip errors of a damaged file too: all named here
+            why = str(exc).replace(repr(path), "the stored model").replace(path, "the stored model")
+            if not isinstance(exc, ValueError):
+                why = f"the stored model file is damaged ({type(exc).__name__}: {why})"
+            raise ValueError(f"{where}: {why}") from exc
+
+
+def describe_network(config: dict[str, Any], n_params: int | None) -> str:
+    """A one-line description of an architecture, e.g. ``input (64,), Dense(8) ->
+    Dense(10), 610 parameters``, for messages that compare two networks."""
+    layers = []
+    for layer in config.get("layers") or []:
+        cfg = layer.get("config") or {}
+        size = next((cfg[k] for k in ("units", "filters") if k in cfg), None)
+        layers.append(f"{layer.get('class', '?')}({'' if size is None else size})")
+    shape = config.get("input_shape")
+    count = "?" if n_params is None else f"{n_params}"
+    return f"input {tuple(shape) if shape else '?'}, {' -> '.join(layers) or 'no layers'}, {count} parameters"
+
+
+def check_params_json(instance: Params) -> None:
+    """Raise ValueError naming the first Param whose value JSON cannot hold (before
+    anything is written)."""
+    for param, value in [*instance._paramMap.items(), *instance._defaultParamMap.items()]:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"cannot save {type(instance).__name__}: Param {param.name} holds "
+                             f"{value!r}, which JSON cannot store ({exc})") from None
+
+
+class _Folder:
+    """Hadoop ``FileSystem`` operations on a stage folder and its hidden siblings."""
+
+    def __init__(self, spark: Any, path: str) -> None:
+        jvm = spark.sparkContext._jvm
+        self._jvm = jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        self.fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        self.target = self.fs.makeQualified(hpath)
+
+    def sibling(self, kind: str) -> Any:
+        """A new hidden path beside the target: ``.<name>.sparknet-<kind>-<id>``."""
+        name = f".{self.target.getName()}.sparknet-{kind}-{uuid.uuid4().hex[:12]}"
+        return self._jvm.org.apache.hadoop.fs.Path(self.target.getParent(), name)
+
+    def exists(self, p: Any) -> bool:
+        return bool(self.fs.exists(p))
+
+    def delete(self, p: Any) -> None:
+        try:
+            self.fs.delete(p, True)
+        except Exception:  # noqa: BLE001 -- cleanup after a failure must not hide it
+            pass
+
+    def put_in_place(self, tmp: Any) -> None:
+        """Rename the complete ``tmp`` to the target; an old target is moved aside first
+        and deleted only after the new one is in place (put back if that rename fails)."""
+        old = None
+        if self.exists(self.target):
+            old = self.sibling("old")
+            if not self.fs.rename(self.target, old):
+                raise OSError(f"cannot move the old {self.target.toString()} aside to replace it")
+        if not self.fs.rename(tmp, self.target):
+            if old is not None:
+                self.fs.rename(old, self.target)
+            raise OSError(f"cannot rename the saved stage into place at {self.target.toString()}")
+        if old is not None:
+            self.delete(old)
 
 
 class Persistable(Params, MLReadable[Any], MLWritable):
@@ -99,20 +179,49 @@ class SparkNetWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def save(self, path: str) -> None:
+        """Save the stage to ``path`` atomically (see the module docstring): written in a
+        hidden folder beside it, renamed into place when complete.  An existing ``path``
+        is refused unless ``overwrite()`` was called; then it is replaced only once the
+        new folder is complete."""
+        if not isinstance(path, str) or not path:
+            raise TypeError(f"path must be a non-empty str, got {path!r}")
+        check_params_json(self.instance)
+        if not hasattr(self.sparkSession.sparkContext, "_jsc"):  # Spark Connect: no Hadoop FileSystem here
+            super().save(path)
+            return
+        folder = _Folder(self.sparkSession, path)
+        if folder.exists(folder.target) and not self.shouldOverwrite:
+            raise ValueError(f"cannot save to {path!r}: it already exists; use write().overwrite().save(path) "
+                             f"to replace it")
+        tmp = folder.sibling("tmp")
+        try:
+            self.saveImpl(tmp.toString())
+            folder.put_in_place(tmp)
+        except BaseException as exc:
+            folder.delete(tmp)
+            if isinstance(exc, (ValueError, TypeError)) or not isinstance(exc, Exception):
+                raise
+            kept = "the folder there is unchanged" if folder.exists(folder.target) else "nothing was left there"
+            raise OSError(f"cannot save {type(self.instance).__name__} to {path!r}: {_first_line(exc)} "
+                          f"({kept})") from exc
+
     def saveImpl(self, path: str) -> None:
         inst = self.instance
         network = inst._network
-        extra = {"sparknet_format": FORMAT_VERSION}
+        extra: dict[str, Any] = {"sparknet_format": FORMAT_VERSION}
+        blob = b""
         if network is not None:
-            extra["numParams"] = int(network.n_params)
+            blob = network_to_bytes(network)
+            extra.update(numParams=int(network.n_params), networkSha256=hashlib.sha256(blob).hexdigest(),
+                         architecture=network.get_config())
         DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra)
         if network is not None:
             from pyspark.sql import types as T
 
             schema = T.StructType([T.StructField("model", T.BinaryType(), False)])
-            df = self.sparkSession.createDataFrame([(bytearray(network_to_bytes(network)),)], schema)
-            df.coalesce(1).write.mode("overwrite" if self.shouldOverwrite else "errorifexists") \
-                .parquet(os.path.join(path, "data"))
+            df = self.sparkSession.createDataFrame([(bytearray(blob),)], schema)
+            df.coalesce(1).write.mode("errorifexists").parquet(os.path.join(path, "data"))
 
 
 class SparkNetReader(MLReader[_S]):
@@ -123,7 +232,11 @@ class SparkNetReader(MLReader[_S]):
         self.cls = cls
 
     def load(self, path: str) -> _S:
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        try:
+            metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
+            raise ValueError(f"{path!r} holds no readable saved stage (its metadata/ folder: "
+                             f"{_first_line(exc)})") from None
         name = metadata.get("class")
         want = class_name(self.cls)
         if name not in SPARKNET_CLASSES:
@@ -138,10 +251,43 @@ class SparkNetReader(MLReader[_S]):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         if self.cls._has_network:
+            instance._set_network(self._network(path, metadata))
+        return instance
+
+    def _network(self, path: str, metadata: dict[str, Any]) -> Sequential:
+        """The stored network, checked against what the metadata says was saved."""
+        try:
             # through Arrow (not collect(), whose rows travel as pickles)
             table = self.sparkSession.read.parquet(os.path.join(path, "data")).select("model").toArrow()
-            if table.num_rows != 1:
-                raise ValueError(f"{path!r}: expected one stored network, found {table.num_rows}")
-            network = network_from_bytes(table.column(0)[0].as_py(), f"{path!r}")
-            instance._set_network(network)
-        return instance
+        except Exception as exc:  # a Py4J/Analysis error: missing, truncated or foreign Parquet
+            raise ValueError(f"{path!r}: its stored network (data/) cannot be read: {_first_line(exc)}") from None
+        if table.num_rows != 1:
+            raise ValueError(f"{path!r}: expected one stored network, found {table.num_rows}")
+        blob = table.column(0)[0].as_py()
+        network = network_from_bytes(blob, f"{path!r}")
+        saved = metadata.get("architecture")
+        want_n = metadata.get("numParams")
+        if (want_n is not None and int(want_n) != network.n_params) or \
+                (saved is not None and _layout(network.get_config()) != _layout(saved)):
+            raise ValueError(f"{path!r}: the weights in data/ belong to another network: the metadata "
+                             f"describes {describe_network(saved or {}, want_n)}, data/ holds "
+                             f"{describe_network(network.get_config(), network.n_params)}")
+        digest = metadata.get("networkSha256")
+        if digest is not None and hashlib.sha256(blob).hexdigest() != digest:
+            raise ValueError(f"{path!r}: the weights in data/ are not the ones saved with its metadata "
+                             f"(SHA-256 differs; same architecture, other or altered values)")
+        return network
+
+
+def _layout(config: dict[str, Any]) -> Any:
+    """An architecture as JSON values, without its seed (which only chose the initial weights)."""
+    return json.loads(json.dumps({k: v for k, v in config.items() if k != "seed"}))
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first meaningful line of an error (a Py4J error's Java message, not its trace)."""
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+    java = [ln for ln in lines if "Exception:" in ln or "Error:" in ln or ln.startswith("[")]
+    line = (java or lines or [type(exc).__name__])[0]
+    return line if len(line) <= 300 else line[:297] + "..."

@@ -96,19 +96,74 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
             raise ValueError("SparkNetClassifier needs a network whose last layer is "
                              "Dense(numClasses, activation='softmax') (cross-entropy loss)")
 
+    def _check_params(self) -> None:
+        """The checks of Params that need several of them (or the network): before any job."""
+        for p in (self.featuresCol, self.labelCol):
+            if not self.getOrDefault(p):
+                raise ValueError(f"{p.name} is empty: name the DataFrame's {p.name[:-3]} column")
+        if self.getResume() and self.getCheckpointDir() is None:
+            raise ValueError("resume=True continues from a checkpoint in checkpointDir: set checkpointDir "
+                             "(the folder of the interrupted fit's checkpoints)")
+        if self.hasParam("thresholds") and self.isDefined(self.getParam("thresholds")):
+            k = _columns.declared_outputs(self._network_config())
+            n = len(self.getOrDefault(self.getParam("thresholds")))
+            if k is not None and n != k:
+                raise ValueError(f"thresholds has {n} values, the network has {k} classes")
+
+    def _checkpoint_options(self) -> tuple[dict[str, Any], bool]:
+        """``(trainer keyword arguments, resume)`` from the checkpoint Params."""
+        folder, every = self.getCheckpointDir(), self.getCheckpointInterval()
+        if folder is None:
+            return {}, False
+        if every == -1:
+            if self.getResume():
+                raise ValueError("resume=True with checkpointInterval=-1: set checkpointInterval >= 1 "
+                                 "(the resumed fit checkpoints to checkpointDir too)")
+            return {}, False
+        return {"checkpoint_dir": folder, "checkpoint_every": f"{every} epochs"}, self.getResume()
+
     def _train(self, dataset: DataFrame) -> tuple[Sequential, History]:
         from sparknet.cluster.data_parallel import DataParallelTrainer, resolve_mode
 
+        self._check_params()
+        optimizer = self._make_optimizer()
+        checkpoints, resume = self._checkpoint_options()
         model, data = self._prepare(dataset)
         self._check_network(model)
+        self._check_targets(dataset, model)
         trainer = DataParallelTrainer(
             model, dataset.sparkSession, num_partitions=self.getNumPartitions() or None,
             mode=resolve_mode(self.getMode()), sync=self.getSyncMethod(),
-            local_steps=self.getLocalSteps() or "auto", optimizer=self._make_optimizer(),
-            loss=None if self._classification else "mse", seed=int(self.getSeed()) & 0x7FFFFFFF)
-        return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),
-                           features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
-                           verbose=self.getVerbose())
+            local_steps=self.getLocalSteps() or "auto", optimizer=optimizer,
+            loss=None if self._classification else "mse", seed=int(self.getSeed()) & 0x7FFFFFFF,
+            **checkpoints)
+        fit_options: dict[str, Any] = {"resume": True} if resume else {}
+        try:
+            return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),
+                               features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
+                               verbose=self.getVerbose(), **fit_options)
+        except Exception as exc:
+            if _columns.NULL_VECTOR in str(exc):
+                # Spark's vector_to_array fails on a null row (in the JVM, while the data load)
+                raise ValueError(_columns.null_vector_message(dataset, self.getFeaturesCol(),
+                                                              self.getLabelCol())) from None
+            raise
+
+    def _check_targets(self, dataset: DataFrame, model: Sequential) -> None:
+        """A regressor's targets per row against the network's outputs (the trainer reshapes
+        them to the outputs): from the schema, or one row for Vector/array labels."""
+        if self._classification:
+            return
+        outputs = (int(np.prod(model.output_shape)) if model.output_shape is not None
+                   else _columns.declared_outputs(model.get_config()))
+        if outputs is None:
+            return
+        lcol = self.getLabelCol()
+        width = _columns.label_width(dataset, lcol)
+        if width is not None and width != outputs:
+            per_row = "one value" if width == 1 else f"{width} values"
+            raise ValueError(f"label column {lcol!r} holds {per_row} per row, the network has {outputs} "
+                             f"outputs")
 
     def _copy_to_model(self, model: _M) -> _M:
         """The Estimator's Params that the Model shares (columns, batch sizes, ...)."""
