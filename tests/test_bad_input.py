@@ -214,6 +214,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("seq-not-a-layer", C(lambda: Sequential(["dense"])), TypeError, "Layer instances, got str"),
     ("seq-dtype-int", C(lambda: Sequential([Dense(2)], dtype="int32")), ValueError, "dtype must be float32 or float64"),
     ("seq-dtype-bogus", C(lambda: Sequential([Dense(2)], dtype="floaty")), ValueError, "dtype .*'floaty'"),
+    ("seq-dtype-none", C(lambda: Sequential([Dense(2)], dtype=None)), ValueError, "dtype must be float32 or float64, got None"),
     ("seq-seed-str", C(lambda: Sequential([Dense(2)], seed="abc")), ValueError, "seed .*'abc'"),
     ("seq-seed-float", C(lambda: Sequential([Dense(2)], seed=1.5)), ValueError, "seed .*1.5"),
     ("seq-seed-negative", C(lambda: Sequential([Dense(2)], seed=-1)), ValueError, "seed .*-1"),
@@ -468,6 +469,8 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
         [{"class": "Dense", "config": {"units": -3}}], [4]))), CheckpointError, "bad.npz.*Dense units .*-3"),
     ("load-architecture-unknown-layer-arg", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
         [{"class": "Dense", "config": {"units": 3, "colour": "red"}}], [4]))), CheckpointError, "malformed architecture.*colour"),
+    ("load-architecture-layer-config-not-dict", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
+        [{"class": "Flatten", "config": ""}], [4]))), CheckpointError, "layer 0 \\(Flatten\\): config must be a dict"),
     ("load-architecture-no-input-shape", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
         [{"class": "Dense", "config": {"units": 3}}], None))), CheckpointError, "no input shape"),
     ("load-params-count", lambda tmp: load_model(rewritten(tmp, params=np.zeros(7, np.float32))), CheckpointError,
@@ -553,6 +556,38 @@ def test_a_file_declaring_a_huge_architecture_is_refused_before_allocating(tmp_p
             tracemalloc.stop()
         assert time.perf_counter() - t0 < 2.0
         assert peak < 20 * 2 ** 20, f"peak {peak / 2 ** 20:.1f} MiB while refusing"
+
+
+def test_random_damage_to_a_model_file_is_refused_or_harmless(tmp_path):
+    """Flipped bytes, truncations and insertions anywhere in a model file: each one is either
+    refused with a CheckpointError or (bytes nobody reads, such as timestamps) loads the very
+    same weights; never another exception."""
+    good = saved(tmp_path)
+    raw, params = open(good, "rb").read(), members(good)["params"]
+    rng = np.random.default_rng(0)
+    outcomes = {"refused": 0, "same": 0}
+    for _ in range(400):
+        b = bytearray(raw)
+        kind = int(rng.integers(0, 3))
+        if kind == 0:
+            for _ in range(int(rng.integers(1, 4))):
+                b[int(rng.integers(0, len(b)))] ^= int(rng.integers(1, 256))
+        elif kind == 1:
+            del b[int(rng.integers(0, len(b))):]
+        else:
+            pos = int(rng.integers(0, len(b)))
+            b[pos:pos] = rng.bytes(int(rng.integers(1, 50)))
+        path = os.path.join(str(tmp_path), "fuzzed.npz")
+        with open(path, "wb") as fh:
+            fh.write(bytes(b))
+        try:
+            model, _ = load_model(path, with_optimizer=True)
+        except CheckpointError:
+            outcomes["refused"] += 1
+        else:
+            np.testing.assert_array_equal(model.params, params)
+            outcomes["same"] += 1
+    assert outcomes["refused"] > 300
 
 
 def test_good_files_still_round_trip(tmp_path):

@@ -126,6 +126,10 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
 
 
 # --------------------------------------------------------------------------- reading
+#: what zipfile and numpy's .npy reader raise for a damaged archive or member (a flipped
+#: byte can name an unknown compression method, a zip version or encryption)
+_ZIP_ERRORS = (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError)
+
 class _ModelFile:
     """An opened model file: its members' ``.npy`` layouts, checked against their sizes,
     read one at a time on request."""
@@ -134,7 +138,7 @@ class _ModelFile:
         self.path = path
         try:
             self.zip = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, EOFError, OSError, ValueError):
+        except _ZIP_ERRORS:
             with open(path, "rb") as fh:
                 head = fh.read(4)
             if head == b"PK\x03\x04":
@@ -166,7 +170,7 @@ class _ModelFile:
                     np.lib.format.read_array_header_2_0
                 shape, fortran, dtype = reader(fh)
                 offset = fh.tell()
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        except _ZIP_ERRORS as exc:
             raise self.error(f"is damaged: member {info.filename} is not a valid .npy array ({exc})") from None
         if dtype.hasobject:
             raise self.error(f"is refused: entry {key!r} holds an object array; refusing to load it "
@@ -195,7 +199,7 @@ class _ModelFile:
                 np.lib.format.read_magic(fh)
                 fh.seek(info.file_size - math.prod(shape) * dtype.itemsize)
                 data = fh.read()
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        except _ZIP_ERRORS as exc:
             raise self.error(f"is damaged: member {info.filename} failed its CRC check ({exc})") from None
         return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 

@@ -98,8 +98,8 @@ class Sequential:
         self.built = False
         for layer in layers:
             self.add(layer)
-        try:
-            self.dtype = np.dtype(dtype)
+        try:  # np.dtype(None) would be float64
+            self.dtype = np.dtype(object if dtype is None else dtype)
         except TypeError:
             self.dtype = np.dtype(object)
         if self.dtype not in (np.float32, np.float64):
@@ -544,9 +544,12 @@ def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, 
 def layers_from_config(specs: Sequence[dict[str, Any]]) -> list[Layer]:
     """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
     layers = []
-    for spec in specs:
+    for i, spec in enumerate(specs):
         klass = REGISTRY.get(spec["class"])
         if klass is None:
             raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
+        if not isinstance(spec["config"], dict):
+            raise ValueError(f"layer {i} ({spec['class']}): config must be a dict of its arguments, "
+                             f"got {spec['config']!r}")
         layers.append(klass.from_config(dict(spec["config"])))
     return layers
