@@ -470,7 +470,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type[BaseException], str]] = [
     ("load-architecture-unknown-layer-arg", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
         [{"class": "Dense", "config": {"units": 3, "colour": "red"}}], [4]))), CheckpointError, "malformed architecture.*colour"),
     ("load-architecture-layer-config-not-dict", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
-        [{"class": "Flatten", "config": ""}], [4]))), CheckpointError, "layer 0 \\(Flatten\\): config must be a dict"),
+        [{"class": "Flatten", "config": ""}], [4]))), CheckpointError, r"layer 0 \(Flatten\): config must be a dict"),
     ("load-architecture-no-input-shape", lambda tmp: load_model(rewritten(tmp, architecture=arch_json(
         [{"class": "Dense", "config": {"units": 3}}], None))), CheckpointError, "no input shape"),
     ("load-params-count", lambda tmp: load_model(rewritten(tmp, params=np.zeros(7, np.float32))), CheckpointError,
