@@ -2,6 +2,9 @@
 
 Used by tests that need separate executor processes (memory limits, lost executors).
 Every process runs in its own process group and is killed on :meth:`StandaloneCluster.stop`.
+:meth:`StandaloneCluster.kill_worker` ``kill -9``s one worker with its executor JVM and
+the executor's Python processes (a lost machine); :meth:`StandaloneCluster.restart_worker`
+brings it back.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class StandaloneCluster:
         self.n_workers, self.cores, self.memory = workers, cores, memory
         self.start_timeout = start_timeout
         self.procs: list[subprocess.Popen] = []
+        self.workers: dict[int, subprocess.Popen] = {}
         self.dir = tempfile.mkdtemp(prefix="sparknet-standalone-")
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
@@ -55,10 +59,18 @@ class StandaloneCluster:
                     "SPARK_NO_DAEMONIZE": "1"})
         return env
 
-    def _spawn(self, args: list[str], log: str) -> None:
-        fh = open(os.path.join(self.dir, log), "wb")
-        self.procs.append(subprocess.Popen([spark_class(), *args], stdout=fh, stderr=subprocess.STDOUT,
-                                           env=self._env(), start_new_session=True))
+    def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
+        with open(os.path.join(self.dir, log), "ab") as fh:
+            proc = subprocess.Popen([spark_class(), *args], stdout=fh, stderr=subprocess.STDOUT,
+                                    env=self._env(), start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def _spawn_worker(self, i: int) -> None:
+        self.workers[i] = self._spawn(
+            ["org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
+             "--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(free_port()),
+             "--work-dir", os.path.join(self.dir, f"work{i}")], f"worker{i}.log")
 
     def alive_workers(self) -> int:
         try:
@@ -75,13 +87,72 @@ class StandaloneCluster:
         while self.alive_workers() < 0:
             self._check(deadline, "master")
         for i in range(self.n_workers):
-            self._spawn(["org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1",
-                         "--cores", str(self.cores), "--memory", self.memory,
-                         "--webui-port", str(free_port()),
-                         "--work-dir", os.path.join(self.dir, f"work{i}")], f"worker{i}.log")
+            self._spawn_worker(i)
         while self.alive_workers() < self.n_workers:
             self._check(deadline, "workers")
         return self
+
+    def worker_tree(self, i: int) -> list[int]:
+        """Pids of worker ``i`` and of every process below it (executor JVMs, their
+        Python daemons and workers), parents first."""
+        proc = self.workers.get(i)
+        if proc is None or proc.poll() is not None:
+            return []
+        children: dict[int, list[int]] = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+        out, todo = [], [proc.pid]
+        while todo:
+            pid = todo.pop(0)
+            out.append(pid)
+            todo.extend(children.get(pid, []))
+        return out
+
+    def executor_pids(self, i: int) -> list[int]:
+        """Pids of the executor JVMs worker ``i`` launched (its ``java`` children)."""
+        out = []
+        for pid in self.worker_tree(i)[1:]:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if any(b"CoarseGrainedExecutorBackend" in c for c in cmd):
+                out.append(pid)
+        return out
+
+    def kill_worker(self, i: int) -> list[int]:
+        """``kill -9`` worker ``i``, its executor JVMs and their Python processes at once
+        (a machine lost); returns the pids killed."""
+        pids = self.worker_tree(i)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc = self.workers.pop(i, None)
+        if proc is not None:
+            proc.wait(timeout=30)
+        return pids
+
+    def restart_worker(self, i: int, timeout: float = 60.0) -> None:
+        """Start worker ``i`` again (after :meth:`kill_worker`) and wait until the master
+        lists it alive."""
+        if i in self.workers:
+            raise RuntimeError(f"worker {i} is running")
+        self._spawn_worker(i)
+        deadline = time.time() + timeout
+        while self.alive_workers() < len(self.workers):
+            if time.time() > deadline:
+                raise TimeoutError(f"worker {i} not back after {timeout:.0f} s; logs in {self.dir}")
+            time.sleep(0.5)
 
     def _check(self, deadline: float, what: str) -> None:
         for p in self.procs:

@@ -55,29 +55,38 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import shutil
-import socket
-import tempfile
-import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-import numpy as np
+from sparknet.cluster import spill as _files
+from sparknet.cluster.executors import NO_EXECUTOR_WAIT, JobGuard, block_homes, live_executors
+from sparknet.cluster.shards import (  # noqa: F401 - the executor side, re-exported
+    _CHECKPOINT_LOST,
+    _STORE,
+    _STORE_DIRS,
+    _STORE_LOCK,
+    _STORE_STAMPS,
+    LOST_TAG,
+    Shard,
+    ShardInfo,
+    _arrow_builder,
+    _as_info,
+    _Builder,
+    _drop_local,
+    _Dropper,
+    _Task,
+    attach,
+)
+from sparknet.errors import RoundTimeout
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark import RDD
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
-
-#: Tag carried by the executor-side error when a shard's state is gone.
-LOST_TAG = "SPARKNET_RESIDENT_LOST"
-#: Spark's error when a locally checkpointed anchor block went with its executor.
-_CHECKPOINT_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+#: Seconds the deletion job of :meth:`Resident.close` may take.
+CLEANUP_TIMEOUT = 60.0
 
 
 def lost_reason(exc: BaseException) -> str | None:
@@ -91,293 +100,13 @@ def lost_reason(exc: BaseException) -> str | None:
         return "the executor holding a shard's anchor block is gone"
     return None
 
-#: Executor side: (key, partition) -> {name: ndarray (memory-mapped view)}.
-_STORE: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-_STORE_DIRS: dict[tuple[str, int], str] = {}
-_STORE_LOCK = threading.Lock()
-
-_SHM = "/dev/shm"
-_SHM_HEADROOM = 256 << 20
-
 
 class ResidentStateLost(RuntimeError):
     """A partition's resident state was found neither in its worker nor on disk."""
 
 
-@dataclass
-class ShardInfo:
-    """What the anchor RDD holds for one partition (small, picklable).
-
-    Attributes:
-        key: the :class:`Resident`'s key (unique per instance).
-        index: partition index.
-        host: host name of the executor that built the shard.
-        directory: folder of the shard's ``.npy`` files on that host.
-        shapes: ``{name: (shape, dtype str)}`` of the arrays built.
-        meta: the small dict returned by ``build`` (row counts, checks, ...).
-        timing: where the building task spent its time: ``start`` (``time.time()`` when
-            the builder was called: the worker had started and imported what it needs),
-            ``build`` and ``spill`` (seconds of ``build`` and of writing the files).
-    """
-
-    key: str
-    index: int
-    host: str
-    directory: str
-    shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
-    timing: dict[str, float] = field(default_factory=dict)
-
-
-class Shard:
-    """Executor-side handle on one partition's resident arrays."""
-
-    def __init__(self, info: ShardInfo, arrays: dict[str, np.ndarray]) -> None:
-        self.info = info
-        self.index = info.index
-        self.arrays = arrays
-        self.meta = info.meta
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.arrays[name]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.arrays
-
-    def create(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
-        """Add a new zero-filled resident array (spilled and memory-mapped like the rest);
-        later jobs on this partition see it and any in-place writes to it."""
-        arr = _spill(self.info.directory, name, np.zeros(tuple(shape), dtype=dtype))
-        self.arrays[name] = arr
-        return arr
-
-    def ensure(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
-        """The resident array ``name``, created zero-filled if absent or of another shape/dtype."""
-        shape = tuple(int(s) for s in shape)
-        cur = self.arrays.get(name)
-        if cur is None:  # created by a job that ran in another Python worker?
-            cur = self.get(name)
-        if cur is not None and cur.shape == shape and cur.dtype == np.dtype(dtype):
-            return cur
-        return self.create(name, shape, dtype)
-
-    def get(self, name: str) -> np.ndarray | None:
-        """The resident array ``name``, re-attached from its file when a job in another
-        Python worker created it after this worker attached; ``None`` if it exists nowhere."""
-        cur = self.arrays.get(name)
-        if cur is None:
-            path = os.path.join(self.info.directory, name + ".npy")
-            if os.path.exists(path):
-                cur = _open_npy(path)
-                self.arrays[name] = cur
-        return cur
-
-    def discard(self, name: str) -> None:
-        """Forget the resident array ``name`` here and delete its file (other workers
-        that mapped it keep a private view until they :meth:`discard` it too)."""
-        self.arrays.pop(name, None)
-        try:
-            os.remove(os.path.join(self.info.directory, name + ".npy"))
-        except FileNotFoundError:
-            pass
-
-    def names(self) -> set[str]:
-        """Names of every resident array of this shard: attached here or created on disk
-        by a job in another Python worker."""
-        try:
-            files = {f[:-4] for f in os.listdir(self.info.directory)
-                     if f.endswith(".npy") and not f.endswith(".tmp.npy")}
-        except FileNotFoundError:
-            files = set()
-        return files | set(self.arrays)
-
-    def allocate(self, name: str, shape: Iterable[int], dtype: Any = np.float32) -> np.ndarray:
-        """Like :meth:`create`, but the zero-filled ``.npy`` file is created and mapped
-        directly, without an in-memory array of its size (for blocks close to the
-        worker's memory limit).  Replaces an existing file of that name."""
-        shape = tuple(int(s) for s in shape)
-        if int(np.prod(shape)) == 0:
-            return self.create(name, shape, dtype)
-        os.makedirs(self.info.directory, exist_ok=True)
-        path = os.path.join(self.info.directory, name + ".npy")
-        tmp = f"{path}.{os.getpid()}.tmp.npy"
-        mm = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.dtype(dtype), shape=shape)
-        del mm
-        os.replace(tmp, path)
-        arr = _open_npy(path)
-        self.arrays[name] = arr
-        return arr
-
-
-# --------------------------------------------------------------------------- executor side
-def _spill_base(nbytes: int) -> str:
-    """Where to put spill files: /dev/shm when it has room, else the executor's local dir."""
-    try:
-        if os.path.isdir(_SHM) and shutil.disk_usage(_SHM).free > 2 * nbytes + _SHM_HEADROOM:
-            return _SHM
-    except OSError:  # pragma: no cover - exotic filesystems
-        pass
-    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
-    if local and os.path.isdir(local):
-        return local
-    return tempfile.gettempdir()
-
-
-def _spill(directory: str, name: str, arr: np.ndarray) -> np.ndarray:
-    """Write ``arr`` atomically as ``directory/name.npy`` and return its r+ memory map."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, name + ".npy")
-    tmp = os.path.join(directory, f"{name}.{os.getpid()}.tmp.npy")
-    np.save(tmp, np.ascontiguousarray(arr), allow_pickle=False)
-    os.replace(tmp, path)
-    return _open_npy(path)
-
-
-def _open_npy(path: str) -> np.ndarray:
-    """The ``.npy`` file at ``path`` memory-mapped read-write (``r+``), so in-place writes
-    reach the file; an empty array is read into memory instead (there is nothing to map)."""
-    if np.load(path, mmap_mode="r", allow_pickle=False).size == 0:
-        return np.load(path, allow_pickle=False)
-    return np.load(path, mmap_mode="r+", allow_pickle=False)
-
-
-def _load_dir(directory: str) -> dict[str, np.ndarray] | None:
-    if not os.path.isdir(directory):
-        return None
-    out = {}
-    for fname in os.listdir(directory):
-        if fname.endswith(".npy") and not fname.endswith(".tmp.npy"):
-            out[fname[:-4]] = _open_npy(os.path.join(directory, fname))
-    return out
-
-
-def _evict_stale() -> None:
-    """Drop store entries whose files were deleted (their Resident was closed)."""
-    for k, d in list(_STORE_DIRS.items()):
-        if not os.path.isdir(d):
-            _STORE.pop(k, None)
-            _STORE_DIRS.pop(k, None)
-
-
-def attach(info: ShardInfo) -> Shard:
-    """Executor side: the :class:`Shard` for ``info`` from this worker's store, or
-    re-attached from its spill files; raises an error tagged ``SPARKNET_RESIDENT_LOST``
-    when neither exists (never returns missing data)."""
-    k = (info.key, info.index)
-    with _STORE_LOCK:
-        _evict_stale()
-        arrays = _STORE.get(k)
-        if arrays is None:
-            arrays = _load_dir(info.directory)
-            if arrays is None or not set(info.shapes) <= set(arrays):
-                raise RuntimeError(
-                    f"{LOST_TAG}: resident state {info.key!r} partition {info.index} is gone "
-                    f"(built on host {info.host!r}, this task runs on {socket.gethostname()!r}; "
-                    f"files {info.directory!r} missing)")
-            _STORE[k] = arrays
-            _STORE_DIRS[k] = info.directory
-    return Shard(info, arrays)
-
-
-def _drop_local(key: str) -> int:
-    """Executor side: forget and delete every shard of ``key`` on this host."""
-    removed = 0
-    with _STORE_LOCK:
-        for k in [k for k in _STORE if k[0] == key]:
-            _STORE.pop(k, None)
-            d = _STORE_DIRS.pop(k, None)
-            if d and os.path.isdir(d):
-                shutil.rmtree(d, ignore_errors=True)
-                removed += 1
-    return removed
-
-
-class _Builder:
-    """The anchor RDD's partition function: build, spill, register, yield one ShardInfo."""
-
-    def __init__(self, key: str, build: Callable, base: str | None) -> None:
-        self.key, self.build, self.base = key, build, base
-
-    def make(self, index: int, iterator: Iterable) -> ShardInfo:
-        start, t0 = time.time(), time.perf_counter()
-        out = self.build(index, iterator)
-        for _ in iterator:  # drain, so the worker can be reused
-            pass
-        arrays, meta = (out if isinstance(out, tuple) else (out, {}))
-        if not isinstance(arrays, dict):
-            raise TypeError(f"build must return a dict of arrays (or (dict, meta)), got {type(arrays).__name__}")
-        nbytes = sum(int(np.asarray(a).nbytes) for a in arrays.values())
-        base = self.base or _spill_base(nbytes)
-        directory = os.path.join(base, f"sparknet-resident-{self.key}", f"part-{index:05d}")
-        shutil.rmtree(directory, ignore_errors=True)
-        t1 = time.perf_counter()
-        spilled = {name: _spill(directory, name, np.asarray(a)) for name, a in arrays.items()}
-        with _STORE_LOCK:
-            _STORE[(self.key, index)] = spilled
-            _STORE_DIRS[(self.key, index)] = directory
-        shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
-        timing = {"start": start, "build": t1 - t0, "spill": time.perf_counter() - t1}
-        return ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta), timing)
-
-    def __call__(self, index: int, iterator: Iterable) -> Iterator[ShardInfo]:
-        yield self.make(index, iterator)
-
-
-def _arrow_builder(key: str, build: Callable, base: str | None) -> Callable[[Iterator], Iterator["pa.RecordBatch"]]:
-    """A ``mapInArrow`` function that builds the shard of the task's partition from its
-    record batches and emits one row holding the pickled :class:`ShardInfo`."""
-    builder = _Builder(key, build, base)
-
-    def run(batches: Iterator) -> Iterator["pa.RecordBatch"]:
-        import pickle
-
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        tc = TaskContext.get()
-        if tc is None:  # pragma: no cover - only ever called inside a Spark task
-            raise RuntimeError("the resident shard builder runs inside a Spark task")
-        index = tc.partitionId()
-        info = builder.make(index, batches)
-        yield pa.RecordBatch.from_pydict({"info": [pickle.dumps(info)]},
-                                         schema=pa.schema([("info", pa.binary())]))
-    return run
-
-
-class _Dropper:
-    def __init__(self, key: str) -> None:
-        self.key = key
-
-    def __call__(self, iterator: Iterable) -> Iterator[int]:
-        for _ in iterator:
-            pass
-        return iter([_drop_local(self.key)])
-
-
-def _as_info(item: Any) -> ShardInfo:
-    """An anchor record: a :class:`ShardInfo`, or the DataFrame row holding it pickled
-    (what :meth:`Resident.from_dataframe`'s Arrow stage emits)."""
-    if isinstance(item, ShardInfo):
-        return item
-    import pickle
-    return pickle.loads(item[0])
-
-
-class _Task:
-    """Wraps a job function: drain the anchor iterator, attach, call ``fn``."""
-
-    def __init__(self, fn: Callable, per_partition: bool) -> None:
-        self.fn, self.per_partition = fn, per_partition
-
-    def __call__(self, index: int, iterator: Iterable[ShardInfo]) -> Iterable:
-        infos = [_as_info(item) for item in iterator]
-        if len(infos) != 1:
-            raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, expected 1")
-        shard = attach(infos[0])
-        out = self.fn(index, shard)
-        if self.per_partition:
-            return out if out is not None else iter(())
-        return iter([out])
+class NoExecutorsLeft(ResidentStateLost):
+    """Every executor of the application is gone, and none came back in time."""
 
 
 # ---------------------------------------------------------------------------- driver side
@@ -395,8 +124,9 @@ class Resident:
             as :attr:`infos`).  It may leave the iterator undrained; it is drained for it.
         name: a readable prefix for the key and the spill folders.
         on_lost: ``"raise"`` (default) raises :class:`ResidentStateLost` when a job finds
-            a shard gone; ``"rebuild"`` re-runs ``build`` from ``rdd`` and retries the
-            job once (right when the source is the truth, e.g. training data).
+            a shard gone; ``"rebuild"`` rebuilds the lost shards from ``rdd`` on the live
+            executors and retries the job once (right when the source is the truth,
+            e.g. training data; see :meth:`rebuild`).
         spill_dir: folder for the ``.npy`` files; default ``/dev/shm`` when it has room
             for twice the shard, else the executor's local directory.
         cut_lineage: for an RDD source, ``localCheckpoint`` the anchor (default): a
@@ -412,6 +142,8 @@ class Resident:
         key: unique key of this state in the executors' stores.
         infos: the :class:`ShardInfo` of every partition, in partition order.
         anchor: the persisted anchor RDD (one :class:`ShardInfo` per partition).
+        homes: partition -> id of the executor holding it (empty in local mode).
+        recoveries: the line logged for each rebuild (what was lost, what was rebuilt).
     """
 
     def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
@@ -430,8 +162,13 @@ class Resident:
             raise ValueError("Resident needs a source: an RDD (or from_dataframe's DataFrame)")
         self.anchor: RDD[Any] | None = None
         self.infos: list[ShardInfo] = []
+        self.homes: dict[int, str] = {}
+        self.recoveries: list[str] = []
+        self._placed_on: set[str] = set()  # the live executors the shards were last placed among
         #: ``time.time()`` when the last build job was submitted, and its wall seconds.
         self.build_started, self.build_seconds = 0.0, 0.0
+        self.owner = _files.Owner.this_driver(self.sc.applicationId)
+        _files.sweep_stale(self.owner.app_id, spill_dir, force=True)  # what killed drivers left here
         self._materialise()
         _OPEN.add(self)
 
@@ -443,19 +180,19 @@ class Resident:
         return cls(None, build, name=name, on_lost=on_lost, spill_dir=spill_dir, _arrow_df=df)
 
     # -- lifecycle ---------------------------------------------------------
-    def _materialise(self) -> None:
+    def _materialise(self, keep: dict[int, ShardInfo] | None = None) -> None:
         from pyspark import StorageLevel
 
+        builder = _Builder(self.key, self._build, self.spill_dir, self.owner, keep)
         anchor: RDD[Any]
         if self._df is not None:
-            func = _arrow_builder(self.key, self._build, self.spill_dir)
             # the Python map behind the Arrow stage starts the executors' other Python
             # daemon (plain RDD tasks, as every later round is) alongside the Arrow one
-            anchor = self._df.mapInArrow(func, "info binary").rdd.map(_as_info, preservesPartitioning=True)
+            anchor = self._df.mapInArrow(_arrow_builder(builder), "info binary").rdd.map(
+                _as_info, preservesPartitioning=True)
         else:
             assert self._rdd is not None  # __init__ took an RDD or a DataFrame
-            anchor = self._rdd.mapPartitionsWithIndex(_Builder(self.key, self._build, self.spill_dir),
-                                                      preservesPartitioning=True)
+            anchor = self._rdd.mapPartitionsWithIndex(builder, preservesPartitioning=True)
         anchor.persist(StorageLevel.MEMORY_ONLY)
         if self._df is None and self.cut_lineage:
             # Cut the lineage: a ``parallelize`` source keeps its rows in its partition
@@ -464,9 +201,18 @@ class Resident:
             anchor.localCheckpoint()
         anchor.setName(f"sparknet resident {self.key}")
         self.build_started, t0 = time.time(), time.perf_counter()
-        self.infos = [_as_info(item) for item in anchor.collect()]
-        self.build_seconds = time.perf_counter() - t0
-        self.anchor = anchor
+        with JobGuard(self.sc, f"building resident state {self.key}") as guard:
+            try:
+                infos = [_as_info(item) for item in anchor.collect()]
+            except Exception:
+                anchor.unpersist()
+                if guard.reason == "no executors":
+                    raise NoExecutorsLeft(self._no_executors(f"building resident state {self.key}")) from None
+                raise
+        self.infos, self.build_seconds, self.anchor = infos, time.perf_counter() - t0, anchor
+        live = live_executors(self.sc)
+        self.homes = {} if live is None else block_homes(self.sc, anchor.id(), len(infos))
+        self._placed_on = live or set()
         log.debug("resident %s: %d shards on %s", self.key, len(self.infos),
                   sorted({i.host for i in self.infos}))
 
@@ -486,12 +232,42 @@ class Resident:
         rest = max(self.build_seconds - start - tm["build"] - tm["spill"], 0.0)
         return {"start": start, "build": tm["build"], "spill": tm["spill"], "rest": rest}
 
-    def rebuild(self) -> None:
-        """Drop every shard and build them again from the source."""
-        log.warning("resident state %s: rebuilding all %d shards from the source", self.key,
-                    len(self.infos))
-        self._cleanup_files()
-        self._materialise()
+    def rebuild(self, lost: Iterable[str] = (), reason: str | None = None, joined: Iterable[str] = ()) -> str:
+        """Build the shards again on the live executors: a shard whose executor lives and
+        whose files are on the host its new task runs on is re-attached as it is (its
+        in-place state, optimizer state included, kept); every other one is built from
+        the source (its in-place state restarts).  Logs one line saying what was lost
+        and what was rebuilt, and returns it.
+
+        Args:
+            lost: ids of executors known to be gone (their shards are built anew).
+            reason: why, for the log line (an executor's lost-state error).
+            joined: ids of executors that joined (a re-placement onto them).
+        """
+        lost, joined = sorted(set(lost)), sorted(set(joined))
+        live = live_executors(self.sc)
+        gone = {p for p, e in self.homes.items() if e in lost or (live is not None and e not in live)}
+        lost = sorted(set(lost) | {self.homes[p] for p in gone})
+        keep = {i.index: i for i in self.infos if i.index not in gone}
+        old, t0 = self.anchor, time.perf_counter()
+        self._materialise(keep)
+        if old is not None:
+            old.unpersist()
+        fresh = [i.index for i in self.infos if not i.reattached]
+        kept = [i.index for i in self.infos if i.reattached]
+        if lost:
+            cause = f"executor {', '.join(lost)} lost (partition(s) {sorted(gone)})"
+        elif joined:
+            cause = f"executor {', '.join(joined)} joined; re-placing the shards"
+        else:
+            cause = f"state lost ({reason or 'rebuild asked for'})"
+        where = f" on executor(s) {', '.join(sorted(set(self.homes.values())))}" if self.homes else ""
+        line = (f"sparknet: resident state {self.key}: {cause}: rebuilt partition(s) {fresh} from the "
+                f"source (their optimizer state restarts), re-attached {kept or 'none'}{where} in "
+                f"{time.perf_counter() - t0:.1f} s")
+        log.warning(line)
+        self.recoveries.append(line)
+        return line
 
     def close(self) -> None:
         """Delete the spill files and store entries on every host, unpersist the anchor."""
@@ -504,12 +280,14 @@ class Resident:
         key, anchor = self.key, self.anchor
         if anchor is None:
             return
-        try:
-            anchor.mapPartitions(_Dropper(key)).collect()
-        except Exception as exc:  # pragma: no cover - executors already gone
-            log.debug("resident %s: executor cleanup failed: %s", key, exc)
-        _remove_driver_files(self.infos)
-        _drop_local(key)
+        live = live_executors(self.sc)
+        if live is None or live:  # with no executor left there is nobody to ask
+            try:
+                with JobGuard(self.sc, f"deleting resident state {key}", timeout=CLEANUP_TIMEOUT):
+                    anchor.mapPartitions(_Dropper(key, self.spill_dir)).collect()
+            except Exception as exc:  # executors gone meanwhile
+                log.debug("resident %s: executor cleanup failed: %s", key, exc)
+        _drop_local(key, self.spill_dir)
         try:
             anchor.unpersist()
         except Exception:  # pragma: no cover - context stopped
@@ -535,23 +313,73 @@ class Resident:
             raise RuntimeError(f"resident state {self.key} is closed")
         return self.anchor
 
-    def run_action(self, action: Callable[[], Any], retry: bool = True) -> Any:
-        """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs), turning an
-        executor's lost-state error into :class:`ResidentStateLost` or, with
-        ``on_lost="rebuild"``, rebuilding and running ``action()`` once more."""
-        try:
-            return action()
-        except ResidentStateLost:
-            raise
-        except Exception as exc:
-            reason = lost_reason(exc)
-            if reason is None:
+    def run_action(self, action: Callable[[], Any], retry: bool = True, timeout: float | None = None) -> Any:
+        """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs, built inside
+        it) under its own Spark job group, and make every way it can fail clear.
+
+        * Past ``timeout`` seconds the group is cancelled and
+          :class:`~sparknet.errors.RoundTimeout` raised.
+        * A shard's lost state (an executor's lost-state error, or, with
+          ``on_lost="rebuild"``, the loss of an executor holding a shard, seen by the
+          driver within a second) raises :class:`ResidentStateLost`, or with
+          ``on_lost="rebuild"`` rebuilds onto the live executors (:meth:`rebuild`) and
+          runs ``action()`` once more (``retry``).  Before the action, shards of
+          executors lost since are rebuilt, and shards are re-placed onto an executor
+          that joined while another ran several.
+        * With no executor left for :data:`~sparknet.cluster.executors.NO_EXECUTOR_WAIT`
+          seconds, :class:`NoExecutorsLeft`.
+        """
+        if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        self._check_placement()
+        watch = set(self.homes.values()) if self.on_lost == "rebuild" else None
+        error: Exception | None = None
+        with JobGuard(self.sc, f"job on resident state {self.key}", timeout, watch) as guard:
+            try:
+                return action()
+            except ResidentStateLost:
                 raise
-            if self.on_lost == "rebuild" and retry:
-                log.warning("resident state %s lost (%s); rebuilding", self.key, reason)
-                self.rebuild()
-                return self.run_action(action, retry=False)
-            raise ResidentStateLost(reason) from None
+            except Exception as exc:
+                error = exc
+            what = self.sc.getLocalProperty("spark.job.description") or guard.description
+            what = "a Spark job" if what == guard.description else repr(what)
+        if guard.reason == "timeout":
+            raise RoundTimeout(f"{what} (resident state {self.key}) ran longer than {timeout:g} s and was "
+                               f"cancelled: a task that never returns, or a round slower than the timeout "
+                               f"allows; pass a larger timeout (a trainer's round_timeout=..., or None to "
+                               f"wait without limit)") from None
+        if guard.reason == "no executors":
+            raise NoExecutorsLeft(self._no_executors(what)) from None
+        reason = (f"executor {', '.join(sorted(guard.lost))} lost" if guard.reason == "lost"
+                  else lost_reason(error))
+        if reason is None:
+            raise error
+        if self.on_lost == "rebuild" and retry:
+            self.rebuild(lost=guard.lost, reason=reason)
+            return self.run_action(action, retry=False, timeout=timeout)
+        raise ResidentStateLost(reason) from None
+
+    def _check_placement(self) -> None:
+        """Before a job (``on_lost="rebuild"``): rebuild the shards of executors lost since,
+        or re-place them when an executor joined while another holds several."""
+        if self.on_lost != "rebuild" or not self.homes:
+            return
+        live = live_executors(self.sc)
+        if live is None:
+            return
+        lost = {e for e in self.homes.values() if e not in live}
+        if lost:
+            self.rebuild(lost=lost)
+            return
+        joined, self._placed_on = live - self._placed_on, self._placed_on | live
+        per_executor = [list(self.homes.values()).count(e) for e in set(self.homes.values())]
+        if joined and max(per_executor) > 1:
+            self.rebuild(joined=joined)
+
+    def _no_executors(self, what: str) -> str:
+        return (f"no executor left: every executor of application {self.sc.applicationId} is gone and none "
+                f"registered within {NO_EXECUTOR_WAIT:.0f} s, so {what} cannot run; start workers again "
+                f"(or check the cluster manager) and fit again (resume=True continues from a checkpoint)")
 
     def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:
         """Run ``fn(index, shard)`` once per partition and return the results in
@@ -561,22 +389,11 @@ class Resident:
                                                              preservesPartitioning=True)
             if description:
                 self.sc.setJobDescription(description)
-            try:
-                return rdd.collect()
-            finally:
-                if description:
-                    self.sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
+            return rdd.collect()
         return self.run_action(job)
 
 
 @atexit.register
 def _close_all() -> None:  # pragma: no cover - interpreter shutdown
     for res in list(_OPEN):
-        _remove_driver_files(res.infos)
-
-
-def _remove_driver_files(infos: list[ShardInfo]) -> None:
-    """Delete the spill folders of the shards built on this (the driver's) host (local mode)."""
-    for info in infos:
-        if info.host == socket.gethostname():
-            shutil.rmtree(os.path.dirname(info.directory), ignore_errors=True)
+        _files.remove_key(res.key, res.spill_dir)
