@@ -189,17 +189,21 @@ def apply_rows(arrays: Arrays, key: str, r0: int, r1: int, g: np.ndarray, opt: O
     opt.apply(p2[r0:r1].reshape(-1), np.ascontiguousarray(g).reshape(-1), state, t)
 
 
-def update_in_chunks(arrays: Arrays, key: str, grad_rows: GradRows, opt: Optimizer, t: int) -> None:
-    """Update parameter ``key`` in place, producing and applying its gradient row chunk by row chunk."""
+def update_in_chunks(arrays: Arrays, key: str, grad_rows: GradRows, opt: Optimizer, t: int) -> bool:
+    """Update parameter ``key`` in place, producing and applying its gradient row chunk by row
+    chunk; returns whether every updated row is finite."""
     p = arrays[key]
     rows, cols = p.shape[0], int(np.prod(p.shape[1:]))
     step = max(1, CHUNK_ELEMS // max(cols, 1))
     buf = np.empty((min(step, rows), cols), dtype=p.dtype)
+    finite = True
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         g = buf[:r1 - r0]
         grad_rows(r0, r1, g)
         apply_rows(arrays, key, r0, r1, g, opt, t)
+        finite = finite and bool(np.isfinite(p.reshape(rows, cols)[r0:r1]).all())
+    return finite
 
 
 class Sink(Protocol):
@@ -209,13 +213,15 @@ class Sink(Protocol):
 
 
 class ApplyNow:
-    """One replica: update the block in place (the gradient never exists whole)."""
+    """One replica: update the block in place (the gradient never exists whole);
+    :attr:`finite` turns false when an updated parameter holds a NaN or an infinity."""
 
     def __init__(self, opt: Optimizer, t: int) -> None:
         self.opt, self.t = opt, t
+        self.finite = True
 
     def __call__(self, arrays: Arrays, key: str, grad_rows: GradRows) -> None:
-        update_in_chunks(arrays, key, grad_rows, self.opt, self.t)
+        self.finite = update_in_chunks(arrays, key, grad_rows, self.opt, self.t) and self.finite
 
 
 def keep_partial(arrays: Arrays, key: str, grad_rows: GradRows) -> None:

@@ -14,13 +14,15 @@ would have.  ``fit(resume=True)`` starts from the newest checkpoint's position t
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.recovery import FitPosition, check_resumable, data_settings
+from sparknet.cluster.model_parallel.stages import HalfStep
+from sparknet.errors import TrainingDiverged
 
 if TYPE_CHECKING:
     from sparknet.cluster.model_parallel import ModelParallel
@@ -35,6 +37,15 @@ class _Stop(Exception):
     """``max_steps`` reached."""
 
 
+class _Plan(NamedTuple):
+    """The fit's arguments that every pass over its data shares."""
+
+    epochs: int
+    batch_size: int
+    shuffle: bool
+    lookahead: bool
+
+
 def run_fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, *, epochs: int,
             batch_size: int, shuffle: bool, checkpoint_every: int, verbose: int, max_steps: int | None,
             lookahead: bool, resume: bool) -> dict[str, Any]:
@@ -46,13 +57,15 @@ def run_fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Lo
         if checkpoint_every:
             mp._write_checkpoint(pos)     # the fit's starting point: a loss before step N replays from here
     last: tuple[int, int] = (-1, 0)       # (step of the checkpoint last restored, times in a row)
+    run = _Plan(epochs, batch_size, shuffle, lookahead)
     while True:
         try:
-            _run(mp, X, y, lo, pos, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
-                 checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps, lookahead=lookahead)
+            _run(mp, X, y, lo, pos, run, checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps)
             break
         except BlockStateLost as exc:
             pos, last = _recover(mp, pos, exc, last)
+        except HalfStep as exc:
+            raise _back_to_finite(mp, X, y, lo, pos, exc, run) from None
     hist = pos.history()
     hist["bytes_per_step"] = dict(mp.last_step_bytes)
     return hist
@@ -102,24 +115,45 @@ def _recover(mp: "ModelParallel", pos: FitPosition, exc: BlockStateLost,
     return restored, (ckpt.step, repeats)
 
 
-def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition, *,
-         epochs: int, batch_size: int, shuffle: bool, checkpoint_every: int, verbose: int,
-         max_steps: int | None, lookahead: bool) -> None:
+def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition,
+                    exc: HalfStep, run: _Plan) -> TrainingDiverged:
+    """After a step that left non-finite weights: restore the newest checkpoint of this fit
+    and replay up to the step before, so the model holds its last finite weights; the
+    error to raise."""
+    ckpt = mp._store.latest() if mp._store is not None else None
+    if ckpt is None or (ckpt.meta.get("fit") or {}).get("fit_id") != pos.fit_id:
+        return TrainingDiverged(f"{exc}; no checkpoint of this fit to restore the last finite weights from (pass "
+                                f"checkpoint_every): the model's weights are not finite",
+                                epoch=exc.epoch, step=exc.step, what=exc.what)
+    target = pos.done                      # the steps completed before the one that diverged
+    ckpt, restored = mp._restore(ckpt)
+    assert restored is not None
+    replayed = target - restored.done
+    _run(mp, X, y, lo, restored, run, checkpoint_every=0, verbose=0, max_steps=target)
+    log.warning("training diverged at step %s; restored checkpoint %s (step %d) and replayed %d step(s): the model "
+                "holds the weights of step %d", exc.step, ckpt.path, ckpt.step, replayed, mp.t)
+    return TrainingDiverged(f"{exc}; the model holds its last finite weights (step {mp.t}: checkpoint {ckpt.step} "
+                            f"and {replayed} replayed step(s))", epoch=exc.epoch, step=exc.step, what=exc.what)
+
+
+def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition, run: _Plan, *,
+         checkpoint_every: int, verbose: int, max_steps: int | None) -> None:
     """Run epochs from ``pos`` (updated step by step) to the end, or to ``max_steps``."""
     n = X.shape[0]
-    starts = list(range(0, n, batch_size))
-    while pos.epoch < epochs:
+    starts = list(range(0, n, run.batch_size))
+    while pos.epoch < run.epochs:
         rng = pos.generator()
-        order = rng.permutation(n) if shuffle else np.arange(n)
+        order = rng.permutation(n) if run.shuffle else np.arange(n)
         try:
-            _epoch(mp, X, y, lo, pos, order, starts, batch_size=batch_size, checkpoint_every=checkpoint_every,
-                   max_steps=max_steps, lookahead=lookahead)
+            _epoch(mp, X, y, lo, pos, order, starts, batch_size=run.batch_size, checkpoint_every=checkpoint_every,
+                   max_steps=max_steps, lookahead=run.lookahead)
         except _Stop:
-            _close_epoch(pos, lo, rng)
+            if pos.batch:
+                _close_epoch(pos, lo, rng)
             return
         _close_epoch(pos, lo, rng)
         if verbose:
-            print(f"epoch {pos.epoch}/{epochs}: loss={pos.loss[-1]:.4f} acc={pos.accuracy[-1]:.4f} "
+            print(f"epoch {pos.epoch}/{run.epochs}: loss={pos.loss[-1]:.4f} acc={pos.accuracy[-1]:.4f} "
                   f"bytes/step={mp.last_step_bytes}", flush=True)
 
 

@@ -276,6 +276,8 @@ class BackwardResult(NamedTuple):
     ahead: Optional[np.ndarray]
     #: the slot's partial rows of the first gradient piece (replicas), or ``None``
     piece: Optional[tuple]
+    #: whether the block's updated parameters are all finite (one replica; replicas: ``True``)
+    finite: bool = True
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,8 @@ class BackwardJob(_StageJob):
             return None
         dy = self.rows(slot, data["dy"])
         alone = self.layout.replicas == 1
-        sink: ex.Sink = ex.ApplyNow(self.opt, self.t) if alone else ex.keep_partial
+        now = ex.ApplyNow(self.opt, self.t)
+        sink: ex.Sink = now if alone else ex.keep_partial
         done = (self.step + 1, 0) if alone else (self.step, 1)
         g, step = self.generation, self.step
         if len(self.layers) == 1:
@@ -311,7 +314,7 @@ class BackwardJob(_StageJob):
             dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done)
         ahead = self.forward(store, slot, data["x_next"], step + 1, True) if self.prefetch else None
         piece = _gather_piece(store, self.layout.block(slot), self.gather) if self.gather else None
-        return BackwardResult(dx, ahead, piece)
+        return BackwardResult(dx, ahead, piece, now.finite)
 
 
 @dataclass(frozen=True)

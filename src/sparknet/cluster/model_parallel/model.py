@@ -29,6 +29,7 @@ from sparknet.cluster.model_parallel.jobs import (
 )
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
+    HalfStep,
     NonFinite,
     PairStage,
     Stage,
@@ -324,14 +325,15 @@ class ModelParallel:
                     assert dx is not None
                     g = dx
         except NonFinite as exc:
-            if j == len(self.stages) - 1:       # before any update: the step did not happen
+            if j == len(self.stages) - 1 and exc.what != "parameters":   # nothing updated: no step happened
                 self.t -= 1
                 raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})", lr=self._lr(), epoch=epoch,
                                                 step=self.t + 1) from None
-            raise TrainingDiverged(
-                f"training diverged: the {exc.what} of {exc.where} is not finite in step {self.t}, after the stages "
-                f"above it were updated (restore() the newest checkpoint); lower the learning rate",
-                epoch=epoch, step=self.t, what=exc.what) from None
+            lr = self._lr()
+            raise HalfStep(f"training diverged: the {exc.what} of {exc.where} became non-finite in step {self.t}, "
+                           f"after weights of that step were updated; lower the learning rate"
+                           f"{'' if lr is None else f' (now {lr:g})'}",
+                           epoch=epoch, step=self.t, what=exc.what) from None
         self._flush()
         correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
         self.step_times.append(time.perf_counter() - t0)

@@ -16,6 +16,7 @@ import sparknet._activations as _activations
 from sparknet import optim as optim_mod
 from sparknet.cluster.blocks import BlockedLayer
 from sparknet.cluster.model_parallel.jobs import ApplyJob, BackwardJob, ForwardJob, sum_piece
+from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 
 if TYPE_CHECKING:
@@ -46,6 +47,12 @@ class NonFinite(ArithmeticError):
     def __init__(self, what: str, where: str) -> None:
         super().__init__(f"{what} of {where} is not finite")
         self.what, self.where = what, where
+
+
+class HalfStep(TrainingDiverged):
+    """Training diverged *after* some weights of the step were updated (non-finite blocked
+    parameters, or a delta that overflowed between stages): the model no longer holds the
+    previous step's weights; :meth:`ModelParallel.fit` restores them from its checkpoints."""
 
 
 def check_finite(a: np.ndarray, what: str, where: str) -> None:
@@ -202,6 +209,8 @@ class _Blocked:
             ahead = combine(o, self.layers, step, gathered, x_next)
         for layer in self.layers:
             o.advance(layer)
+        if not all(r is None or r.finite for r in out):
+            raise NonFinite("parameters", f"blocked layer(s) {', '.join(str(s.index) for s in self.layers)}")
         return dxs, ahead or []
 
     def _input_delta(self, dxs: list, lead: tuple, need_dx: bool) -> np.ndarray | None:
