@@ -3,6 +3,7 @@ restored with the steps since the checkpoint replayed, resume after the driver w
 divergence stopped with the last finite weights."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -250,3 +251,58 @@ def test_non_finite_weights_are_never_saved(digits_xy, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ck", "good"]       # no staging folder left
     assert np.isfinite(ModelParallel.load(str(tmp_path / "good")).to_sequential().params).all()
 
+
+
+# ------------------------------------------------------ an executor lost (standalone)
+def _worker_of_executor(cluster, executor_id):
+    for i in list(cluster.workers):
+        for pid in cluster.executor_pids(i):
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                args = fh.read().decode(errors="replace").split("\0")
+            if "--executor-id" in args and args[args.index("--executor-id") + 1] == str(executor_id):
+                return i
+    raise AssertionError(f"no worker runs executor {executor_id}")
+
+
+@pytest.mark.standalone
+def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path):
+    """Master + 2 one-core workers on 127.0.0.1; inside step 20 of 58 (checkpoints every 8)
+    the worker holding block 0 and its executor are killed with SIGKILL: the fit restores
+    step 16 onto the surviving executor, replays 17..20 and ends with the weights of an
+    undisturbed fit, saying in one log line what was lost and what was restored."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java found: a standalone Spark cluster cannot start")
+    sys.path.insert(0, HERE)
+    from _standalone_cluster import StandaloneCluster
+
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
+    with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
+        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_executor_loss_job.py"), cluster.url,
+                                 str(tmp_path / "ck"), "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        try:
+            line = proc.stdout.readline()
+            while line and not line.startswith("PAUSED"):
+                line = proc.stdout.readline()
+            assert line.startswith("PAUSED"), proc.stderr.read()[-4000:]
+            killed = cluster.kill_worker(_worker_of_executor(cluster, line.split()[1]))
+            assert killed
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    results = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    assert results, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
+    out = json.loads(results[-1][len("RESULT "):])
+    print("executor loss:", {k: v for k, v in out.items() if k != "lines"})
+    assert "error" not in out, out.get("error")
+    assert len(set(out["homes"].values())) == 2, "the two blocks must start on two executors"
+    assert out["restores"] == 1 and out["t"] == out["ref_t"] == 58 and out["steps"] == 58
+    assert out["max_rel"] <= 1e-12
+    assert out["accuracy"] == pytest.approx(out["ref_accuracy"], abs=1e-12)
+    lost = [ln for ln in out["lines"] if "block state lost" in ln]
+    assert len(lost) == 1, out["lines"]
+    assert "step 20" in lost[0] and "(step 16)" in lost[0] and "replaying its 3 step(s)" in lost[0]
