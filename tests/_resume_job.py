@@ -1,12 +1,13 @@
 """Driver program of the resume tests: a data-parallel fit on local[2] that checkpoints and
 kills its own process with SIGKILL at a chosen round, as a crashed driver would end.
 
-Usage: python _resume_job.py MODE CHECKPOINT_DIR KILL_AT
+Usage: python _resume_job.py MODE CHECKPOINT_DIR
 
 MODE is ``gradient``, ``average`` or ``async`` (the settings are :data:`SETTINGS`, shared
 with tests/test_resume.py, which runs the uninterrupted and the resumed fits); the process
-SIGKILLs itself after round KILL_AT of the fit (counted over the whole fit), so it never
-returns normally: its exit status is -9.
+SIGKILLs itself after round ``kill_at`` of the fit (counted over the whole fit), so it
+never returns normally: its exit status is -9.  Before it dies it prints the folders of
+the resident shards it leaves behind (``SHARD <folder>``), for the test to remove.
 """
 from __future__ import annotations
 
@@ -15,18 +16,23 @@ import signal
 import sys
 from typing import Any
 
-#: Per mode: trainer arguments, fit arguments, and when checkpoints are written.
+#: Per mode: trainer arguments, fit arguments, the learning rate and the round after which
+#: the driver kills itself (rounds counted over the whole fit).
 SETTINGS: dict[str, dict[str, Any]] = {
     # 1,347 rows in 256-row global minibatches: 6 rounds per epoch; a checkpoint every
-    # 4 rounds, so the kill after round 10 leaves checkpoint 8 (epoch 2, before round 3)
-    "gradient": {"trainer": {"sync": "gradient", "checkpoint_every": 4},
-                 "fit": {"epochs": 3, "batch_size": 256}, "lr": 3e-3},
-    # 7 local steps of 32 rows per round: 3 rounds per epoch; the outer Nesterov step
-    # (its momentum is checkpointed too); the kill in epoch 6 leaves the epoch-5 checkpoint
-    "average": {"trainer": {"sync": "average", "local_steps": 7, "outer": "nesterov"},
-                "fit": {"epochs": 8, "batch_size": 32}, "lr": 2e-3},
-    "async": {"trainer": {"mode": "async", "sync": "average", "local_steps": 7},
-              "fit": {"epochs": 8, "batch_size": 32}, "lr": 2e-3},
+    # 4 rounds, so the kill after round 5 leaves checkpoint 4 (epoch 1, before round 5)
+    "gradient": {"trainer": {"sync": "gradient", "checkpoint_every": 4, "num_partitions": 2},
+                 "fit": {"epochs": 2, "batch_size": 256}, "lr": 3e-3, "kill_at": 5},
+    # 7 local steps of 32 rows per round: 4 rounds per epoch (22 steps), with the outer
+    # Nesterov step (its momentum is checkpointed too); killed in epoch 3, after the
+    # epoch-2 checkpoint (8)
+    "average": {"trainer": {"sync": "average", "local_steps": 7, "outer": "nesterov", "num_partitions": 2},
+                "fit": {"epochs": 5, "batch_size": 32}, "lr": 2e-3, "kill_at": 10},
+    # one partition: its rounds arrive in one order, so two runs can be compared (with two,
+    # the arrival order changes from run to run); 7 steps per round, 7 rounds per epoch
+    # (43 steps), killed in epoch 3, after the epoch-2 checkpoint (14)
+    "async": {"trainer": {"mode": "async", "sync": "average", "local_steps": 7, "num_partitions": 1},
+              "fit": {"epochs": 4, "batch_size": 32}, "lr": 2e-3, "kill_at": 16},
 }
 
 
@@ -40,7 +46,7 @@ def make_trainer(mode: str, spark: Any, checkpoint_dir: str | None) -> Any:
     cfg = SETTINGS[mode]
     model = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=0,
                        dtype="float64")
-    return DataParallelTrainer(model, spark, num_partitions=2, optimizer=optim.RMSprop(lr=cfg["lr"]),
+    return DataParallelTrainer(model, spark, optimizer=optim.RMSprop(lr=cfg["lr"]),
                                checkpoint_dir=checkpoint_dir, seed=0, **cfg["trainer"])
 
 
@@ -59,7 +65,8 @@ def session() -> Any:
 
 
 def main() -> int:
-    mode, directory, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    mode, directory = sys.argv[1], sys.argv[2]
+    kill_at = int(SETTINGS[mode]["kill_at"])
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from sparknet.cluster.testing import on_round
     from sparknet.datasets import load_digits

@@ -119,11 +119,8 @@ def round_hook(event: RoundEnd) -> None:
 
 
 def run_action(resident: "Resident", action: Callable[[], Any], timeout: float | None) -> Any:
-    """``resident.run_action(action, timeout=timeout)``."""
-    import inspect  # TEMPORARY until Resident.run_action takes timeout=
-
-    if "timeout" not in inspect.signature(resident.run_action).parameters:
-        return resident.run_action(action)
+    """``resident.run_action(action, timeout=timeout)``: past ``timeout`` seconds the
+    action's Spark job group is cancelled and :class:`~sparknet.errors.RoundTimeout` raised."""
     return resident.run_action(action, timeout=timeout)
 
 
