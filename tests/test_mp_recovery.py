@@ -10,6 +10,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -18,7 +20,8 @@ from sparknet import SGD, Dense, RMSprop
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
-from sparknet.errors import CheckpointError, TrainingDiverged
+from sparknet.cluster.model_parallel.jobs import BlockJob
+from sparknet.errors import CheckpointError, RoundTimeout, TrainingDiverged
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LOG = "sparknet.cluster.model_parallel"
@@ -306,3 +309,36 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
     lost = [ln for ln in out["lines"] if "block state lost" in ln]
     assert len(lost) == 1, out["lines"]
     assert "step 20" in lost[0] and "(step 16)" in lost[0] and "replaying its 3 step(s)" in lost[0]
+    print("log:", lost[0])
+
+
+# ------------------------------------------------------------------------ a hung job
+@dataclass(frozen=True)
+class _Hang(BlockJob):
+    """A block job whose slot 0 never returns (well: not within the test)."""
+
+    def run(self, store, slot, data):
+        if slot == 0:
+            time.sleep(120)
+        return slot
+
+
+def test_a_hung_block_job_is_cancelled_after_job_timeout(spark, digits_xy):
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    X, y = digits_xy
+    mp = make(spark, name="rec-hang", job_timeout=4)
+    try:
+        mp.train_on_batch(X[:32], y[:32])
+        t0 = time.perf_counter()
+        with pytest.raises(RoundTimeout, match="ran longer than 4 s and was cancelled"):
+            mp.backend.run(_Hang(mp.layout, tuple(mp.blocked)))
+        assert time.perf_counter() - t0 < 40
+        mp.train_on_batch(X[32:64], y[32:64])          # the model goes on
+        assert mp.t == 2
+    finally:
+        mp.close()
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    with pytest.raises(ValueError, match="job_timeout"):
+        make(job_timeout=-1)

@@ -68,6 +68,16 @@ class _SlotTask:
         return (out, os.getppid(), t1 - t0, time.perf_counter() - t1)
 
 
+class _One:
+    """``fn(index, shard)`` as a :meth:`Resident.mapPartitions` function: one result per slot."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, index: int, shard: Any) -> list:
+        return [self.fn(index, shard)]
+
+
 def _build_slot(index: int, iterator: Iterable) -> tuple[dict, dict]:
     """Resident build: a tiny marker array (so the slot's folder exists) and where it lives."""
     for _ in iterator:
@@ -118,12 +128,14 @@ class SparkBlocks:
     mapped files).
     """
 
-    def __init__(self, spark: Any, n_slots: int, name: str = "blocks") -> None:
+    def __init__(self, spark: Any, n_slots: int, name: str = "blocks", timeout: float | None = None) -> None:
         from sparknet.cluster.resident import Resident
 
         sc = getattr(spark, "sparkContext", spark)
         self.sc = sc
         self.n_slots = int(n_slots)
+        #: seconds a job may run before it is cancelled (:class:`~sparknet.errors.RoundTimeout`)
+        self.timeout = timeout
         # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
         # block went with its executor is rebuilt by Spark and re-attaches its mapped files
         self.res = Resident(sc.parallelize(range(self.n_slots), self.n_slots), _build_slot, name=name,
@@ -139,10 +151,14 @@ class SparkBlocks:
 
         # one broadcast for all of the job's arrays: one fetch per executor, not one per array
         bc = self.sc.broadcast(dict(data)) if data else None
+        task = _SlotTask(job, bc)
+
+        def action() -> list:      # the RDD is built inside the action: a retry runs over a new anchor
+            return self.res.mapPartitions(_One(task)).collect()
         try:
-            out = self.res.map(_SlotTask(job, bc))
+            out = self.res.run_action(action, timeout=self.timeout)
         except ResidentStateLost as exc:
-            raise BlockStateLost(str(exc)) from None
+            raise BlockStateLost(self._lost_what(str(exc))) from None
         except Exception as exc:
             msg = str(exc)
             if MEMORY_TAG in msg:
@@ -166,6 +182,21 @@ class SparkBlocks:
         self.last_read_s = max(o[2] for o in out)
         self.last_compute_s = max(o[3] for o in out)
         return results
+
+    def _lost_what(self, reason: str) -> str:
+        """``reason``, prefixed with the executors gone and the slots they held (when known)."""
+        from sparknet.cluster.executors import live_executors
+
+        try:
+            live = live_executors(self.sc)
+        except Exception:  # pragma: no cover - context stopping
+            live = None
+        homes = getattr(self.res, "homes", {}) or {}
+        gone = sorted({e for e in homes.values() if live is not None and e not in live})
+        if not gone:
+            return reason
+        slots = sorted(p for p, e in homes.items() if e in gone)
+        return f"executor {', '.join(gone)} lost with slot(s) {slots}: {reason}"
 
     def placement(self) -> list:
         return list(self.home)

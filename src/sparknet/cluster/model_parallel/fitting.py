@@ -14,6 +14,7 @@ would have.  ``fit(resume=True)`` starts from the newest checkpoint's position t
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -106,12 +107,13 @@ def _recover(mp: "ModelParallel", pos: FitPosition, exc: BlockStateLost,
     if repeats > MAX_REPEATS:
         raise BlockStateLost(f"{exc}; block state was lost {MAX_REPEATS} times in a row after restoring checkpoint "
                              f"step {ckpt.step}: giving up") from None
-    lost_at = mp.t
+    lost_at, t0 = mp.t, time.perf_counter()
     ckpt, restored = mp._restore(ckpt)
     assert restored is not None
     mp.restores += 1
-    log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and replaying its %d step(s) "
-                "after it", lost_at, exc, ckpt.path, ckpt.step, pos.done - restored.done)
+    log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) in %.1f s and replaying its "
+                "%d step(s) after it", lost_at, exc, ckpt.path, ckpt.step, time.perf_counter() - t0,
+                pos.done - restored.done)
     return restored, (ckpt.step, repeats)
 
 

@@ -70,6 +70,8 @@ class ModelParallel:
             the driver both reach; when a block's state is lost, :meth:`fit` restores the
             newest checkpoint from here and replays the steps after it.
         checkpoint_keep: how many of the newest checkpoints to keep (default 3).
+        job_timeout: on Spark, seconds a block job may run before it is cancelled with
+            :class:`~sparknet.errors.RoundTimeout` (a hung task); ``None`` (default): no limit.
         name: a readable prefix of the executors' resident state.
         replicas: ``D`` data-parallel replicas of the blocks (``D * K`` slots; each step's
             batch is cut into ``D`` row shards and each block's gradient summed over its
@@ -88,11 +90,14 @@ class ModelParallel:
                  optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, checkpoint_dir: str | None = None,
                  name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
-                 checkpoint_keep: int = 3, _load: str | None = None) -> None:
+                 checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
         self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
                           replicas, combine_bytes)
         self.checkpoint_keep = positive_int(checkpoint_keep, "checkpoint_keep")
+        if job_timeout is not None and not (isinstance(job_timeout, (int, float)) and job_timeout > 0):
+            raise ValueError(f"job_timeout must be a positive number of seconds or None, got {job_timeout!r}")
+        self.job_timeout = job_timeout
         self._store = None if checkpoint_dir is None else recovery.open_store(os.fspath(checkpoint_dir),
                                                                               self.checkpoint_keep)
         shapes = self._layer_shapes()
@@ -194,7 +199,7 @@ class ModelParallel:
     def _new_backend(self) -> Backend:
         if self._spark is None:
             return LocalBlocks(self.n_slots)
-        return SparkBlocks(self._spark, self.n_slots, name=self.name)
+        return SparkBlocks(self._spark, self.n_slots, name=self.name, timeout=self.job_timeout)
 
     def _init_blocks(self, load: str | None) -> None:
         self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name, seed=self.seed,
