@@ -560,6 +560,11 @@ def test_estimator_resume_with_more_epochs_continues_a_finished_fit(digits_train
     more = _resume_clf(epochs=RESUME_EPOCHS, checkpointDir=folder, resume=True).fit(digits_train)
     np.testing.assert_array_equal(more.network.params, uninterrupted.network.params)
     assert not np.array_equal(first.network.params, more.network.params)
+    # the checkpoints of another network are refused, the Param named
+    other = SparkNetClassifier(network=_mlp(16, dtype="float64"), epochs=RESUME_EPOCHS, checkpointDir=folder,
+                               resume=True, **{k: v for k, v in RESUME.items() if k != "checkpointInterval"})
+    with pytest.raises(ValueError, match="belongs to another network.*new checkpointDir"):
+        other.fit(digits_train)
     # checkpointInterval=-1 writes none, even with a folder
     none = str(tmp_path / "none")
     _resume_clf(epochs=1, checkpointDir=none, checkpointInterval=-1).fit(digits_train)

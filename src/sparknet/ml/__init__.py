@@ -24,6 +24,18 @@ They follow MLlib's conventions (``featuresCol``, ``labelCol``, ``predictionCol`
 ``.write().save(path)`` / ``.load(path)`` (weights in sparknet's safe model format,
 no pickle; see :mod:`sparknet.ml._persistence`).
 
+Saves are atomic (written beside ``path``, renamed into place when complete), and a
+load refuses weights that are not the ones saved with the metadata (another network's,
+truncated or altered), naming both networks.
+
+Checkpoints: with the ``checkpointDir`` Param set, ``fit`` writes a checkpoint every
+``checkpointInterval`` epochs (MLlib's Param; default 1, ``-1`` none) through
+:class:`sparknet.checkpoint.CheckpointStore`, the newest 3 kept; ``resume=True``
+continues from the newest complete one, to ``epochs`` epochs in all: after a crash of
+the driver, refit the same Estimator on the same data with ``resume=True`` (with
+``syncMethod="gradient"`` the weights end as an uninterrupted fit's, bit for bit).
+Use one folder per fit (not one shared by the fits of a ``CrossValidator``).
+
 Importing this module imports pyspark; ``import sparknet`` does not.
 
 Example::
@@ -40,6 +52,10 @@ Example::
     model = pipe.fit(train_df)
     model.transform(test_df).select("prediction", "probability")
     model.write().overwrite().save("hdfs:///models/digits")
+
+    # a long fit that can survive a driver crash: rerun the same line after it
+    clf = SparkNetClassifier(network=net, epochs=200, checkpointDir="hdfs:///ckpt/digits",
+                             checkpointInterval=5, resume=True)
 """
 from sparknet.ml._estimators import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor
 

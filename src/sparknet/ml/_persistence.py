@@ -270,7 +270,8 @@ class SparkNetReader(MLReader[_S]):
         if (want_n is not None and int(want_n) != network.n_params) or \
                 (saved is not None and _layout(network.get_config()) != _layout(saved)):
             raise ValueError(f"{path!r}: the weights in data/ belong to another network: the metadata "
-                             f"describes {describe_network(saved or {}, want_n)}, data/ holds "
+                             f"describes {describe_network(saved, want_n) if saved else f'{want_n} parameters'}, "
+                             f"data/ holds "
                              f"{describe_network(network.get_config(), network.n_params)}")
         digest = metadata.get("networkSha256")
         if digest is not None and hashlib.sha256(blob).hexdigest() != digest:

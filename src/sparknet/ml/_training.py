@@ -147,6 +147,9 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
                 # Spark's vector_to_array fails on a null row (in the JVM, while the data load)
                 raise ValueError(_columns.null_vector_message(dataset, self.getFeaturesCol(),
                                                               self.getLabelCol())) from None
+            if isinstance(exc, ValueError) and resume and "checkpoint_dir" in str(exc):
+                # a checkpoint of another fit: named with the Estimator's Param, not the trainer's argument
+                raise ValueError(str(exc).replace("checkpoint_dir", "checkpointDir")) from exc
             raise
 
     def _check_targets(self, dataset: DataFrame, model: Sequential) -> None:
