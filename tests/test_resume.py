@@ -121,6 +121,19 @@ def test_resume_refuses_a_checkpoint_of_another_network(spark, digits, killed):
         trainer.fit(X, y, epochs=2, batch_size=256, verbose=0, resume=True)
 
 
+def test_a_fresh_fit_in_a_used_folder_numbers_its_checkpoints_after_the_earlier_ones(spark, digits, tmp_path):
+    X, y, _, _ = digits
+    steps = []
+    for _ in range(2):  # 6 rounds per epoch, a checkpoint at its end
+        trainer = job.make_trainer("gradient", spark, str(tmp_path))
+        trainer.checkpoint_every = trainer_state.CheckpointEvery.parse("epoch")
+        _, h = trainer.fit(X, y, epochs=1, batch_size=256, verbose=0)
+        steps.append([c["step"] for c in h.checkpoints])
+    assert steps == [[6], [12]]
+    first, second = CheckpointStore(str(tmp_path)).checkpoints()
+    assert first.meta["run"] != second.meta["run"]
+
+
 def _diverging(spark, directory, **kw):
     """A 64-64-64-10 MLP with SGD(lr=1e3, momentum 0.9): non-finite within 5 steps."""
     model = Sequential([Dense(64, activation="relu"), Dense(64, activation="relu"),

@@ -329,6 +329,7 @@ class DataParallelTrainer:
                 if resume and trainer_state.resume(ctx.state, ctx):
                     history.setup_time = time.perf_counter() - t_fit
                 else:
+                    trainer_state.fresh(ctx.state)
                     self._calibrate(ctx, t_fit)
                 self._train(ctx, verbose, tag)
             finally:
@@ -415,9 +416,20 @@ class DataParallelTrainer:
                  ctx.rounds, share)
 
     def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
+        """The epochs of the fit; ``KeyboardInterrupt`` cancels the fit's jobs (tagged
+        ``tag``) and returns with the model as of the last applied round."""
+        assert ctx.history is not None
+        try:
+            self._epochs(ctx, verbose)
+        except KeyboardInterrupt:
+            self.spark.sparkContext.cancelJobsWithTag(tag)
+            ctx.history.interrupted = True
+            log.warning("sparknet: interrupted after %d epoch(s); cancelled the fit's jobs; the model is "
+                        "as of the last applied round", len(ctx.history.epoch))
+
+    def _epochs(self, ctx: FitContext, verbose: int) -> None:
         """The epochs of the fit (from a resumed position on), each validated, recorded in
-        ``ctx.history`` and checkpointed when one is due; ``KeyboardInterrupt`` cancels the
-        fit's jobs (tagged ``tag``) and returns."""
+        ``ctx.history`` and checkpointed when one is due."""
         state = ctx.state
         assert state is not None and ctx.history is not None
         epochs, epoch = ctx.epochs, state.start.epoch
@@ -427,14 +439,7 @@ class DataParallelTrainer:
             carry = trainer_state.epoch_carry(state.start, RoundLog) if start else None
             t0 -= float(state.start.partial.get("elapsed", 0.0)) if start else 0.0
             span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
-            try:
-                rl = self._run_epochs(ctx, epoch, span, verbose, start, carry, t0)
-            except KeyboardInterrupt:
-                self.spark.sparkContext.cancelJobsWithTag(tag)
-                ctx.history.interrupted = True
-                log.warning("sparknet: interrupted in epoch %d; cancelled the fit's jobs; the model is as "
-                            "of the last applied round", epoch + 1)
-                return
+            rl = self._run_epochs(ctx, epoch, span, verbose, start, carry, t0)
             start = 0
             stop = bool(getattr(rl, "stop", False))
             ctx.history.interrupted = ctx.history.interrupted or stop

@@ -57,8 +57,10 @@ class FitHistory(History):
         reused_shards: whether the training shards were reused from an earlier fit on
             the same cached data (no job built them).
         updates: one record per arriving delta (``mode="async"``; empty otherwise).
-        checkpoints: ``{"step", "seconds"}`` of every checkpoint this fit wrote
-            (``checkpoint_dir``); their seconds are inside the epochs' ``time``.
+        checkpoints: ``{"step", "seconds", "collect", "bytes"}`` of every checkpoint this
+            fit wrote (``checkpoint_dir``): its seconds in all, those of the job that
+            collected the partitions' optimizer state, and the bytes of its arrays.  A
+            checkpoint at an epoch's end is written after the epoch's ``time`` was taken.
         resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
         interrupted: whether the fit ended on ``KeyboardInterrupt``.
     """

@@ -61,6 +61,7 @@ import logging
 import math
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -250,6 +251,11 @@ class FitState:
             (after a resume or a rebuild).
         slowest: the slowest job measured so far, per kind (``"train"``, ``"eval"``, ...).
         written: ``(step, seconds)`` of every checkpoint written by this fit.
+        run: the id of the run the fit belongs to (a resumed fit keeps its checkpoint's),
+            so that a rebuild only restores state this run wrote.
+        offset: checkpoint steps are ``offset + rounds_done``: a fresh fit in a folder
+            holding an earlier run's checkpoints numbers its own after them (the newest
+            stays the newest, and older ones are pruned as new ones come).
     """
 
     trainer: DataParallelTrainer
@@ -261,6 +267,8 @@ class FitState:
     slowest: dict[str, float] = field(default_factory=dict)
     written: list[tuple[int, float]] = field(default_factory=list)
     rounds_done: int = 0
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    offset: int = 0
     _since: tuple[int, int, float] = (0, 0, 0.0)     # epochs, rounds, perf_counter at the last checkpoint
     _built: float | None = None                       # the training shards' build stamp
 
@@ -306,6 +314,8 @@ class FitState:
     def _from_newest(self, ctx: FitContext) -> dict[int, dict[str, np.ndarray]] | None:
         store = self.store
         ckpt = store.latest() if store is not None else None
+        if ckpt is not None and ckpt.meta.get("run") != self.run:
+            ckpt = None  # another run's: its optimizer state belongs to other parameters
         if store is None or ckpt is None:
             log.warning("sparknet: the training shards were rebuilt; every partition's optimizer state "
                         "restarts from zero (no checkpoint to restore it from: set checkpoint_dir)")
@@ -363,25 +373,29 @@ class FitState:
         arrays.update(tr.optimizer.state_arrays("opt_"))
         if tr.outer is not None:
             arrays.update(tr.outer.state_arrays("outer_"))
+        t_collect = time.perf_counter()
         arrays.update(self.collect(ctx))
+        t_collect = time.perf_counter() - t_collect
         if pos.partial_stats is not None:
             arrays["partial_stats"] = pos.partial_stats
         meta = self._meta(ctx, pos)
-        self.store.save(pos.rounds_done, arrays, meta)
+        step = self.offset + pos.rounds_done
+        self.store.save(step, arrays, meta)
         seconds = time.perf_counter() - t0
-        self.written.append((pos.rounds_done, seconds))
+        self.written.append((step, seconds))
         if ctx.history is not None:
-            ctx.history.checkpoints.append({"step": pos.rounds_done, "seconds": seconds})
+            ctx.history.checkpoints.append({"step": step, "seconds": seconds, "collect": t_collect,
+                                            "bytes": float(sum(a.nbytes for a in arrays.values()))})
         self._since = (pos.epoch, pos.rounds_done, time.perf_counter())
         log.info("sparknet: checkpoint %d written in %.0f ms (goes on with epoch %d, round %d)",
-                 pos.rounds_done, 1e3 * seconds, pos.epoch + 1, pos.round + 1)
-        return pos.rounds_done
+                 step, 1e3 * seconds, pos.epoch + 1, pos.round + 1)
+        return step
 
     def _meta(self, ctx: FitContext, pos: Position) -> dict[str, Any]:
         tr, model, h = self.trainer, ctx.model, ctx.history
         mode_state = getattr(ctx.mode_state, "checkpoint_meta", None)
         return {
-            "kind": KIND,
+            "kind": KIND, "run": self.run,
             "architecture": model.get_config(),
             "settings": settings(tr, ctx),
             "position": {"epoch": pos.epoch, "round": pos.round, "rounds_done": pos.rounds_done,
@@ -422,6 +436,18 @@ def _jsonable(x: Any) -> Any:
 # ------------------------------------------------------------------ resuming
 #: Settings that must match for a resume to go on with the same schedule.
 _MUST_MATCH = ("mode", "sync", "seed", "batch_size", "rows", "dtype", "loss")
+
+
+def fresh(state: FitState) -> None:
+    """A fit that does not resume: when its folder holds checkpoints already, number its
+    own after the newest (logged), so that they are the newest from its first on."""
+    store = state.store
+    earlier = store.checkpoints() if store is not None else []
+    if store is not None and earlier:
+        state.offset = max(c.step for c in earlier)
+        log.warning("sparknet: checkpoint_dir %s already holds checkpoints (up to step %d) of an earlier "
+                    "fit; this fit's follow them, and the older ones are pruned as they come (pass "
+                    "resume=True to continue that fit instead)", store.directory, state.offset)
 
 
 def resume(state: FitState, ctx: FitContext) -> bool:
@@ -478,6 +504,7 @@ def resume(state: FitState, ctx: FitContext) -> bool:
     state.start = Position(int(pos["epoch"]), int(pos["round"]), int(pos["rounds_done"]),
                            dict(pos.get("partial") or {}), arrays.get("partial_stats"))
     state.rounds_done = state.start.rounds_done
+    state.run, state.offset = str(meta.get("run", state.run)), ckpt.step - state.start.rounds_done
     state._since = (state.start.epoch, state.start.rounds_done, time.perf_counter())
     if state.keeps_partition_state:
         state.pending = _partition_states(arrays) or None
