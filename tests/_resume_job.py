@@ -1,19 +1,23 @@
 """Driver program of the resume tests: a data-parallel fit on local[2] that checkpoints and
 kills its own process with SIGKILL at a chosen round, as a crashed driver would end.
 
-Usage: python _resume_job.py MODE CHECKPOINT_DIR
+Usage: python _resume_job.py CHECKPOINT_DIR
 
-MODE is ``gradient``, ``average`` or ``async`` (the settings are :data:`SETTINGS`, shared
-with tests/test_resume.py, which runs the uninterrupted and the resumed fits); the process
-SIGKILLs itself after round ``kill_at`` of the fit (counted over the whole fit), so it
-never returns normally: its exit status is -9.  Before it dies it prints the folders of
-the resident shards it leaves behind (``SHARD <folder>``), for the test to remove.
+Runs the fits of every mode of :data:`SETTINGS` (``gradient``, ``average``, ``async``;
+shared with tests/test_resume.py, which runs the uninterrupted and the resumed fits) at
+the same time, one driver thread each, checkpointing into ``CHECKPOINT_DIR/<mode>`` (one
+Spark start for the three).  Each fit stops in its round hook after its round
+``kill_at`` (counted over the whole fit) until every fit got to its own; then the process
+SIGKILLs itself, so it never returns normally: its exit status is -9.  Before it dies it
+prints the folders of the resident shards it leaves behind (``SHARD <folder>``), for the
+test to remove.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import threading
 from typing import Any
 
 #: Per mode: trainer arguments, fit arguments, the learning rate and the round after which
@@ -65,29 +69,52 @@ def session() -> Any:
 
 
 def main() -> int:
-    mode, directory = sys.argv[1], sys.argv[2]
-    kill_at = int(SETTINGS[mode]["kill_at"])
+    directory = sys.argv[1]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from sparknet.cluster.testing import on_round
     from sparknet.datasets import load_digits
 
     X, y, _Xt, _yt = load_digits(test_size=0.25, seed=0)
     spark = session()
-    trainer = make_trainer(mode, spark, directory)
+    modes = list(SETTINGS)
+    at_kill: dict[str, threading.Event] = {m: threading.Event() for m in modes}
+    mode_of: dict[int, str] = {}
+    errors: list[BaseException] = []
 
     def crash(event: Any) -> None:
-        if event.rounds_done >= kill_at:
-            from sparknet.cluster import resident
-            for res in list(resident._OPEN):  # what the killed driver leaves behind, for the test to remove
-                for info in res.infos:
-                    sys.stdout.write(f"SHARD {os.path.dirname(info.directory)}\n")
-            sys.stdout.write(f"KILLED at round {event.rounds_done} (epoch {event.epoch + 1})\n")
-            sys.stdout.flush()
-            os.kill(os.getpid(), signal.SIGKILL)
+        mode = mode_of[threading.get_ident()]   # the hook runs in the thread of the fit
+        if event.rounds_done < SETTINGS[mode]["kill_at"]:
+            return
+        sys.stdout.write(f"KILLED {mode} at round {event.rounds_done} (epoch {event.epoch + 1})\n")
+        at_kill[mode].set()
+        for ev in at_kill.values():   # the first fits to get there wait for the others
+            ev.wait(timeout=600)
+        from sparknet.cluster import resident
+        for res in list(resident._OPEN):  # what the killed driver leaves behind, for the test to remove
+            for info in res.infos:
+                sys.stdout.write(f"SHARD {os.path.dirname(info.directory)}\n")
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def run(mode: str) -> None:
+        mode_of[threading.get_ident()] = mode
+        try:
+            trainer = make_trainer(mode, spark, os.path.join(directory, mode))
+            trainer.fit(X, y, verbose=0, **SETTINGS[mode]["fit"])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            at_kill[mode].set()
+
+    from pyspark import InheritableThread
 
     with on_round(crash):
-        trainer.fit(X, y, verbose=0, **SETTINGS[mode]["fit"])
-    return 3  # not reached: the fit must have been killed
+        threads = [InheritableThread(target=run, args=(m,), daemon=True) for m in modes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    sys.stderr.write(f"not killed: {errors!r}\n")
+    return 3  # not reached: the fits must have been killed
 
 
 if __name__ == "__main__":

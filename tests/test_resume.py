@@ -29,39 +29,37 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resume_job.py")
 
 
 class _Killed:
-    """The three drivers (gradient, average, async) of tests/_resume_job.py, started
-    together when the module's first test asks for them (they run while the tests fit
-    the uninterrupted runs), each killed by itself with SIGKILL mid-fit."""
+    """The driver of tests/_resume_job.py (the gradient, average and async fits at once),
+    started when the module's first test asks for it (it runs while the tests fit the
+    uninterrupted runs), killed by itself with SIGKILL mid-fit."""
 
-    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+    def __init__(self, root: str) -> None:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYSPARK_PYTHON=sys.executable)
-        self.procs = {}
-        for mode in job.SETTINGS:
-            d = str(tmp_path_factory.mktemp(f"ckpt-{mode}"))
-            self.procs[mode] = (d, subprocess.Popen([sys.executable, JOB, mode, d], stdout=subprocess.PIPE,
-                                                    stderr=subprocess.PIPE, text=True, env=env))
+        self.root, self.stdout = root, None
+        self.proc = subprocess.Popen([sys.executable, JOB, root], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
 
     def __getitem__(self, mode: str) -> str:
-        """The checkpoint folder of ``mode``'s killed driver, once it is dead."""
-        d, proc = self.procs[mode]
-        stdout, stderr = proc.communicate(timeout=300)
-        for line in stdout.splitlines():  # the shards the dead driver left in /dev/shm
-            if line.startswith("SHARD "):
-                shutil.rmtree(line[6:], ignore_errors=True)
-        assert proc.returncode == -signal.SIGKILL, f"{mode}: exit {proc.returncode}\n{stderr[-3000:]}"
-        assert f"KILLED at round {job.SETTINGS[mode]['kill_at']}" in stdout
-        return d
+        """The checkpoint folder of ``mode``'s fit, once the driver is dead."""
+        if self.stdout is None:
+            stdout, stderr = self.proc.communicate(timeout=300)
+            for line in stdout.splitlines():  # the shards the dead driver left in /dev/shm
+                if line.startswith("SHARD "):
+                    shutil.rmtree(line[6:], ignore_errors=True)
+            assert self.proc.returncode == -signal.SIGKILL, f"exit {self.proc.returncode}\n{stderr[-3000:]}"
+            self.stdout = stdout
+        assert f"KILLED {mode} at round {job.SETTINGS[mode]['kill_at']}" in self.stdout
+        return os.path.join(self.root, mode)
 
     def close(self) -> None:
-        for _d, proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
 
 
 @pytest.fixture(scope="module")
 def killed(tmp_path_factory):
-    k = _Killed(tmp_path_factory)
+    k = _Killed(str(tmp_path_factory.mktemp("killed")))
     yield k
     k.close()
 
