@@ -79,10 +79,29 @@ stops training with :class:`BlockStateLost` -- or, when checkpoints exist, train
 restores the newest checkpoint and carries on from there.  Nothing ever trains on
 with missing or stale weights.
 
+Checkpoints and recovery
+------------------------
+``ModelParallel(..., checkpoint_dir=d, checkpoint_keep=3)`` and
+``fit(..., checkpoint_every=N)`` write :class:`~sparknet.checkpoint.CheckpointStore`
+checkpoints (the executors write their block files into the store's staging folder, the
+manifest with a SHA-256 per file comes last, the newest ``keep`` are kept) at the fit's
+start and every ``N`` steps: blocks with their optimizer state, driver layers with
+theirs, RNG states, the step count and the fit's position in its data order and history.
+When a block's state is lost mid-fit (its executor died, its files went), the fit
+restores the newest checkpoint and *replays* the minibatches since it, so it runs exactly
+the steps asked for and ends with the weights of an undisturbed fit;
+``fit(..., resume=True)`` continues the same way after the driver itself was lost.  A
+loss, delta or updated block that is not finite raises
+:class:`~sparknet.errors.TrainingDiverged` naming the step; the model keeps the weights
+of the step before (restored from the checkpoints when the step had already changed
+them) and no checkpoint of the diverged state is written.  ``job_timeout`` cancels a
+block job that hangs (:class:`~sparknet.errors.RoundTimeout`).
+
 The package: :mod:`~.executor` (slot store, block maths), :mod:`~.files` (block files,
-manifest, checkpoints), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process
-and Spark), :mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this
-class).
+manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process and Spark),
+:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class),
+:mod:`~.fitting` (the fit loop, resume and replay), :mod:`~.recovery` (checkpoints),
+:mod:`~.persistence` (save, load, restore).
 
 Example::
 

@@ -202,6 +202,7 @@ class _Blocked:
                           gather=o.pieces(self.layers)[0] if hybrid else None)
         out = o.run_job(job, data, self.blocks * o.layout.replicas)
         dxs = [None if r is None else r.dx for r in out]
+        finite = all(r is None or r.finite for r in out)
         ahead: list | None = [None if r is None else r.ahead for r in out]
         if hybrid:
             gathered = [None if r is None else r.piece for r in out]
@@ -209,7 +210,7 @@ class _Blocked:
             ahead = combine(o, self.layers, step, gathered, x_next)
         for layer in self.layers:
             o.advance(layer)
-        if not all(r is None or r.finite for r in out):
+        if not finite:
             raise NonFinite("parameters", f"blocked layer(s) {', '.join(str(s.index) for s in self.layers)}")
         return dxs, ahead or []
 
