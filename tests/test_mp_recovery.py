@@ -129,15 +129,16 @@ def test_resume_refuses_other_data_or_network_and_starts_fresh_without_checkpoin
 
 
 # ---------------------------------------------------------- lost blocks: exact replay
-@pytest.mark.parametrize("where", ["in-process", "spark"])
+@pytest.mark.parametrize("where", ["in-process", "in-process-2-replicas", "spark"])
 def test_lost_blocks_mid_fit_replay_the_steps_since_the_checkpoint(request, digits_xy, tmp_path, caplog, where):
     """Block state lost inside step 8 of 16 (checkpoints every 5): the fit restores step 5,
     replays 6..8 and ends with exactly the weights, steps and history of an undisturbed fit."""
     spark = request.getfixturevalue("spark") if where == "spark" else None
     X, y = digits_xy
     X, y = X[:256], y[:256]
-    ref = make(spark, name="rec-ref")
-    mp = make(spark, ckpt=tmp_path / "ck", name="rec-lost")
+    replicas = 2 if "replicas" in where else 1
+    ref = make(spark, name="rec-ref", replicas=replicas)
+    mp = make(spark, ckpt=tmp_path / "ck", name="rec-lost", replicas=replicas)
     try:
         want = ref.fit(X, y, epochs=2, batch_size=32)
         lost = lose_blocks_at(mp, 8)
