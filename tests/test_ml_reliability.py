@@ -143,6 +143,10 @@ def test_resume_without_checkpoint_dir_is_refused(spark, small):
     err, jobs = _jobs_during(spark, lambda: _clf(resume=True).fit(_vec_df(spark, X, y)))
     assert isinstance(err, ValueError) and "checkpointDir" in str(err), err
     assert jobs == 0
+    err, jobs = _jobs_during(spark, lambda: _clf(resume=True, checkpointDir="/tmp/unused", checkpointInterval=-1)
+                             .fit(_vec_df(spark, X, y)))
+    assert isinstance(err, ValueError) and "checkpointInterval=-1" in str(err), err
+    assert jobs == 0
 
 
 # ----------------------------------------------------------------- bad DataFrames
