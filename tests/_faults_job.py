@@ -1,13 +1,17 @@
 """Driver program of the executor-loss tests and benchmark (run in its own process, so it can
 own a SparkContext on a standalone master and be told when to lose an executor).
 
-Usage: python _faults_job.py MASTER_URL DATASET [DRIVER_MEMORY]
+Usage: python _faults_job.py MASTER_URL DATASET [DRIVER_MEMORY [TRAIN_ROWS]]
 
-DATASET is ``digits`` or the MNIST folder.  It reads one JSON object per line on stdin, a
-fit to run::
+DATASET is ``digits`` or the MNIST folder (the first TRAIN_ROWS training images, all test
+images).  It reads one JSON object per line on stdin, a fit to run::
 
     {"name": "sync-numpy", "input": "numpy"|"dataframe"|"rdd", "mode": "sync"|"async",
-     "sync": "average", "epochs": 8, "kill_after": 2, "executors": 2, "timeout": 600}
+     "sync": "average", "local_steps": 20, "epochs": 8, "kill_after": 2, "executors": 2,
+     "no_executor_wait": 10}
+
+Numpy input is split by :func:`sparknet.cluster.data.split_indices`; the DataFrame and the
+RDD hold the same two partitions in the same order, so that their fits compute the same.
 
 and prints, per fit, ``KILL <name>`` when epoch ``kill_after`` ended (the test then kills a
 worker), then ``RESULT {...}``: test accuracy, fit seconds, the recovery lines logged, the
@@ -19,9 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import subprocess
 import sys
+import threading
 import time
 import traceback
+from typing import Any, Callable
 
 
 class _Events(logging.Handler):
@@ -33,6 +41,7 @@ class _Events(logging.Handler):
         self.warnings: list[str] = []
         self.placements: list[dict] = []
         self.t0 = time.time()
+        self.keys: set[str] = set()
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
@@ -44,6 +53,7 @@ class _Events(logging.Handler):
         if msg.startswith("epoch "):
             from sparknet.cluster import resident
             for res in list(resident._OPEN):
+                self.keys.add(res.key)
                 if res.key.startswith("train-"):
                     self.placements.append(dict(res.homes))
         if self.fit.get("verbose"):
@@ -71,6 +81,58 @@ def _wait_executors(sc, n: int, timeout: float = 90.0) -> int:
         time.sleep(0.2)
 
 
+class FaultDriver:
+    """This program, run as the driver of ``master``: one fit per :meth:`fit` call, whose
+    ``on_kill`` is called on the program's ``KILL`` cue (for tests and benchmarks)."""
+
+    def __init__(self, master: str, dataset: str, train_rows: int, base: dict | None = None,
+                 driver_memory: str = "2g", ready_timeout: float = 300) -> None:
+        self.base = dict(base or {})
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), master, dataset, driver_memory,
+                                      str(train_rows)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+        self._expect("READY", ready_timeout)
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def _expect(self, prefix: str, timeout: float, on_kill: Callable[[], None] | None = None) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"the fault driver printed no {prefix!r} within {timeout:.0f} s") from None
+            if line is None:
+                raise RuntimeError(f"the fault driver exited ({self.proc.wait()}) before {prefix!r}")
+            if line.startswith("KILL") and on_kill is not None:
+                on_kill()
+            if line.startswith(prefix):
+                return line
+
+    def fit(self, timeout: float = 300, on_kill: Callable[[], None] | None = None, **fit: Any) -> dict:
+        """Run one fit (``self.base`` updated with ``fit``); its ``RESULT`` as a dict."""
+        self.proc.stdin.write(json.dumps({**self.base, **fit}) + "\n")
+        self.proc.stdin.flush()
+        out = json.loads(self._expect("RESULT", timeout, on_kill)[len("RESULT "):])
+        print(f"FIT {fit.get('name')}: {out.get('seconds', 0):.1f} s, accuracy {out.get('accuracy')}, "
+              f"error {out.get('error', '')[:200]!r}")
+        return out
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.write("\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
 def main() -> int:
     master, dataset = sys.argv[1], sys.argv[2]
     driver_memory = sys.argv[3] if len(sys.argv) > 3 else "2g"
@@ -93,13 +155,29 @@ def main() -> int:
     logging.getLogger("sparknet").addHandler(events)
     logging.getLogger("sparknet").setLevel(logging.INFO)
     X, y, Xt, yt = _data(dataset)
+    if len(sys.argv) > 4:
+        X, y = X[:int(sys.argv[4])], y[:int(sys.argv[4])]
+    from sparknet.cluster.data import split_indices
+    parts = split_indices(len(y), 2, 0)
     hidden = 64 if dataset == "digits" else 128
+    from sparknet.cluster.session import start_python_workers
+    start_python_workers(spark).join(timeout=120)
+    # one tiny fit of each input kind first: the first fit of a driver pays for Spark's
+    # and the workers' first use of each code path, which would count as time lost
+    from pyspark.ml.linalg import Vectors
+    small = sc.parallelize([(Vectors.dense(X[i].tolist()), int(y[i])) for i in range(64)], 2).toDF(
+        ["features", "label"])
+    for data, labels in ((X[:64], y[:64]), (small, None)):
+        warm = Sequential([Dense(8, activation="relu"), Dense(10, activation="softmax")], input_shape=(X.shape[1],))
+        DataParallelTrainer(warm, spark, num_partitions=2, local_steps=2).fit(data, labels, epochs=1, verbose=0,
+                                                                             reuse_data=False)
     print("READY", flush=True)
     for line in sys.stdin:
         if not line.strip():
             break
         fit = json.loads(line)
         events.fit, events.warnings, events.placements, events.t0 = fit, [], [], time.time()
+        events.keys = set()
         out: dict = {"name": fit["name"]}
         out["executors_before"] = _wait_executors(sc, int(fit.get("executors", 2)),
                                                   float(fit.get("wait_executors", 90)))
@@ -111,12 +189,16 @@ def main() -> int:
             kw["local_steps"] = int(fit["local_steps"])
         trainer = DataParallelTrainer(model, spark, **kw)
         data, labels = X, y
+        order = np.concatenate(parts)  # partition 0's rows, then partition 1's
         if fit["input"] == "dataframe":
             from pyspark.ml.linalg import Vectors
-            rows = [(Vectors.dense(r.tolist()), int(c)) for r, c in zip(X, y)]
-            data, labels = spark.createDataFrame(rows, ["features", "label"]).repartition(2), None
+            rows = [(Vectors.dense(X[i].tolist()), int(y[i])) for i in order]
+            data, labels = sc.parallelize(rows, 2).toDF(["features", "label"]), None
         elif fit["input"] == "rdd":
-            data, labels = sc.parallelize(list(zip(X, y)), 2), None
+            data, labels = sc.parallelize([(X[i], int(y[i])) for i in order], 2), None
+        if fit.get("no_executor_wait"):
+            from sparknet.cluster import executors
+            executors.NO_EXECUTOR_WAIT = float(fit["no_executor_wait"])
         persisted = sc._jsc.getPersistentRDDs().size()
         t0 = time.perf_counter()
         try:
@@ -129,6 +211,8 @@ def main() -> int:
             out["trace"] = traceback.format_exc()[-3000:]
         out["seconds"] = time.perf_counter() - t0
         out["warnings"] = events.warnings
+        out["app_id"] = sc.applicationId
+        out["keys"] = sorted(events.keys)
         out["placements"] = events.placements
         out["persisted_left"] = sc._jsc.getPersistentRDDs().size() - persisted
         out["executors_after"] = sc._jsc.sc().getExecutorMemoryStatus().size() - 1

@@ -23,11 +23,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
-from sparknet._validation import check_array, check_labels, positive_int
+from sparknet._validation import positive_int
+from sparknet.cluster.numpy_input import check_numpy, from_numpy, split_indices  # noqa: F401 - split_indices: re-exported
 from sparknet.cluster.resident import Resident, ShardInfo
 
 if TYPE_CHECKING:
@@ -72,14 +73,6 @@ class ShardedData:
         """Done with the shards: reusable ones go back to the cache, others are deleted."""
         if self.cache_key is None or not _REUSE.give_back(self):
             self.resident.close()
-
-
-def split_indices(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
-    """How numpy input is split: a seeded permutation of the ``n`` rows cut into
-    ``num_partitions`` nearly equal, contiguous pieces (``np.array_split``); some pieces
-    are empty when ``num_partitions > n``."""
-    perm = np.random.default_rng([int(seed), 0x5A1D]).permutation(n)
-    return np.array_split(perm, num_partitions)
 
 
 # ----------------------------------------------------------------- executor side builds
@@ -211,17 +204,6 @@ class _PairsBuild:
         return _finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
 
 
-class _NumpyBuild:
-    """Executor side: one pre-split numpy shard (already validated on the driver)."""
-
-    def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
-        items = list(it)
-        if not items:
-            return _no_rows(np.float32), {"rows": 0}
-        x, y = items[0]
-        return {"x": x, "y": y}, {"rows": int(y.shape[0]), "x_dim": int(x.shape[1]) if x.shape[0] else 0}
-
-
 # ------------------------------------------------------------------------- driver side
 def _is_dataframe(data: Any) -> bool:
     try:
@@ -345,8 +327,8 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
         res = _from_rdd(data, dtype, classification, num_partitions, name)
         source = "rdd"
     else:
-        X, Y = _check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
-        res = _from_numpy(sc, X, Y, num_partitions, seed, name)
+        X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
+        res = from_numpy(sc, X, Y, num_partitions, seed, name, what)
         source = "numpy"
     t_built = time.perf_counter()
     try:
@@ -396,33 +378,6 @@ def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | 
     if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
         rdd = rdd.repartition(int(num_partitions))
     return Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
-
-
-def _check_numpy(data: Any, y: Any, dtype: str, classification: bool, n_classes: int | None,
-                 sample_shape: tuple | None, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """Numpy input checked on the driver: ``(X flattened per row, labels or targets)``."""
-    if y is None:
-        raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
-    xname, yname = ("X", "y") if what == "training data" else ("X_val", "y_val")
-    X = check_array(data, name=xname, dtype=dtype)
-    if classification:
-        Y = check_labels(y, X.shape[0], n_classes, name=yname)
-    else:
-        Y = check_array(y, name=yname, dtype=dtype)
-        if Y.shape[0] != X.shape[0]:
-            raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
-    if sample_shape is not None and int(np.prod(X.shape[1:])) != int(np.prod(sample_shape)):
-        raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the model "
-                         f"expects {int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
-    return X.reshape(X.shape[0], -1), Y
-
-
-def _from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
-                name: str) -> Resident:
-    parts = int(num_partitions or sc.defaultParallelism)
-    pieces = [(np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))
-              for i in split_indices(X.shape[0], parts, seed)]
-    return Resident(sc.parallelize(pieces, parts), _NumpyBuild(), name=name, on_lost="rebuild")
 
 
 def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, classification: bool,

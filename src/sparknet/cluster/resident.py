@@ -164,6 +164,8 @@ class Resident:
         self.infos: list[ShardInfo] = []
         self.homes: dict[int, str] = {}
         self.recoveries: list[str] = []
+        #: called by :meth:`close` after the files are deleted (e.g. destroying the source's broadcasts)
+        self.on_close: list[Callable[[], None]] = []
         self._placed_on: set[str] = set()  # the live executors the shards were last placed among
         #: ``time.time()`` when the last build job was submitted, and its wall seconds.
         self.build_started, self.build_seconds = 0.0, 0.0
@@ -275,6 +277,9 @@ class Resident:
             return
         self._cleanup_files()
         _OPEN.discard(self)
+        for fn in self.on_close:
+            fn()
+        self.on_close = []
 
     def _cleanup_files(self) -> None:
         key, anchor = self.key, self.anchor
@@ -282,9 +287,14 @@ class Resident:
             return
         live = live_executors(self.sc)
         if live is None or live:  # with no executor left there is nobody to ask
+            # over the anchor, its tasks go where the shards are; with one of those
+            # executors gone they would wait for it (spark.locality.wait.process), so
+            # then over an RDD without preferences, one task per shard
+            healthy = live is None or set(self.homes.values()) <= live
+            rdd = anchor if healthy else self.sc.parallelize(range(len(self.infos)), max(1, len(self.infos)))
             try:
                 with JobGuard(self.sc, f"deleting resident state {key}", timeout=CLEANUP_TIMEOUT):
-                    anchor.mapPartitions(_Dropper(key, self.spill_dir)).collect()
+                    rdd.mapPartitions(_Dropper(key, self.spill_dir)).collect()
             except Exception as exc:  # executors gone meanwhile
                 log.debug("resident %s: executor cleanup failed: %s", key, exc)
         _drop_local(key, self.spill_dir)
