@@ -416,6 +416,26 @@ def test_estimator_save_refuses_a_param_json_cannot_hold(spark, tmp_path):
     assert [n for n in os.listdir(tmp_path) if n.startswith(".")] == []
 
 
+def test_a_killed_saves_leftovers(spark, tmp_path):
+    """What a save killed mid-way leaves: its hidden temporary folder (deleted by the next
+    save to that path once it is an hour old, never a younger, possibly live one) or, killed
+    inside an overwrite, the old folder moved aside (named by the load error)."""
+    from sparknet.ml import SparkNetClassificationModel
+
+    stale, live = tmp_path / ".model.sparknet-tmp-dead", tmp_path / ".model.sparknet-tmp-live"
+    for d in (stale, live):
+        (d / "metadata").mkdir(parents=True)
+    hours_ago = time.time() - 7200
+    os.utime(stale, (hours_ago, hours_ago))
+    target = str(tmp_path / "model")
+    _model().write().save(target)
+    assert sorted(os.listdir(tmp_path)) == [".model.sparknet-tmp-live", "model"]
+    os.rename(target, str(tmp_path / ".model.sparknet-old-0123456789ab"))
+    with pytest.raises(ValueError, match=r"an overwrite of it was interrupted, its previous version is at "
+                                         r"\S*\.model\.sparknet-old-0123456789ab"):
+        SparkNetClassificationModel.load(target)
+
+
 def _data_file(folder):
     return next(os.path.join(folder, "data", f) for f in os.listdir(os.path.join(folder, "data"))
                 if f.endswith(".parquet"))

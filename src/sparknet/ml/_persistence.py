@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 import uuid
 from typing import Any, ClassVar, TypeVar
 
@@ -44,6 +45,9 @@ from sparknet.model import Sequential
 SPARKNET_CLASSES = ("sparknet.ml.SparkNetClassifier", "sparknet.ml.SparkNetRegressor",
                     "sparknet.ml.SparkNetClassificationModel", "sparknet.ml.SparkNetRegressionModel")
 FORMAT_VERSION = 1
+#: age past which the hidden temporary folder of a save is taken for a killed save's, and
+#: deleted by the next save to the same path (a save of a model takes seconds)
+STALE_SAVE_SECONDS = 3600.0
 
 
 def class_name(cls: type) -> str:
@@ -122,6 +126,24 @@ class _Folder:
     def exists(self, p: Any) -> bool:
         return bool(self.fs.exists(p))
 
+    def leftovers(self, kind: str, older_than: float = 0.0) -> list[str]:
+        """The hidden ``kind`` siblings (``"tmp"``, ``"old"``) that saves killed before
+        they finished left beside the target, last modified over ``older_than`` seconds ago."""
+        parent = self.target.getParent()
+        if parent is None or not self.fs.exists(parent):
+            return []
+        pattern = self._jvm.org.apache.hadoop.fs.Path(parent, f".{self.target.getName()}.sparknet-{kind}-*")
+        now_ms = time.time() * 1000.0
+        found = self.fs.globStatus(pattern) or []
+        return [st.getPath().toString() for st in found
+                if now_ms - st.getModificationTime() > older_than * 1000.0]
+
+    def remove_stale(self) -> None:
+        """Delete the temporary folders of saves to the target killed over
+        :data:`STALE_SAVE_SECONDS` ago (a live save's folder is younger)."""
+        for p in self.leftovers("tmp", STALE_SAVE_SECONDS):
+            self.delete(self._jvm.org.apache.hadoop.fs.Path(p))
+
     def delete(self, p: Any) -> None:
         try:
             self.fs.delete(p, True)
@@ -191,6 +213,7 @@ class SparkNetWriter(MLWriter):
             super().save(path)
             return
         folder = _Folder(self.sparkSession, path)
+        folder.remove_stale()
         if folder.exists(folder.target) and not self.shouldOverwrite:
             raise ValueError(f"cannot save to {path!r}: it already exists; use write().overwrite().save(path) "
                              f"to replace it")
@@ -235,8 +258,13 @@ class SparkNetReader(MLReader[_S]):
         try:
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
+            hint = ""
+            if hasattr(self.sparkSession.sparkContext, "_jsc"):
+                old = _Folder(self.sparkSession, path).leftovers("old")
+                if old:  # killed between moving the old folder aside and renaming the new one in
+                    hint = f"; an overwrite of it was interrupted, its previous version is at {old[-1]}"
             raise ValueError(f"{path!r} holds no readable saved stage (its metadata/ folder: "
-                             f"{_first_line(exc)})") from None
+                             f"{_first_line(exc)}){hint}") from None
         name = metadata.get("class")
         want = class_name(self.cls)
         if name not in SPARKNET_CLASSES:
