@@ -5,9 +5,10 @@ RMSprop, :class:`~sparknet.cluster.DataParallelTrainer` on ``local[2]`` with 2 p
 and its defaults (``sync="average"``, rounds sized by the trainer, outer Nesterov step),
 numpy input.  Fits with ``checkpoint_dir`` (the default interval, ``"epoch"``) and without
 alternate, ``--pairs`` times, so a drift of the machine's load hits both alike.  Reported:
-each fit's training time (the fit's wall time less its set-up: rounds, validation-free
-epochs, checkpoints), the checkpoints' own seconds (``history.checkpoints``: in all, and the
-job collecting the partitions' optimizer state), and the ratio of the median training times.
+each fit's training time (the fit's wall time less its set-up: the rounds and the
+checkpoints), the checkpoints' own seconds (``history.checkpoints``: in all, and those
+spent on the partitions' optimizer state, which comes back with the results of an epoch's
+last round), and the ratio of the median training times.
 
     python benchmarks/bench_checkpoint.py --mnist ../shared/data/mnist --epochs 2 --pairs 2
 """
@@ -50,6 +51,7 @@ def fit_once(spark, X, y, args, checkpoint_dir: str | None) -> dict:
     wall = time.perf_counter() - t0
     return {"train": wall - h.setup_time, "ckpt": sum(c["seconds"] for c in h.checkpoints),
             "collect": sum(c["collect"] for c in h.checkpoints), "n_ckpt": len(h.checkpoints),
+            "jobs": sum(bool(c["job"]) for c in h.checkpoints),
             "bytes": max((c["bytes"] for c in h.checkpoints), default=0.0), "loss": h["loss"][-1]}
 
 
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 r = fit_once(spark, X, y, args, d)
                 runs[kind].append(r)
                 print(f"pair {i + 1} {kind:>7} checkpoints: training {r['train']:7.2f} s, "
-                      f"{r['n_ckpt']} checkpoints {r['ckpt']:.3f} s (collect job {r['collect']:.3f} s, "
-                      f"{r['bytes'] / 2**20:.1f} MiB each), final loss {r['loss']:.4f}", flush=True)
+                      f"{r['n_ckpt']} checkpoints {r['ckpt']:.3f} s (partition state {r['collect']:.3f} s, "
+                      f"{r['jobs']} collect jobs, {r['bytes'] / 2**20:.1f} MiB each), final loss {r['loss']:.4f}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         spark.stop()

@@ -107,6 +107,7 @@ def test_async_fit_killed_resumes_to_the_same_accuracy(spark, digits, killed):
     assert abs(acc - acc_full) <= 0.003, (acc, acc_full)
     assert acc > 0.85
     assert len(h.updates) == len(h_full.updates)                 # no round lost or run twice
+    assert [c["job"] for c in h.checkpoints] == [True, True]     # async: one collect job per checkpoint
     assert np.array_equal(resumed.params, full.params)
 
 
@@ -228,9 +229,10 @@ def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, d
 
     with caplog.at_level(logging.WARNING, logger="sparknet"), on_round(lose):
         _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
-    assert any("restored from checkpoint" in r.getMessage() and "partitions [0, 1]" in r.getMessage()
-               for r in caplog.records), [r.getMessage() for r in caplog.records]
+    assert any("partition(s) [0, 1] restored from checkpoint" in r.getMessage() for r in caplog.records), \
+        [r.getMessage() for r in caplog.records]
     assert h.epoch == [0, 1]
+    assert [c["job"] for c in h.checkpoints] == [False, False]   # the state came back with the rounds
 
 
 def test_checkpoint_every_and_round_timeout_arguments():

@@ -57,9 +57,10 @@ class FitHistory(History):
         reused_shards: whether the training shards were reused from an earlier fit on
             the same cached data (no job built them).
         updates: one record per arriving delta (``mode="async"``; empty otherwise).
-        checkpoints: ``{"step", "seconds", "collect", "bytes"}`` of every checkpoint this
-            fit wrote (``checkpoint_dir``): its seconds in all, those of the job that
-            collected the partitions' optimizer state, and the bytes of its arrays.  A
+        checkpoints: ``{"step", "seconds", "collect", "job", "bytes"}`` of every
+            checkpoint this fit wrote (``checkpoint_dir``): its seconds in all, those
+            spent collecting the partitions' optimizer state, whether that took a job of
+            its own (not when it came back with a round's results), its arrays' bytes.  A
             checkpoint at an epoch's end is written after the epoch's ``time`` was taken.
         resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
         interrupted: whether the fit ended on ``KeyboardInterrupt``.
@@ -71,7 +72,7 @@ class FitHistory(History):
         self.setup_breakdown: dict[str, float] = {}
         self.reused_shards = False
         self.updates: list[dict[str, Any]] = []
-        self.checkpoints: list[dict[str, float]] = []
+        self.checkpoints: list[dict[str, Any]] = []
         self.resumed_from: str | None = None
         self.interrupted = False
 
@@ -331,10 +332,13 @@ class FitContext:
             bar.update(start)
         for r in range(start, R):
             t0 = time.perf_counter()
+            collect = self.state is not None and self.state.collects_after(r, R, epoch + span)
             task = make_task(self.spec, self.ps.broadcast(), self.trainer.sync, epoch=epoch, rnd=r,
-                             rounds=R, span=span)
+                             rounds=R, span=span, collect_state=collect)
             res = self._run(self.train, task, f"sparknet {which} round {r + 1}/{R}")
             self._apply(res, epoch=epoch + 1, round=r + 1)
+            if self.state is not None:  # the partitions' state for the checkpoint after the round
+                self.state.stash = res.states if collect else None
             rl.wall += time.perf_counter() - t0
             rl.compute += max(res.times) if res.times else 0.0
             rl.rounds += 1

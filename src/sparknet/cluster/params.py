@@ -48,6 +48,8 @@ class RoundResult:
         nonfinite: ``(partition, what)`` of every task whose loss or vector was NaN or
             infinite (``what``: ``"loss"``, ``"gradient"``, ``"delta"``; see
             :mod:`sparknet.cluster.guards`).
+        states: partition -> its resident optimizer state after the round (``{name:
+            array}``), when the round was asked for it (a checkpoint follows it).
     """
 
     vec: np.ndarray | None = None
@@ -55,6 +57,7 @@ class RoundResult:
     times: list[float] = field(default_factory=list)
     step_time: float = 0.0
     nonfinite: list[tuple[int, str]] = field(default_factory=list)
+    states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def add(self, other: "RoundResult | None") -> "RoundResult":
         """In-place sum (vectors and statistics add, times concatenate); returns self."""
@@ -68,6 +71,8 @@ class RoundResult:
         self.stats = self.stats + other.stats
         self.times = self.times + list(other.times)
         self.nonfinite = self.nonfinite + list(other.nonfinite)
+        if other.states:
+            self.states = {**self.states, **other.states}
         self.step_time = max(self.step_time, other.step_time)
         return self
 

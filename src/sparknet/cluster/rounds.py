@@ -119,15 +119,18 @@ class RoundTask:
         probe_steps: timed local steps of a ``PROBE`` task.
         span: whole epochs in one ``AVERAGE`` round (then ``rounds == 1``).
         warmup_steps: untimed local steps of a ``PROBE`` task before its timed ones.
+        collect_state: an ``AVERAGE`` task also returns the partition's optimizer state
+            after its steps (:attr:`RoundResult.states`: a checkpoint follows the round).
     """
 
     def __init__(self, spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str", epoch: int = 0,
                  rnd: int = 0, rounds: int = 1, probe_steps: int = 0, span: int = 1,
-                 warmup_steps: int = 0) -> None:
+                 warmup_steps: int = 0, collect_state: bool = False) -> None:
         self.spec, self.bc, self.kind = spec, bc, TaskKind(kind)
         self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
         self.warmup_steps = max(0, int(warmup_steps))
         self.span = max(1, int(span))
+        self.collect_state = bool(collect_state)
 
     def __call__(self, index: int, shard: "Shard") -> list[RoundResult]:
         from pyspark import TaskContext
@@ -190,6 +193,8 @@ class RoundTask:
         opt.load_state_arrays(resident, prefix, copy=False)
         res = self._local_steps(shard, model, opt, segments)
         opt.write_step(resident, prefix)
+        if self.collect_state:  # for the checkpoint after this round: no job of its own
+            res.states = {index: {name[len(prefix):]: np.array(arr, copy=True) for name, arr in resident.items()}}
         return res
 
     def _probe(self, index: int, shard: "Shard", model: Sequential) -> RoundResult:
@@ -272,7 +277,8 @@ def set_task_wrapper(wrapper: TaskWrapper | None) -> TaskWrapper | None:
 def make_task(spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str",
               **where: Any) -> Callable[[int, "Shard"], list[RoundResult]]:
     """A :class:`RoundTask` (``where``: its ``epoch``, ``rnd``, ``rounds``,
-    ``probe_steps``, ``warmup_steps``, ``span``), passed through the installed task wrapper, if any."""
+    ``probe_steps``, ``warmup_steps``, ``span``, ``collect_state``), passed through the
+    installed task wrapper, if any."""
     task = RoundTask(spec, bc, kind, **where)
     wrapper = _WRAPPER
     return task if wrapper is None else wrapper(task)

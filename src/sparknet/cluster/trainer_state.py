@@ -15,8 +15,10 @@ Arrays:
   form of :meth:`sparknet.optim.Optimizer.state_arrays`;
 * ``outer_*`` -- the outer optimizer's state (``sync="average"`` with ``outer``);
 * ``part<p>_*`` -- partition ``p``'s resident optimizer state (``sync="average"`` and
-  ``mode="async"``: RMSprop's running averages, momentum buffers, its step count),
-  collected from the executors by one small job when the checkpoint is written;
+  ``mode="async"``: RMSprop's running averages, momentum buffers, its step count).  In
+  synchronous rounds it comes back with the results of the round a checkpoint follows
+  (the driver knows in advance which round that is), so a checkpoint costs no Spark job;
+  ``mode="async"`` collects it with one small job at the epoch's end;
 * ``partial_stats`` -- the loss/accuracy sums of the epoch so far (a checkpoint taken
   between two rounds of an epoch).
 
@@ -202,7 +204,9 @@ class _PushState:
         self.prefix, self.bc = prefix, bc
 
     def __call__(self, index: int, shard: "Shard") -> list[int]:
-        mine = self.bc.value.get(index, {})
+        if index not in self.bc.value:
+            return [0]  # a partition whose state was kept
+        mine = self.bc.value[index]
         for name in [n for n in shard.names() if n.startswith(STATE_PREFIX)]:
             shard.discard(name)  # another fit's, or a rebuilt shard's half-written state
         for name, arr in mine.items():
@@ -251,6 +255,8 @@ class FitState:
             (after a resume or a rebuild).
         slowest: the slowest job measured so far, per kind (``"train"``, ``"eval"``, ...).
         written: ``(step, seconds)`` of every checkpoint written by this fit.
+        stash: the partitions' optimizer state returned by the last round (when a
+            checkpoint was due after it), or ``None``.
         run: the id of the run the fit belongs to (a resumed fit keeps its checkpoint's),
             so that a rebuild only restores state this run wrote.
         offset: checkpoint steps are ``offset + rounds_done``: a fresh fit in a folder
@@ -266,11 +272,15 @@ class FitState:
     pending: dict[int, dict[str, np.ndarray]] | None = None
     slowest: dict[str, float] = field(default_factory=dict)
     written: list[tuple[int, float]] = field(default_factory=list)
+    stash: dict[int, dict[str, np.ndarray]] | None = None
     rounds_done: int = 0
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     offset: int = 0
     _since: tuple[int, int, float] = (0, 0, 0.0)     # epochs, rounds, perf_counter at the last checkpoint
     _built: float | None = None                       # the training shards' build stamp
+
+    def __post_init__(self) -> None:
+        self._since = (0, 0, time.perf_counter())  # "Ns" counts from the fit's start
 
     @property
     def keeps_partition_state(self) -> bool:
@@ -295,9 +305,10 @@ class FitState:
         resident = ctx.train.resident
         if self._built is None:
             self._built = resident.build_started
-        elif resident.build_started != self._built:
+        elif resident.build_started != self._built:  # rebuilt: re-attached shards kept their state
             self._built = resident.build_started
-            self.pending = self._from_newest(ctx)
+            fresh = [i.index for i in resident.infos if not getattr(i, "reattached", False)]
+            self.pending = self._from_newest(ctx, fresh) if fresh else None
         if self.pending is None:
             return
         states, self.pending = self.pending, None
@@ -311,30 +322,53 @@ class FitState:
         finally:
             bc.destroy(blocking=False)
 
-    def _from_newest(self, ctx: FitContext) -> dict[int, dict[str, np.ndarray]] | None:
+    def _from_newest(self, ctx: FitContext, partitions: list[int]) -> dict[int, dict[str, np.ndarray]] | None:
+        """The optimizer state of ``partitions`` (built anew) from this run's newest
+        checkpoint, or ``None`` (logged) when there is none."""
         store = self.store
         ckpt = store.latest() if store is not None else None
         if ckpt is not None and ckpt.meta.get("run") != self.run:
             ckpt = None  # another run's: its optimizer state belongs to other parameters
         if store is None or ckpt is None:
-            log.warning("sparknet: the training shards were rebuilt; every partition's optimizer state "
-                        "restarts from zero (no checkpoint to restore it from: set checkpoint_dir)")
+            log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restarts from zero (no "
+                        "checkpoint of this fit to restore it from: set checkpoint_dir)", partitions)
             return None
-        arrays = store.load(ckpt, [n for n in ckpt.arrays if n.startswith("part")])
-        states = _partition_states(arrays)
-        log.warning("sparknet: the training shards were rebuilt; the optimizer state of partitions %s "
-                    "restored from checkpoint %s (epoch %s, round %s)", sorted(states), ckpt.path,
-                    ckpt.meta.get("position", {}).get("epoch", "?"),
-                    ckpt.meta.get("position", {}).get("round", "?"))
+        want = tuple(f"part{p:05d}_" for p in partitions)
+        states = _partition_states(store.load(ckpt, [n for n in ckpt.arrays if n.startswith(want)]))
+        log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restored from checkpoint %s",
+                    sorted(states), ckpt.path)
         return states
 
+    def collects_after(self, rnd: int, rounds: int, epochs_after: int) -> bool:
+        """Whether round ``rnd`` of ``rounds`` should bring the partitions' optimizer state
+        back: a checkpoint is due after it (``epochs_after``: whole epochs done when it is
+        an epoch's last round; for ``"Ns"``, due by the slowest round so far)."""
+        if self.store is None or not self.keeps_partition_state:
+            return False
+        e0, r0, t0 = self._since
+        last = rnd + 1 >= rounds
+        if self.every.unit == "epochs":
+            return last and epochs_after - e0 >= self.every.n
+        ahead = self.slowest.get("train", 0.0) if self.every.unit == "seconds" else 0.0
+        return self.every.due(0, self.rounds_done + 1 - r0, time.perf_counter() - t0 + ahead)
+
     def collect(self, ctx: FitContext) -> dict[str, np.ndarray]:
-        """Every partition's resident optimizer state, as checkpoint arrays (one job)."""
+        """Every partition's resident optimizer state, as checkpoint arrays: what the last
+        round brought back, else one job."""
         if not self.keeps_partition_state:
             return {}
+        if self.stash is not None and len(self.stash) == sum(1 for n in ctx.train.rows if n > 0):
+            stash, self.stash = self.stash, None
+            return _partition_arrays(stash)
         fn = _CollectState(state_prefix(ctx.spec.key))
-        got = ctx.train.resident.map(fn, description="sparknet: collecting the partitions' optimizer "
-                                                     "state for a checkpoint")
+        resident = ctx.train.resident
+        for _ in range(2):  # shards rebuilt by the collecting job: their state back, then again
+            self.before_round(ctx, standalone=True)
+            stamp = resident.build_started
+            got = resident.map(fn, description="sparknet: collecting the partitions' optimizer state for a "
+                                               "checkpoint")
+            if resident.build_started == stamp:
+                break
         return _partition_arrays(dict(enumerate(got)))
 
     # -- writing ---------------------------------------------------------
@@ -373,7 +407,7 @@ class FitState:
         arrays.update(tr.optimizer.state_arrays("opt_"))
         if tr.outer is not None:
             arrays.update(tr.outer.state_arrays("outer_"))
-        t_collect = time.perf_counter()
+        t_collect, by_job = time.perf_counter(), self.stash is None and self.keeps_partition_state
         arrays.update(self.collect(ctx))
         t_collect = time.perf_counter() - t_collect
         if pos.partial_stats is not None:
@@ -385,7 +419,7 @@ class FitState:
         self.written.append((step, seconds))
         if ctx.history is not None:
             ctx.history.checkpoints.append({"step": step, "seconds": seconds, "collect": t_collect,
-                                            "bytes": float(sum(a.nbytes for a in arrays.values()))})
+                                            "job": by_job, "bytes": sum(a.nbytes for a in arrays.values())})
         self._since = (pos.epoch, pos.rounds_done, time.perf_counter())
         log.info("sparknet: checkpoint %d written in %.0f ms (goes on with epoch %d, round %d)",
                  step, 1e3 * seconds, pos.epoch + 1, pos.round + 1)
