@@ -1,10 +1,12 @@
 """Driver program of the executor-loss tests and benchmark (run in its own process, so it can
 own a SparkContext on a standalone master and be told when to lose an executor).
 
-Usage: python _faults_job.py MASTER_URL DATASET [DRIVER_MEMORY [TRAIN_ROWS]]
+Usage: python _faults_job.py MASTER_URL DATASET [DRIVER_MEMORY [TRAIN_ROWS [warm]]]
 
 DATASET is ``digits`` or the MNIST folder (the first TRAIN_ROWS training images, all test
-images).  It reads one JSON object per line on stdin, a fit to run::
+images).  With ``warm``, one tiny fit of each input kind runs first (the first fit of a
+driver pays for the first use of each code path, which would count as time lost).
+It reads one JSON object per line on stdin, a fit to run::
 
     {"name": "sync-numpy", "input": "numpy"|"dataframe"|"rdd", "mode": "sync"|"async",
      "sync": "average", "local_steps": 20, "epochs": 8, "kill_after": 2, "executors": 2,
@@ -60,7 +62,7 @@ class _Events(logging.Handler):
             print(f"LOG {time.time() - self.t0:7.2f} {record.name}: {msg}", flush=True)
 
 
-def _data(dataset: str):
+def _data(dataset: str) -> tuple[Any, Any, Any, Any]:
     import numpy as np
 
     if dataset == "digits":
@@ -72,7 +74,7 @@ def _data(dataset: str):
     return X.astype(np.float32), y.astype(np.int64), Xt.astype(np.float32), yt.astype(np.int64)
 
 
-def _wait_executors(sc, n: int, timeout: float = 90.0) -> int:
+def _wait_executors(sc: Any, n: int, timeout: float = 90.0) -> int:
     deadline = time.time() + timeout
     while True:
         have = sc._jsc.sc().getExecutorMemoryStatus().size() - 1
@@ -86,17 +88,20 @@ class FaultDriver:
     ``on_kill`` is called on the program's ``KILL`` cue (for tests and benchmarks)."""
 
     def __init__(self, master: str, dataset: str, train_rows: int, base: dict | None = None,
-                 driver_memory: str = "2g", ready_timeout: float = 300) -> None:
+                 driver_memory: str = "2g", ready_timeout: float = 300, warm: bool = False) -> None:
         self.base = dict(base or {})
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), master, dataset, driver_memory,
-                                      str(train_rows)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      str(train_rows)] + (["warm"] if warm else []),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self._expect("READY", ready_timeout)
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.stdout:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
@@ -116,8 +121,8 @@ class FaultDriver:
 
     def fit(self, timeout: float = 300, on_kill: Callable[[], None] | None = None, **fit: Any) -> dict:
         """Run one fit (``self.base`` updated with ``fit``); its ``RESULT`` as a dict."""
-        self.proc.stdin.write(json.dumps({**self.base, **fit}) + "\n")
-        self.proc.stdin.flush()
+        self.stdin.write(json.dumps({**self.base, **fit}) + "\n")
+        self.stdin.flush()
         out = json.loads(self._expect("RESULT", timeout, on_kill)[len("RESULT "):])
         print(f"FIT {fit.get('name')}: {out.get('seconds', 0):.1f} s, accuracy {out.get('accuracy')}, "
               f"error {out.get('error', '')[:200]!r}")
@@ -125,8 +130,8 @@ class FaultDriver:
 
     def close(self) -> None:
         try:
-            self.proc.stdin.write("\n")
-            self.proc.stdin.flush()
+            self.stdin.write("\n")
+            self.stdin.flush()
             self.proc.wait(timeout=60)
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
@@ -162,12 +167,10 @@ def main() -> int:
     hidden = 64 if dataset == "digits" else 128
     from sparknet.cluster.session import start_python_workers
     start_python_workers(spark).join(timeout=120)
-    # one tiny fit of each input kind first: the first fit of a driver pays for Spark's
-    # and the workers' first use of each code path, which would count as time lost
     from pyspark.ml.linalg import Vectors
     small = sc.parallelize([(Vectors.dense(X[i].tolist()), int(y[i])) for i in range(64)], 2).toDF(
         ["features", "label"])
-    for data, labels in ((X[:64], y[:64]), (small, None)):
+    for data, labels in ((X[:64], y[:64]), (small, None)) if sys.argv[5:6] == ["warm"] else ():
         warm = Sequential([Dense(8, activation="relu"), Dense(10, activation="softmax")], input_shape=(X.shape[1],))
         DataParallelTrainer(warm, spark, num_partitions=2, local_steps=2).fit(data, labels, epochs=1, verbose=0,
                                                                              reuse_data=False)

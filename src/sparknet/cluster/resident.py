@@ -28,8 +28,20 @@ How it works
   files (its executor host changed, or the files were removed) it raises an error
   tagged ``SPARKNET_RESIDENT_LOST``.  On the driver, :meth:`Resident.map` and
   :meth:`Resident.run_action` turn that into :class:`ResidentStateLost`, or, with
-  ``on_lost="rebuild"``, re-run ``build`` from the source (right for data shards,
-  whose source is the truth) and retry the job once.
+  ``on_lost="rebuild"``, rebuild (right for data shards, whose source is the truth)
+  and retry the job once.
+* **Every job guarded.**  :meth:`Resident.run_action` runs its job under its own job
+  group, watched by :class:`~sparknet.cluster.executors.JobGuard`: cancelled past its
+  ``timeout`` (:class:`~sparknet.errors.RoundTimeout`), when every executor has been
+  gone for a while (:class:`NoExecutorsLeft`), and, with ``on_lost="rebuild"``, as soon
+  as an executor holding a shard is lost: waiting would cost
+  ``spark.locality.wait.process`` and end in lost state anyway.  :meth:`Resident.rebuild`
+  then builds the lost shards from the source on the live executors and re-attaches
+  the others with their state, and logs one line saying which.  An executor that joins
+  while another holds several shards gets some of them the same way.
+* **Nothing left behind.**  :meth:`Resident.close` deletes the state's folder on every
+  host; folders that killed drivers left are swept by the next Resident on that host
+  (their owner files, see :mod:`sparknet.cluster.spill`).
 
 Executor-side API
 -----------------
@@ -59,8 +71,9 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
+from sparknet.cluster import executors as _executors
 from sparknet.cluster import spill as _files
-from sparknet.cluster.executors import NO_EXECUTOR_WAIT, JobGuard, block_homes, live_executors
+from sparknet.cluster.executors import JobGuard, block_homes, live_executors
 from sparknet.cluster.shards import (  # noqa: F401 - the executor side, re-exported
     _CHECKPOINT_LOST,
     _STORE,
@@ -388,7 +401,7 @@ class Resident:
 
     def _no_executors(self, what: str) -> str:
         return (f"no executor left: every executor of application {self.sc.applicationId} is gone and none "
-                f"registered within {NO_EXECUTOR_WAIT:.0f} s, so {what} cannot run; start workers again "
+                f"registered within {_executors.NO_EXECUTOR_WAIT:.0f} s, so {what} cannot run; start workers again "
                 f"(or check the cluster manager) and fit again (resume=True continues from a checkpoint)")
 
     def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:

@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 #: Settings sparknet's jobs rely on; applied when :func:`get_spark` creates a session.
 DEFAULT_CONF = {
     # keep a resident shard's task on its home executor even when that executor is
-    # briefly busy (Spark's default gives up after 3 s)
+    # briefly busy (Spark's default gives up after 3 s); a home executor that is lost is
+    # not waited for: the job is cancelled and the shard rebuilt on a live one at once
+    # (sparknet.cluster.executors.JobGuard)
     "spark.locality.wait.process": "30s",
     "spark.python.worker.reuse": "true",
     # JVM <-> Python worker traffic over a Unix domain socket instead of TCP loopback:
@@ -37,7 +39,7 @@ DEFAULT_CONF = {
 #: :data:`DEFAULT_CONF`).  Nothing here may start a thread (the daemon forks): pyarrow
 #: and pandas do, so they stay out.
 PRELOAD = ("numpy", "pyspark.worker", "sparknet", "sparknet.cluster.rounds",
-           "sparknet.cluster.resident", "sparknet.cluster.data")
+           "sparknet.cluster.resident", "sparknet.cluster.shards", "sparknet.cluster.data")
 
 JAVA_MISSING = ("sparknet needs Java 17 or newer for Spark, and no `java` was found on PATH "
                 "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install openjdk-17-jre-headless`)")
