@@ -4,7 +4,7 @@ process, so it owns a SparkContext on the standalone master).
 Usage: python _mp_executor_loss_job.py MASTER_URL CKPT_DIR PAUSE_AT
 
 Fits a float64 network whose Megatron pair is cut into K=2 blocks (one per executor) on
-the sklearn digits, 2 epochs of batch 64 (58 steps), checkpoints every 8 steps.  Inside
+the sklearn digits, 1 epoch of batch 64 (29 steps), checkpoints every 5 steps.  Inside
 step PAUSE_AT, before its first Spark job, it prints ``PAUSED <executor id of slot 0>``
 and waits for a line on stdin (the test kills that executor's worker meanwhile), then
 goes on.  Afterwards it fits the same network in this process (the in-process backend,
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-EPOCHS, BATCH, EVERY = 2, 64, 8
+EPOCHS, BATCH, EVERY = 1, 64, 5
 
 
 class Lines(logging.Handler):

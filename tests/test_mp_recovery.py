@@ -270,9 +270,9 @@ def _worker_of_executor(cluster, executor_id):
 
 @pytest.mark.standalone
 def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path):
-    """Master + 2 one-core workers on 127.0.0.1; inside step 20 of 58 (checkpoints every 8)
+    """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 29 (checkpoints every 5)
     the worker holding block 0 and its executor are killed with SIGKILL: the fit restores
-    step 16 onto the surviving executor, replays 17..20 and ends with the weights of an
+    step 10 onto the surviving executor, replays 11..12 and ends with the weights of an
     undisturbed fit, saying in one log line what was lost and what was restored."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java found: a standalone Spark cluster cannot start")
@@ -282,7 +282,7 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
     with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
         proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_executor_loss_job.py"), cluster.url,
-                                 str(tmp_path / "ck"), "20"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
         try:
             line = proc.stdout.readline()
@@ -304,12 +304,12 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
     print("executor loss:", {k: v for k, v in out.items() if k != "lines"})
     assert "error" not in out, out.get("error")
     assert len(set(out["homes"].values())) == 2, "the two blocks must start on two executors"
-    assert out["restores"] == 1 and out["t"] == out["ref_t"] == 58 and out["steps"] == 58
+    assert out["restores"] == 1 and out["t"] == out["ref_t"] == 29 and out["steps"] == 29
     assert out["max_rel"] <= 1e-12
     assert out["accuracy"] == pytest.approx(out["ref_accuracy"], abs=1e-12)
     lost = [ln for ln in out["lines"] if "block state lost" in ln]
     assert len(lost) == 1, out["lines"]
-    assert "step 20" in lost[0] and "(step 16)" in lost[0] and "replaying its 3 step(s)" in lost[0]
+    assert "step 12" in lost[0] and "(step 10)" in lost[0] and "replaying its 1 step(s)" in lost[0]
     print("log:", lost[0])
 
 
