@@ -192,13 +192,15 @@ def main() -> int:
             kw["local_steps"] = int(fit["local_steps"])
         trainer = DataParallelTrainer(model, spark, **kw)
         data, labels = X, y
-        order = np.concatenate(parts)  # partition 0's rows, then partition 1's
         if fit["input"] == "dataframe":
             from pyspark.ml.linalg import Vectors
-            rows = [(Vectors.dense(X[i].tolist()), int(y[i])) for i in order]
-            data, labels = sc.parallelize(rows, 2).toDF(["features", "label"]), None
+            # one parallelize per partition: a single one cuts its batches of 1,024 rows, not the rows
+            data = sc.union([sc.parallelize([(Vectors.dense(X[i].tolist()), int(y[i])) for i in part], 1)
+                             for part in parts]).toDF(["features", "label"])
+            labels = None
         elif fit["input"] == "rdd":
-            data, labels = sc.parallelize([(X[i], int(y[i])) for i in order], 2), None
+            data = sc.union([sc.parallelize([(X[i], int(y[i])) for i in part], 1) for part in parts])
+            labels = None
         if fit.get("no_executor_wait"):
             from sparknet.cluster import executors
             executors.NO_EXECUTOR_WAIT = float(fit["no_executor_wait"])

@@ -100,6 +100,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 #: Seconds the deletion job of :meth:`Resident.close` may take.
 CLEANUP_TIMEOUT = 60.0
+#: Seconds an executor that joined must have been up before shards are re-placed onto it.
+JOIN_SETTLE = 3.0
 
 
 def lost_reason(exc: BaseException) -> str | None:
@@ -180,6 +182,7 @@ class Resident:
         #: called by :meth:`close` after the files are deleted (e.g. destroying the source's broadcasts)
         self.on_close: list[Callable[[], None]] = []
         self._placed_on: set[str] = set()  # the live executors the shards were last placed among
+        self._joined: dict[str, list] = {}  # executor -> [first seen (monotonic s), re-placements tried]
         #: ``time.time()`` when the last build job was submitted, and its wall seconds.
         self.build_started, self.build_seconds = 0.0, 0.0
         self.owner = _files.Owner.this_driver(self.sc.applicationId)
@@ -394,10 +397,20 @@ class Resident:
         if lost:
             self.rebuild(lost=lost)
             return
-        joined, self._placed_on = live - self._placed_on, self._placed_on | live
-        per_executor = [list(self.homes.values()).count(e) for e in set(self.homes.values())]
-        if joined and max(per_executor) > 1:
-            self.rebuild(joined=joined)
+        now, crowded = time.monotonic(), max(list(self.homes.values()).count(e) for e in self.homes.values()) > 1
+        for e in live - self._placed_on:
+            self._joined.setdefault(e, [now, 0])
+        # an executor is given shards once it has been up for JOIN_SETTLE seconds, at most twice
+        joined = {e for e, (seen, tries) in self._joined.items()
+                  if e in live and now - seen >= JOIN_SETTLE and tries < 2}
+        if not crowded or not joined:
+            if not crowded:
+                self._placed_on |= live
+            return
+        for e in joined:
+            self._joined[e][1] += 1
+        self.rebuild(joined=joined)
+        self._placed_on -= {e for e in joined if e not in self.homes.values()}  # got none: once more later
 
     def _no_executors(self, what: str) -> str:
         return (f"no executor left: every executor of application {self.sc.applicationId} is gone and none "
