@@ -214,7 +214,7 @@ def _check_recovered(out: dict, ref: dict, faults: dict) -> None:
     lines = [w for w in out["warnings"] if "lost" in w and "rebuilt" in w]
     assert len(lines) == 1, out["warnings"]
     assert "executor" in lines[0] and "partition" in lines[0]
-    assert abs(out["accuracy"] - ref["accuracy"]) <= 0.005, (out["accuracy"], ref["accuracy"])
+    assert round(abs(out["accuracy"] - ref["accuracy"]), 9) <= 0.005, (out["accuracy"], ref["accuracy"])
     assert out["persisted_left"] == 0
     print(f"{out['name']}: accuracy {out['accuracy']:.4f} (undisturbed {ref['accuracy']:.4f}), "
           f"time lost {out['seconds'] - ref['seconds']:.1f} s; {lines[0]}")
@@ -233,7 +233,7 @@ def test_sync_numpy_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
-def test_returning_worker_is_used_again_and_dataframe_input_learns_the_same(faults):
+def test_returning_worker_is_used_again_and_dataframe_input_computes_the_same(faults):
     driver = faults["driver"]
     ref = faults.get("sync_ref") or driver.fit(name="sync-undisturbed")
     before = faults.get("homes_before_kill", set())
@@ -243,7 +243,7 @@ def test_returning_worker_is_used_again_and_dataframe_input_learns_the_same(faul
     faults["keys"].update(out["keys"])
     homes = {e for h in out["placements"] for e in h.values()}
     assert len(homes) == 2 and homes - before, (before, out["placements"])  # the restarted worker's executor
-    assert abs(out["accuracy"] - ref["accuracy"]) <= 0.005  # the same two partitions, the same rows
+    assert out["accuracy"] == ref["accuracy"]  # the same two partitions, the same rows in the same order
 
 
 @pytest.mark.standalone
@@ -259,13 +259,14 @@ def test_sync_dataframe_fit_survives_a_lost_executor(faults):
 @pytest.mark.standalone
 def test_async_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
-    ref = driver.fit(name="async-undisturbed", mode="async", executors=2)
+    # asynchronous fits differ from run to run (the order deltas arrive in): longer ones differ less
+    ref = driver.fit(name="async-undisturbed", mode="async", executors=2, epochs=6)
     assert "error" not in ref, ref.get("trace")
-    out = driver.fit(name="async-killed", mode="async", kill_after=2, on_kill=_lose_worker(cluster))
+    out = driver.fit(name="async-killed", mode="async", kill_after=2, epochs=6, on_kill=_lose_worker(cluster))
     faults["apps"].add(out["app_id"])
     assert "error" not in out, out.get("trace")
     assert any("lost" in w for w in out["warnings"]) and any("rebuilt" in w for w in out["warnings"])
-    assert abs(out["accuracy"] - ref["accuracy"]) <= 0.005, (out["accuracy"], ref["accuracy"])
+    assert round(abs(out["accuracy"] - ref["accuracy"]), 9) <= 0.005, (out["accuracy"], ref["accuracy"])
     print(f"async: accuracy {out['accuracy']:.4f} (undisturbed {ref['accuracy']:.4f}), "
           f"time lost {out['seconds'] - ref['seconds']:.1f} s")
 
