@@ -280,9 +280,10 @@ class Resident:
         else:
             cause = f"state lost ({reason or 'rebuild asked for'})"
         where = f" on executor(s) {', '.join(sorted(set(self.homes.values())))}" if self.homes else ""
-        line = (f"sparknet: resident state {self.key}: {cause}: rebuilt partition(s) {fresh} from the "
-                f"source (their optimizer state restarts), re-attached {kept or 'none'}{where} in "
-                f"{time.perf_counter() - t0:.1f} s")
+        rebuilt = (f"rebuilt partition(s) {fresh} from the source (their optimizer state restarts)" if fresh
+                   else "nothing rebuilt")
+        line = (f"sparknet: resident state {self.key}: {cause}: {rebuilt}, re-attached {kept or 'none'} with "
+                f"their state{where} in {time.perf_counter() - t0:.1f} s")
         log.warning(line)
         self.recoveries.append(line)
         return line
