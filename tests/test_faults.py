@@ -259,16 +259,21 @@ def test_sync_dataframe_fit_survives_a_lost_executor(faults):
 @pytest.mark.standalone
 def test_async_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
-    # asynchronous fits differ from run to run (the order deltas arrive in): longer ones differ less
-    ref = driver.fit(name="async-undisturbed", mode="async", executors=2, epochs=6)
-    assert "error" not in ref, ref.get("trace")
+    # Asynchronous fits differ from run to run (the order the deltas arrive in): two
+    # undisturbed fits of this size differed by up to 1.2 points here.  So the killed fit
+    # is held to the worse of two undisturbed ones, less 0.5 points: a recovery that lost
+    # a partition's data or state costs more than that.
+    refs = [driver.fit(name=f"async-undisturbed-{i}", mode="async", executors=2, epochs=6) for i in range(2)]
+    for ref in refs:
+        assert "error" not in ref, ref.get("trace")
     out = driver.fit(name="async-killed", mode="async", kill_after=2, epochs=6, on_kill=_lose_worker(cluster))
     faults["apps"].add(out["app_id"])
     assert "error" not in out, out.get("trace")
     assert any("lost" in w for w in out["warnings"]) and any("rebuilt" in w for w in out["warnings"])
-    assert round(abs(out["accuracy"] - ref["accuracy"]), 9) <= 0.005, (out["accuracy"], ref["accuracy"])
-    print(f"async: accuracy {out['accuracy']:.4f} (undisturbed {ref['accuracy']:.4f}), "
-          f"time lost {out['seconds'] - ref['seconds']:.1f} s")
+    worst = min(r["accuracy"] for r in refs)
+    assert round(out["accuracy"] - worst, 9) >= -0.005, (out["accuracy"], [r["accuracy"] for r in refs])
+    print(f"async: accuracy {out['accuracy']:.4f} (undisturbed {[r['accuracy'] for r in refs]}), "
+          f"time lost {out['seconds'] - refs[0]['seconds']:.1f} s")
 
 
 @pytest.mark.standalone

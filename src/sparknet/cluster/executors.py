@@ -2,9 +2,9 @@
 where each shard lives, and a guard around every job that stops waiting when waiting
 cannot help.
 
-:class:`JobGuard` runs a job under its own Spark job group and watches it from a
-daemon thread (every :data:`POLL` seconds, one cheap call into the driver JVM).  It
-cancels the group when
+:class:`JobGuard` runs a job with its own Spark job tag (the caller's job group, if
+any, stays on the job) and watches it from a daemon thread (every :data:`POLL`
+seconds, one cheap call into the driver JVM).  It cancels the tagged jobs when
 
 * the job runs past its ``timeout`` (a task that never returns);
 * an executor holding one of the job's shards is lost (``watch``): Spark would re-run
@@ -77,8 +77,8 @@ def block_homes(sc: SparkContext, rdd_id: int, partitions: int, wait: float = 3.
 
 
 class JobGuard:
-    """Context manager: the job(s) of the ``with`` block run under one new job group,
-    watched as the module docstring says.
+    """Context manager: the job(s) of the ``with`` block run with one new job tag (the
+    caller's job group stays theirs), watched as the module docstring says.
 
     Args:
         sc: the SparkContext.
@@ -87,7 +87,7 @@ class JobGuard:
         watch: executor ids whose loss cancels the job (``None`` or empty: none).
 
     Attributes:
-        group: the job group.
+        group: the job tag (``SparkContext.cancelJobsWithTag`` cancels the block's jobs).
         reason: ``None``, or why the guard cancelled the job: ``"timeout"``,
             ``"lost"`` (then :attr:`lost` holds the executors) or ``"no executors"``.
         elapsed: seconds since the block began.
@@ -99,7 +99,7 @@ class JobGuard:
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.sc, self.what, self.timeout = sc, what, timeout
         self.watch = set(watch or ())
-        self.group = f"sparknet-{next(_ids)}-{what.split()[-1]}"
+        self.group = f"sparknet-{next(_ids)}-{what.split()[-1]}".replace(",", "_")
         self.reason: str | None = None
         self.lost: set[str] = set()
         self._done = threading.Event()
@@ -116,7 +116,11 @@ class JobGuard:
         sc = self.sc
         self._saved = {k: sc.getLocalProperty(k) for k in _PROPS}
         self.description = self._saved.get("spark.job.description") or f"sparknet: {self.what}"
-        sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+        # a job tag, not a job group: the caller's own job group (its UI grouping, its
+        # cancelJobGroup) stays on the jobs
+        sc.addJobTag(self.group)
+        sc.setInterruptOnCancel(True)
+        sc.setLocalProperty("spark.job.description", self.description)
         self._t0 = time.monotonic()
         cluster = not is_local(sc)
         if self.timeout is not None or cluster:
@@ -129,21 +133,22 @@ class JobGuard:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+        self.sc.removeJobTag(self.group)
         for k, v in self._saved.items():
             self.sc.setLocalProperty(k, v)  # None removes it
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
-            log.debug("sparknet: cancelling job group %s (%s)", self.group, reason)
-        self.sc.cancelJobGroup(self.group)
+            log.debug("sparknet: cancelling the jobs tagged %s (%s)", self.group, reason)
+        self.sc.cancelJobsWithTag(self.group)
 
     def _watch(self, cluster: bool) -> None:
         empty_since: float | None = None
         while not self._done.wait(POLL):
             try:
                 if self.reason is not None:  # a job submitted after the first cancel
-                    self.sc.cancelJobGroup(self.group)
+                    self.sc.cancelJobsWithTag(self.group)
                     continue
                 if self.timeout is not None and self.elapsed > self.timeout:
                     self.cancel("timeout")

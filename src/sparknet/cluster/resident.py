@@ -30,8 +30,8 @@ How it works
   :meth:`Resident.run_action` turn that into :class:`ResidentStateLost`, or, with
   ``on_lost="rebuild"``, rebuild (right for data shards, whose source is the truth)
   and retry the job once.
-* **Every job guarded.**  :meth:`Resident.run_action` runs its job under its own job
-  group, watched by :class:`~sparknet.cluster.executors.JobGuard`: cancelled past its
+* **Every job guarded.**  :meth:`Resident.run_action` runs its job with its own job
+  tag (the caller's job group stays on it), watched by :class:`~sparknet.cluster.executors.JobGuard`: cancelled past its
   ``timeout`` (:class:`~sparknet.errors.RoundTimeout`), when every executor has been
   gone for a while (:class:`NoExecutorsLeft`), and, with ``on_lost="rebuild"``, as soon
   as an executor holding a shard is lost: waiting would cost
@@ -342,9 +342,9 @@ class Resident:
 
     def run_action(self, action: Callable[[], Any], retry: bool = True, timeout: float | None = None) -> Any:
         """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs, built inside
-        it) under its own Spark job group, and make every way it can fail clear.
+        it) with its own Spark job tag, and make every way it can fail clear.
 
-        * Past ``timeout`` seconds the group is cancelled and
+        * Past ``timeout`` seconds the tagged jobs are cancelled and
           :class:`~sparknet.errors.RoundTimeout` raised.
         * A shard's lost state (an executor's lost-state error, or, with
           ``on_lost="rebuild"``, the loss of an executor holding a shard, seen by the
