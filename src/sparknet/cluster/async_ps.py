@@ -537,15 +537,15 @@ class _AsyncRun:
 
     def _rebuild(self, workers: list[PartitionThread], lost: Launch) -> None:
         """A shard's files vanished (its executor's host changed or they were deleted):
-        stop the other rounds, rebuild every shard from the source, as the synchronous
-        rounds do; the rows of the lost and cancelled rounds go back into the budget."""
+        stop the other rounds, rebuild the lost shards from the source (the others
+        re-attach), as the synchronous rounds do; the rows of the lost and cancelled rounds go back into the budget."""
         self.rebuilds += 1
         self.dispatched -= lost.rows
         back = [w.busy for w in workers if w.busy is not None]
         self._cancel(workers)
         self.dispatched -= sum(j.rows for j in back)
-        log.warning("sparknet async: resident training data of partition %d lost; rebuilding all "
-                    "shards", lost.partition)
+        log.warning("sparknet async: resident training data of partition %d lost; rebuilding the "
+                    "lost shards", lost.partition)
         self.resident.rebuild()
         if self.ctx.state is not None:  # their optimizer state: from the newest checkpoint
             self.ctx.state.before_round(self.ctx, standalone=True)
