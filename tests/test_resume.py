@@ -195,10 +195,7 @@ def test_hung_async_task_fails_the_fit_with_round_timeout(spark, digits):
     with inject_faults(hang=[1], hang_after=4), pytest.raises(RoundTimeout, match="round_timeout=4 s"):
         trainer.fit(X, y, epochs=3, batch_size=32, verbose=0)
     assert time.perf_counter() - t0 < 80
-    deadline = time.time() + 30
-    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.time() < deadline:
-        time.sleep(0.5)
-    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+    _assert_jobs_end(spark)
 
 
 def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
@@ -209,10 +206,7 @@ def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
     with inject_faults(hang=[0], hang_after=3), pytest.raises(RoundTimeout, match="longer than 4 s"):
         trainer.fit(X, y, epochs=2, batch_size=256, verbose=0)
     assert time.perf_counter() - t0 < 80
-    deadline = time.time() + 30
-    while spark.sparkContext.statusTracker().getActiveJobsIds() and time.time() < deadline:
-        time.sleep(0.5)
-    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+    _assert_jobs_end(spark)
 
 
 def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, digits, tmp_path, caplog):
@@ -257,3 +251,12 @@ def test_checkpoint_every_and_round_timeout_arguments():
         DataParallelTrainer(model, checkpoint_dir="/tmp/x", checkpoint_keep=0)
     with pytest.raises(ValueError, match=r"resume=True\) needs"):
         DataParallelTrainer(model, spark=object()).fit(np.zeros((4, 3)), np.zeros(4), resume=True)
+
+
+def _assert_jobs_end(spark, within: float = 30.0) -> None:
+    """The cancelled fit's Spark jobs are all gone within ``within`` seconds."""
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.time() + within
+    while tracker.getActiveJobsIds() and time.time() < deadline:
+        time.sleep(0.5)
+    assert not tracker.getActiveJobsIds()
