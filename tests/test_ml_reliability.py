@@ -550,7 +550,7 @@ def uninterrupted(digits_train):
     return _resume_clf(epochs=RESUME_EPOCHS).fit(digits_train)
 
 
-def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uninterrupted, tmp_path):
+def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uninterrupted, tmp_path, monkeypatch):
     import shutil
 
     from sparknet.checkpoint import CheckpointStore
@@ -576,6 +576,14 @@ def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uni
     np.testing.assert_array_equal(resumed.network.params, uninterrupted.network.params)
     assert resumed._history.history["loss"] == uninterrupted._history.history["loss"]
     assert len(store.checkpoints()) == RESUME_EPOCHS  # epochs 1 (the killed fit's), 2 and 3
+    # what the killed driver left in /dev/shm is swept (here at once, not after the grace period)
+    from sparknet.cluster import spill
+    monkeypatch.setattr(spill, "GRACE", 0.0)
+    app = spark.sparkContext.applicationId
+    spill.sweep_stale(app, force=True)
+    left = [n for n in os.listdir(spill.SHM) if n.startswith(spill.PREFIX)
+            and spill.stale_reason(os.path.join(spill.SHM, n), app) is not None]
+    assert left == []
 
 
 def test_estimator_resume_with_more_epochs_continues_a_finished_fit(digits_train, uninterrupted, tmp_path):
