@@ -207,7 +207,7 @@ def _bad_fit(spark, data, y=None, match="", **kw):
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=1e-2))
     with pytest.raises(ValueError, match=match):
         trainer.fit(data, y, epochs=1, batch_size=8, verbose=0, **kw)
-    # no round ran: no calibration probe, parameters untouched
+    # no round ran: no round sizing, parameters untouched
     assert trainer.cost is None
     np.testing.assert_array_equal(model.params, before)
 

@@ -395,8 +395,8 @@ def _untrained_model():
 
 def _fit_error(spark, clf, df, match):
     """``clf.fit(df)`` raises a ValueError matching ``match`` after at most the jobs that
-    load (and check) the data: a fit runs 3 calibration probes and then its rounds after
-    loading, so 2 jobs or fewer means no probe and no training round ran."""
+    load (and check) the data: a fit runs its training rounds after loading, so 2 jobs
+    or fewer means no training round ran."""
     sc = spark.sparkContext
     group = f"bad-input-{time.monotonic_ns()}"
     sc.setJobGroup(group, "bad input")

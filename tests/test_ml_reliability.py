@@ -81,7 +81,7 @@ def _jobs_during(spark, fn):
 
 
 # at most the data-loading jobs (the shard job and its shuffle): a fit runs its
-# calibration probes and rounds after them, so 2 jobs or fewer means no training step;
+# rounds after them, so 2 jobs or fewer means no training step;
 # sequence columns take 2 more (their length statistics, an aggregation)
 _MAX_JOBS = 2
 _SEQUENCE_STATS_JOBS = 2

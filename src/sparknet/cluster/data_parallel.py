@@ -27,9 +27,10 @@ Two synchronous flavours (``sync=``):
     and epochs, so the state follows that partition's gradient statistics and is
     never reset or shipped within the fit (a later fit on reused shards starts its
     own).  ``tau`` defaults to the smallest number of steps that
-    keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round, measured by a
-    probe at the start of the fit (:class:`~sparknet.cluster.cost.RoundCostModel`) and
-    re-measured from every round (the next rounds are re-sized from them).  When one
+    keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round
+    (:class:`~sparknet.cluster.cost.RoundCostModel`): estimated for the first epoch
+    with no job of its own (a local step timed on the driver, the shard job's fixed
+    cost), then measured from the rounds run (the next epochs are re-sized from them).  When one
     epoch of local steps is too short to pay for a round, a round spans several whole
     epochs (at most ``max_epochs_per_round``); validation then runs at the end of each
     round, and the epochs inside it get ``NaN`` validation metrics (as with Keras's
@@ -395,7 +396,7 @@ class DataParallelTrainer:
                        y_shape=() if classification else _shape(model.output_shape))
 
     def _calibrate(self, ctx: FitContext, t_fit: float) -> None:
-        """Size the rounds (from a probe round when ``local_steps="auto"``); the fit's
+        """Size the rounds (from an estimate when ``local_steps="auto"``); the fit's
         set-up ends here: ``history.setup_time`` and its ``setup_breakdown``."""
         t_cal = time.perf_counter()
         ctx.calibrate()

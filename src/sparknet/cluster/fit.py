@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 #: them instead of a probe round.  Keyed by :func:`_cost_key`; the newest 32 are kept.
 _MEASURED: dict[tuple, RoundCostModel] = {}
 
+#: The least fixed cost of a round assumed before one is measured (seconds), and the
+#: seconds per MiB of parameters sent out (broadcast) or brought back (task results)
+#: assumed with it: the first epoch's rounds are sized from these and a step timed on
+#: the driver (:meth:`FitContext._estimate`).
+MIN_FIXED_S = 0.08
+FIXED_S_PER_MIB = 0.01
+
 
 class FitHistory(History):
     """The :class:`~sparknet.model.History` of a data-parallel fit.
@@ -236,17 +243,42 @@ class FitContext:
         return cost.t_fixed + math.ceil(max(data.rows, default=0) / max(self.batch_size, 1)) * cost.t_step
 
     # -- calibration ------------------------------------------------------
-    def _measure(self, steps: int = 4, warmup: int = 2) -> RoundCostModel:
-        """Spark's fixed cost and one local step's compute, from one probe round that
-        changes nothing: ``warmup`` untimed steps (the worker's model build, the shard's
-        attach), then ``steps`` timed ones; the fixed cost is the round's wall time less
-        the slowest task's compute."""
-        t0 = time.perf_counter()
-        task = make_task(self.spec, self.ps.broadcast(), TaskKind.PROBE, probe_steps=steps,
-                         warmup_steps=warmup)
-        res = self._run(self.train, task, "sparknet: calibrating the round length", kind="probe")
-        wall, comp = time.perf_counter() - t0, max(res.times) if res.times else 0.0
-        return RoundCostModel(max(wall - comp, 1e-4), max(res.step_time, 1e-6), int(self.model.params.nbytes))
+    def _estimate(self, steps: int = 3, budget: float = 0.25) -> RoundCostModel:
+        """A first cost model without a probe job, to size the first epoch's rounds (the
+        later ones are sized from the rounds measured, see :meth:`resize`): the compute of
+        one local step timed here on the driver (a copy of the network, random rows of
+        the fit's batch size, one BLAS thread per task as on the executors; ``steps``
+        timed steps after an untimed one, fewer past ``budget`` seconds), and Spark's
+        fixed cost taken from the shard job just run (its scheduling and results) plus
+        the parameters out and back at :data:`FIXED_S_PER_MIB`."""
+        from sparknet import optim as optim_mod
+        from sparknet.threads import blas_threads
+
+        model, spec, b = self.model, self.spec, self.batch_size
+        copy = model.clone()
+        opt = optim_mod.from_config(*spec.optimizer)
+        rng = np.random.default_rng([spec.seed, 98])
+        shape = (b,) + tuple(spec.input_shape)
+        x = np.zeros(shape, np.int64) if spec.int_input else rng.standard_normal(shape).astype(model.dtype)
+        if spec.classification:
+            y: np.ndarray = rng.integers(0, max(int(np.prod(model.output_shape[-1:])), 1), size=b)
+        else:
+            y = rng.standard_normal((b,) + tuple(spec.y_shape)).astype(model.dtype)
+        times: list[float] = []
+        with blas_threads(max(int(self.sc.getConf().get("spark.task.cpus", "1")), 1)):
+            for k in range(steps + 1):
+                t0 = time.perf_counter()
+                copy.loss_and_grad(x, y, model.loss)
+                opt.step(copy.params, copy.grads)
+                if k:
+                    times.append(time.perf_counter() - t0)
+                if time.perf_counter() - t0 > budget / (steps + 1):
+                    break
+        t_step = min(times) if times else time.perf_counter() - t0
+        phases = self.train.phases
+        mib = model.params.nbytes / 2 ** 20
+        t_fixed = max(phases.get("shard job: scheduling, results", 0.0), MIN_FIXED_S) + 2 * mib * FIXED_S_PER_MIB
+        return RoundCostModel(t_fixed, max(t_step, 1e-6), int(model.params.nbytes))
 
     def _cost_key(self) -> tuple:
         """What a round's cost depends on: the shards, the network (not its weights or
@@ -258,8 +290,9 @@ class FitContext:
     def calibrate(self) -> None:
         """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no
         measurement (the cost model then comes from the first epoch's rounds, see
-        :meth:`resize`); ``local_steps="auto"`` measures a probe round first, unless
-        the shards are reused and an earlier fit there measured the same rounds."""
+        :meth:`resize`); ``local_steps="auto"`` sizes the first epoch from an estimate
+        (:meth:`_estimate`, no job), unless the shards are reused and an earlier fit
+        there measured the same rounds."""
         tr = self.trainer
         n_max = max(self.train.rows)
         if tr.sync == "gradient":
@@ -271,7 +304,9 @@ class FitContext:
             self._size(steps_epoch, int(tr.local_steps))
             return
         cost = _MEASURED.get(self._cost_key()) if self.train.reused else None
-        cost = self.cost = cost or self._measure()
+        if cost is None:
+            cost = self._estimate()
+        self.cost = cost
         self._size(steps_epoch, cost.steps_for(tr.max_overhead))
         if cost.overhead(self.steps_per_round) > tr.max_overhead:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
@@ -282,8 +317,8 @@ class FitContext:
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
         """Measure the cost model from the rounds just run, and re-size the next rounds
-        from it (``sync="average"`` with ``local_steps="auto"``): the probe only sees a
-        few steps, a round sees them all."""
+        from it (``sync="average"`` with ``local_steps="auto"``): the first epoch's
+        estimate timed one step on the driver, a round times them all on the executors."""
         tr = self.trainer
         if rl.rounds == 0 or rl.wall <= 0:
             return

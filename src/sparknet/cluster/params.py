@@ -44,7 +44,7 @@ class RoundResult:
         stats: float64 array, see :data:`STATS`; for a round spanning several epochs,
             one row per epoch (shape ``(epochs, len(STATS))``).
         times: compute seconds of each task (inside the task, excluding Spark's costs).
-        step_time: seconds of one local step (the slowest task's; probe rounds only).
+        step_time: seconds of one local step (the slowest task's).
         nonfinite: ``(partition, what)`` of every task whose loss or vector was NaN or
             infinite (``what``: ``"loss"``, ``"gradient"``, ``"delta"``; see
             :mod:`sparknet.cluster.guards`).

@@ -10,8 +10,6 @@ A task has one :class:`TaskKind`:
 * ``AVERAGE`` -- local optimizer steps over this partition's chunk (or whole epochs)
   with the partition's resident optimizer state, returning the row-weighted delta
   (``sync="average"`` and ``mode="async"``);
-* ``PROBE`` -- timed local steps on random rows from a throw-away optimizer, nothing
-  kept (the calibration of the round length);
 * ``EVAL`` -- loss and accuracy over the whole shard, no gradient.
 
 Every kind returns one :class:`~sparknet.cluster.params.RoundResult`.  The minibatch
@@ -54,7 +52,6 @@ class TaskKind(enum.Enum):
 
     GRADIENT = "gradient"
     AVERAGE = "average"
-    PROBE = "probe"
     EVAL = "eval"
 
     @property
@@ -116,19 +113,15 @@ class RoundTask:
         epoch: the (first) epoch of the round.
         rnd: the round's index in its epoch.
         rounds: rounds per epoch (chunks of each partition's permutation).
-        probe_steps: timed local steps of a ``PROBE`` task.
         span: whole epochs in one ``AVERAGE`` round (then ``rounds == 1``).
-        warmup_steps: untimed local steps of a ``PROBE`` task before its timed ones.
         collect_state: an ``AVERAGE`` task also returns the partition's optimizer state
             after its steps (:attr:`RoundResult.states`: a checkpoint follows the round).
     """
 
     def __init__(self, spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str", epoch: int = 0,
-                 rnd: int = 0, rounds: int = 1, probe_steps: int = 0, span: int = 1,
-                 warmup_steps: int = 0, collect_state: bool = False) -> None:
+                 rnd: int = 0, rounds: int = 1, span: int = 1, collect_state: bool = False) -> None:
         self.spec, self.bc, self.kind = spec, bc, TaskKind(kind)
-        self.epoch, self.rnd, self.rounds, self.probe_steps = epoch, rnd, rounds, probe_steps
-        self.warmup_steps = max(0, int(warmup_steps))
+        self.epoch, self.rnd, self.rounds = epoch, rnd, rounds
         self.span = max(1, int(span))
         self.collect_state = bool(collect_state)
 
@@ -197,14 +190,6 @@ class RoundTask:
             res.states = {index: {name[len(prefix):]: np.array(arr, copy=True) for name, arr in resident.items()}}
         return res
 
-    def _probe(self, index: int, shard: "Shard", model: Sequential) -> RoundResult:
-        n, b = int(shard["y"].shape[0]), self.spec.batch_size
-        rng = np.random.default_rng([self.spec.seed, 99, index])
-        opt = optim_mod.from_config(*self.spec.optimizer)
-        if self.warmup_steps:  # first steps in this worker: untimed
-            self._local_steps(shard, model, opt, [rng.integers(0, n, size=b * self.warmup_steps)])
-        return self._local_steps(shard, model, opt, [rng.integers(0, n, size=b * self.probe_steps)])
-
     # -- shared steps ---------------------------------------------------------
     def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
                      segments: list[np.ndarray]) -> RoundResult:
@@ -246,7 +231,6 @@ class RoundTask:
 _RUNNERS: dict[TaskKind, Callable[[RoundTask, int, "Shard", Sequential], RoundResult]] = {
     TaskKind.GRADIENT: RoundTask._gradient_round,
     TaskKind.AVERAGE: RoundTask._average_round,
-    TaskKind.PROBE: RoundTask._probe,
     TaskKind.EVAL: RoundTask._evaluate,
 }
 
@@ -277,7 +261,7 @@ def set_task_wrapper(wrapper: TaskWrapper | None) -> TaskWrapper | None:
 def make_task(spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str",
               **where: Any) -> Callable[[int, "Shard"], list[RoundResult]]:
     """A :class:`RoundTask` (``where``: its ``epoch``, ``rnd``, ``rounds``,
-    ``probe_steps``, ``warmup_steps``, ``span``, ``collect_state``), passed through the
+    ``span``, ``collect_state``), passed through the
     installed task wrapper, if any."""
     task = RoundTask(spec, bc, kind, **where)
     wrapper = _WRAPPER

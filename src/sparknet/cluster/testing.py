@@ -63,7 +63,7 @@ class FaultyTask:
 @dataclass
 class _Faults:
     """The wrapper installed by :func:`inject_faults`: training tasks get the faults,
-    calibration probes and evaluation pass through untouched."""
+    evaluation passes through untouched."""
 
     slow: dict[int, float]
     delay: dict[int, float]
@@ -89,7 +89,7 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
 
     Inside the ``with`` block, the training tasks of every
     :class:`~sparknet.cluster.data_parallel.DataParallelTrainer` fit (synchronous and
-    asynchronous; calibration probes and evaluation are untouched) built on this
+    asynchronous; evaluation is untouched) built on this
     driver are wrapped so that:
 
     * for ``slow={p: factor}``, partition ``p`` sleeps ``factor`` times its own compute
