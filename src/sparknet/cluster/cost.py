@@ -127,6 +127,10 @@ class SparkCosts:
         network_measured: the per-MiB figures were measured across the links the runs use
             (no separate network term); ``False`` for :meth:`assumed` clusters.
         thread_efficiency: speed-up per doubling of BLAS threads, as a fraction of 2x.
+        shared_cores: the driver runs on the executors' cores (local mode, or executors on
+            the driver's host): a job's fixed cost is CPU time taken from the tasks when
+            jobs overlap compute (``mode="async"``).
+        probe_s: seconds the probes took (0 when not measured).
     """
 
     job_s: float
@@ -146,6 +150,8 @@ class SparkCosts:
     executors: int = 1
     network_measured: bool = True
     thread_efficiency: float = 0.9
+    shared_cores: bool = False
+    probe_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib", "driver_update_s_per_mib"):
@@ -203,7 +209,7 @@ class SparkCosts:
         base = like if like is not None else REFERENCE
         return replace(base, hosts=int(hosts), cores_per_host=int(cores_per_host),
                        bandwidth_bytes_s=bandwidth_gbit * 1e9 / 8, latency_s=latency_ms / 1e3,
-                       network_measured=False, executors=int(hosts))
+                       network_measured=False, executors=int(hosts), shared_cores=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -494,8 +500,13 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
     updates = samples / rows
     driver_serial = updates * mib * (delta + sc.broadcast_s_per_mib + sc.result_s_per_mib)
     busy = samples / X
+    cpu = 0.0
+    if sc.shared_cores:   # the jobs' fixed cost is CPU on the tasks' cores: it does not overlap compute
+        w = [1.0 / t for t in T]
+        per_round = sum(wi * (base / share) / s for wi, s in zip(w, sp)) / sum(w)
+        cpu = updates * (per_round + single) / min(sc.slots, P)
     tail = 0.5 * (max(T) - min(T))
-    epoch = max(busy, driver_serial) + tail
+    epoch = max(busy, driver_serial, cpu) + tail
     # per epoch: each update's costs, the compute at nominal speed, the rest waiting on stragglers
     bd = {k: v * updates / P for k, v in comm.items()}
     bd["compute"] = base * updates / P

@@ -133,21 +133,22 @@ def executor_layout(sc: Any) -> tuple[int, int, int]:
     return hosts, max(1, cores // hosts), max(1, len(execs))
 
 
-def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 24.0, result_mib: float = 8.0,
-                work: int = 120) -> dict[str, Any]:
+def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: float = 4.0,
+                work: int = 300) -> dict[str, Any]:
     """Measure the per-job, per-task and per-MiB costs of the live session (a few seconds).
 
     Returns the fields of :class:`~sparknet.cluster.cost.SparkCosts` (``job_s``,
     ``single_job_s``, ``task_s``, ``broadcast_s_per_mib``, ``result_s_per_mib``,
     ``driver_update_s_per_mib``, ``driver_delta_s_per_mib``, ``task_speed``, ``hosts``,
-    ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``).
+    ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``, ``shared_cores``, ``probe_s``).
     """
     from sparknet.cluster.resident import Resident
 
+    t_start = time.perf_counter()
     sc = getattr(spark, "sparkContext", spark)
     hosts, per_host, executors = executor_layout(sc)
     c = hosts * per_host
-    res = Resident(sc.parallelize(range(c), c), _slot, name="costprobe", cut_lineage=False)
+    res = Resident(sc.parallelize(range(c), c), _slot, name="costprobe", cut_lineage=False, on_lost="rebuild")
     n_bc, n_out = int(bc_mib * MIB / 4), int(result_mib * MIB / 4)
     tiny = ParameterServer(sc, np.zeros(1, dtype=np.float32))
     big = ParameterServer(sc, np.ones(n_bc, dtype=np.float32))
@@ -199,7 +200,22 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 24.0, result_mib: 
         "task_speed": float(min(1.0, _median(speeds[1:]))),
         "hosts": hosts, "cores_per_host": per_host, "executors": executors,
         "bandwidth_bytes_s": loopback_bandwidth(),
+        "shared_cores": _on_driver_host(sc), "probe_s": time.perf_counter() - t_start,
     }
+
+
+def _on_driver_host(sc: Any) -> bool:
+    """Whether the executors run on the driver's machine (local mode, or a cluster on it)."""
+    if (sc.master or "").startswith("local"):
+        return True
+    driver = sc.getConf().get("spark.driver.host", "")
+    try:
+        status = sc._jsc.sc().getExecutorMemoryStatus()
+        keys = [str(k) for k in sc._jvm.scala.collection.JavaConverters.asJavaCollection(status.keys())]
+    except Exception:  # pragma: no cover - an unusual gateway
+        return False
+    local = {driver, "127.0.0.1", "localhost", socket.gethostname()}
+    return all(k.rsplit(":", 1)[0] in local for k in keys)
 
 
 def driver_update_probe(mib: float = 8.0, repeats: int = 3) -> tuple[float, float]:

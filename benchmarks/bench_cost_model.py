@@ -1,0 +1,333 @@
+"""The cost model against real runs: predicted vs measured epoch (or step) times.
+
+For each master (``local[1]``, ``local[2]``, a standalone cluster of 2 one-core workers on
+127.0.0.1) and workload, in one process and close in time:
+
+1. the probes: :meth:`SparkCosts.measure` on the live session, :meth:`NetworkCosts.measure`
+   (real training steps of the network in this process, one BLAS thread);
+2. the prediction (:func:`sparknet.cluster.cost.predict`);
+3. the real thing: a short :class:`~sparknet.cluster.DataParallelTrainer` fit (numpy
+   input, RMSprop, fixed ``local_steps``, plain averaging), whose median epoch after the
+   first is the measurement (the first epoch starts the workers' models); or for the
+   model-parallel net, :class:`~sparknet.cluster.model_parallel.ModelParallel` steps
+   (median after one warm-up step, lookahead on, as ``bench_model_parallel.py`` runs them).
+
+Workloads (``--only``):
+
+* ``mlp``: MNIST MLP 784-512-256-10, batch 128 (the first ``--mlp-rows`` training images);
+* ``cnn``: the CNN of ``bench_cnn.py`` (c5x5x32-p2-c5x5x64-p2-d128-d10), batch 64;
+* ``lstm``: a char LSTM(200) on ``../shared/data/shakespeare.txt``: windows of
+  ``--seq`` characters, the next character as the label, batch 32;
+* ``mp``: the 335.6M paired blocked net 4096-16384-16384-10 of ``bench_model_parallel.py``,
+  K = 2, batch 256 (the step time; ``--mp-unpaired`` adds the unpaired net).
+
+Data-parallel modes (``--modes``): ``average`` (sync, tau local steps), ``gradient`` (sync,
+one global step per round, on fewer rows), ``async``.  The table gives predicted and
+measured seconds, the error in %, the load average and the one-thread sgemm rate when the
+row was taken, and the prediction's largest terms.
+
+    python benchmarks/bench_cost_model.py                       # everything (~15-25 min)
+    python benchmarks/bench_cost_model.py --only mlp --master local[2]
+    python benchmarks/bench_cost_model.py --only mp --master standalone
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+os.environ["OPENBLAS_NUM_THREADS"] = "1"        # inherited by local-mode workers and standalone executors
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+import numpy as np  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+DATA = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data"))
+
+
+# --------------------------------------------------------------------------- workloads
+def mlp_model(seed: int = 0):
+    from sparknet import Dense, Sequential
+    return Sequential([Dense(512, activation="relu"), Dense(256, activation="relu"),
+                       Dense(10, activation="softmax")], input_shape=(784,), seed=seed)
+
+
+def cnn_model(seed: int = 0):
+    from bench_cnn import sparknet_cnn
+    return sparknet_cnn(seed)
+
+
+def lstm_model(vocab: int, seq: int, seed: int = 0):
+    from sparknet import LSTM, Dense, Embedding, Sequential
+    return Sequential([Embedding(vocab, 32), LSTM(200), Dense(vocab, activation="softmax")],
+                      input_shape=(seq,), seed=seed)
+
+
+def mnist(rows: int, flat: bool):
+    from sparknet.datasets import load_mnist
+    X, y, _, _ = load_mnist(os.path.join(DATA, "mnist"), flat=flat)
+    mean, std = float(X.mean()), float(X.std())
+    return ((X[:rows] - mean) / std).astype(np.float32), y[:rows]
+
+
+def shakespeare(rows: int, seq: int):
+    from sparknet.data import char_vocab
+    from sparknet.datasets import load_text
+    text = load_text(os.path.join(DATA, "shakespeare.txt"))[: rows * seq + seq + 1]
+    chars, ids = char_vocab(text)
+    starts = np.arange(rows) * seq
+    X = np.stack([ids[s:s + seq] for s in starts]).astype(np.float32)
+    y = ids[starts + seq]
+    return X, y, len(chars)
+
+
+# ----------------------------------------------------------------------------- sessions
+def session(master: str, extra: dict | None = None):
+    from pyspark.sql import SparkSession
+
+    from sparknet.cluster.session import DEFAULT_CONF
+    b = SparkSession.builder
+    for k, v in DEFAULT_CONF.items():
+        b = b.config(k, v)
+    b = (b.master(master).appName("bench-cost-model")
+         .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+         .config("spark.driver.memory", "4g").config("spark.driver.host", "127.0.0.1")
+         .config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.executorEnv.OPENBLAS_NUM_THREADS", "1"))
+    for k, v in (extra or {}).items():
+        b = b.config(k, v)
+    s = b.getOrCreate()
+    s.sparkContext.setLogLevel("ERROR")
+    return s
+
+
+def wait_executors(spark, n: int, timeout: float = 90) -> None:
+    sc = spark.sparkContext
+    deadline = time.time() + timeout
+    while sc._jsc.sc().getExecutorMemoryStatus().size() < n + 1:
+        if time.time() > deadline:
+            raise TimeoutError(f"{n} executors did not register in {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def state() -> dict:
+    """The load average and this process's one-thread sgemm rate now."""
+    from sparknet.cluster.probe import gemm_gflops
+    return {"load": os.getloadavg()[0], "sgemm": gemm_gflops()}
+
+
+# ----------------------------------------------------------------------------- one row
+def fit_epochs(spark, make, X, y, mode: str, partitions: int, tau: int, batch: int,
+               epochs: int) -> tuple[list[float], list[float]]:
+    """Epoch times of a short DataParallelTrainer fit and the compute seconds in them (the
+    slowest task's per round, summed; async: per partition), the first epoch dropped."""
+    from sparknet import RMSprop
+    from sparknet.cluster import DataParallelTrainer
+    model = make()
+    kw: dict[str, Any] = {"gradient": {"sync": "gradient"},
+                          "average": {"sync": "average", "local_steps": tau, "outer": None},
+                          "async": {"sync": "average", "local_steps": tau, "mode": "async"}}[mode]
+    trainer = DataParallelTrainer(model, spark, num_partitions=partitions, optimizer=RMSprop(lr=1e-3), **kw)
+    _, h = trainer.fit(X, y, epochs=epochs, batch_size=batch, verbose=0, reuse_data=False)
+    times = [float(t) for t in h["time"][1:]]
+    return times, [t * (1.0 - float(o)) for t, o in zip(times, h["spark_overhead"][1:])]
+
+
+def row(name: str, master: str, pred, measured: list[float], st: dict, unit: str = "epoch",
+        compute: list[float] | None = None) -> dict:
+    m = float(np.median(measured))
+    p = pred.step_s if unit == "step" else pred.epoch_s
+    top = sorted(pred.breakdown.items(), key=lambda kv: -kv[1])[:4]
+    per = pred.step_s / pred.round_s if unit == "step" and pred.round_s else 1.0
+    scale = (p / pred.epoch_s) if pred.epoch_s else 1.0
+    terms = ", ".join(f"{k} {v * scale * per:.3g}" for k, v in top if v > 0)
+    r = {"workload": name, "master": master, "mode": pred.mode, "unit": unit, "predicted": p, "measured": m,
+         "error_pct": 100.0 * (p - m) / m, "runs": [round(x, 4) for x in measured], "terms": terms,
+         "settings": {k: v for k, v in pred.settings.items() if k != "speeds"}, **st}
+    comp = ""
+    if compute:
+        pc = (pred.breakdown.get("compute", 0.0) + pred.breakdown.get("stragglers", 0.0)) * scale * per
+        r["compute_predicted"], r["compute_measured"] = pc, float(np.median(compute))
+        comp = f"; compute {pc:.3f} vs {r['compute_measured']:.3f}, rest {p - pc:.3f} vs {m - r['compute_measured']:.3f}"
+    print(f"  {name:<5} {master:<11} {pred.mode:<15} predicted {p:8.3f} s/{unit}  measured {m:8.3f}  "
+          f"error {r['error_pct']:+6.1f}%  (load {st['load']:.1f}, sgemm {st['sgemm']:.0f})  [{terms}]{comp}",
+          flush=True)
+    return r
+
+
+def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None:
+    from sparknet.cluster.cost import NetworkCosts, SparkCosts, predict
+
+    work = []
+    if "mlp" in args.only:
+        X, y = mnist(args.mlp_rows, flat=True)
+        work.append(("mlp", mlp_model, X, y, 128, args.tau_mlp, args.grad_rows_mlp))
+    if "cnn" in args.only:
+        X, y = mnist(args.cnn_rows, flat=False)
+        work.append(("cnn", cnn_model, X, y, 64, args.tau_cnn, args.grad_rows_cnn))
+    if "lstm" in args.only:
+        X, y, vocab = shakespeare(args.lstm_rows, args.seq)
+        work.append(("lstm", lambda: lstm_model(vocab, args.seq), X, y, 32, args.tau_lstm, 0))
+    for name, make, X, y, batch, tau, grad_rows in work:
+        modes = [m for m in args.modes if not (name == "lstm" and m != "average")]
+        for mode in modes:
+            Xm, ym = (X[:grad_rows], y[:grad_rows]) if mode == "gradient" else (X, y)
+            sc = SparkCosts.measure(spark)
+            net = NetworkCosts.measure(make(), batch)
+            st = state()
+            settings: dict[str, Any] = {"partitions": partitions}
+            if mode != "gradient":
+                settings["tau"] = tau
+            pred = predict(mode, net, sc, len(Xm), **settings)
+            measured, compute = fit_epochs(spark, make, Xm, ym, mode, partitions, tau, batch, args.epochs)
+            rows.append(row(name, master, pred, measured, st, compute=compute))
+            rows[-1]["spark_costs"] = sc.to_dict()
+            rows[-1]["net"] = {"sample_s": net.sample_s, "update_s": net.update_s, "step_fixed_s": net.step_fixed_s}
+
+
+def model_parallel(spark, master: str, args, rows: list) -> None:
+    from bench_model_parallel import Single, data, layers
+
+    from sparknet import RMSprop
+    from sparknet.cluster.blocks import BlockPlan
+    from sparknet.cluster.cost import NetworkCosts, SparkCosts, predict
+    from sparknet.cluster.model_parallel import ModelParallel
+
+    n_in, width, batch = 4096, 16384, 256
+    single = Single(n_in, width)
+    X, y = data(n_in, batch, args.mp_steps + 1)
+    xs = [X[s * batch:(s + 1) * batch] for s in range(args.mp_steps + 1)]
+    one = []
+    for s in range(2):
+        one.append(single.step(xs[s], y[s * batch:(s + 1) * batch]))
+    net = NetworkCosts(sample_s=float(np.median(one)) / batch, eval_sample_s=float(np.median(one)) / batch / 3,
+                       param_bytes=int(single.model.params.nbytes), batch_size=batch,
+                       n_params=int(single.model.n_params),
+                       update_s=_update_s(single.model))
+    one_step = float(np.median(one))
+    del single
+    for pair in [True] + ([False] if args.mp_unpaired else []):
+        sc = SparkCosts.measure(spark)
+        st = state()
+        pred = predict("model_parallel", net, sc, batch, blocks=2, paired=pair,
+                       layer_sizes=[n_in, width, width, 10])
+        mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark,
+                           seed=0, optimizer=RMSprop(lr=1e-4), name="bench-cost")
+        try:
+            for s in range(args.mp_steps):
+                mp.train_on_batch(xs[s], y[s * batch:(s + 1) * batch], next_x=xs[s + 1])
+            times = mp.step_times[1:]
+        finally:
+            mp.close()
+        rows.append(row("mp" + ("-paired" if pair else ""), master, pred, times, st, unit="step"))
+        rows[-1]["one_process_step_s"] = one_step
+
+
+def _update_s(model) -> float:
+    """Seconds of one RMSprop step over ``model``'s parameters, one thread."""
+    from threadpoolctl import threadpool_limits
+
+    from sparknet import RMSprop
+    opt = RMSprop(lr=1e-6)
+    g = np.zeros_like(model.params)
+    with threadpool_limits(1):
+        opt.step(model.params, g)
+        t0 = time.perf_counter()
+        opt.step(model.params, g)
+        return time.perf_counter() - t0
+
+
+def run_master(master: str, args, rows: list) -> None:
+    print(f"\n== {master}", flush=True)
+    if master == "standalone":
+        from _standalone_cluster import StandaloneCluster
+        with StandaloneCluster(workers=2, cores=1, memory="12g") as cluster:
+            spark = session(cluster.url, {"spark.executor.cores": "1", "spark.executor.memory": "1g"})
+            try:
+                wait_executors(spark, 2)
+                _run(spark, "standalone", 2, args, rows)
+            finally:
+                spark.stop()
+        return
+    spark = session(master)
+    try:
+        _run(spark, master, int(master[len("local["):-1]), args, rows)
+    finally:
+        spark.stop()
+
+
+def _run(spark, master: str, cores: int, args, rows: list) -> None:
+    if set(args.only) & {"mlp", "cnn", "lstm"}:
+        data_parallel(spark, master, cores, args, rows)
+    if "mp" in args.only:
+        model_parallel(spark, master, args, rows)
+
+
+def report(rows: list) -> None:
+    print("\n| workload | master | mode | settings | predicted (s) | measured (s) | error | compute pred / meas (s) "
+          "| load | sgemm | largest terms (s) |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for r in rows:
+        s = r["settings"]
+        keys = ("partitions", "tau", "K", "paired", "jobs_per_step")
+        opts = ", ".join(f"{k}={s[k]}" for k in keys if k in s)
+        comp = (f"{r['compute_predicted']:.3f} / {r['compute_measured']:.3f}" if "compute_measured" in r else "-")
+        print(f"| {r['workload']} | {r['master']} | {r['mode']} | {opts} | {r['predicted']:.3f}/{r['unit']} | "
+              f"{r['measured']:.3f} | {r['error_pct']:+.1f}% | {comp} | {r['load']:.1f} | {r['sgemm']:.0f} "
+              f"| {r['terms']} |")
+    errs = [abs(r["error_pct"]) for r in rows]
+    if errs:
+        print(f"\n{sum(e <= 15 for e in errs)} of {len(errs)} rows within 15%; median |error| "
+              f"{np.median(errs):.1f}%")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="mlp,cnn,lstm,mp", help="comma list of mlp, cnn, lstm, mp")
+    ap.add_argument("--master", default="local[1],local[2],standalone",
+                    help="comma list of local[N] and standalone")
+    ap.add_argument("--modes", default="average,gradient,async", help="comma list of data-parallel modes")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs per fit (the first is not measured)")
+    ap.add_argument("--mlp-rows", type=int, default=20000)
+    ap.add_argument("--cnn-rows", type=int, default=4000)
+    ap.add_argument("--lstm-rows", type=int, default=3000)
+    ap.add_argument("--grad-rows-mlp", type=int, default=2560, help="rows of the sync='gradient' fits")
+    ap.add_argument("--grad-rows-cnn", type=int, default=640)
+    ap.add_argument("--seq", type=int, default=25, help="characters per LSTM window")
+    ap.add_argument("--tau-mlp", type=int, default=40)
+    ap.add_argument("--tau-cnn", type=int, default=16)
+    ap.add_argument("--tau-lstm", type=int, default=24)
+    ap.add_argument("--mp-steps", type=int, default=5, help="model-parallel steps (the first is not measured)")
+    ap.add_argument("--mp-unpaired", action="store_true", help="also the unpaired 335.6M net")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args(argv)
+    args.only = [w for w in args.only.split(",") if w]
+    args.modes = [m for m in args.modes.split(",") if m]
+    from _machine import machine_header
+    print(machine_header(), flush=True)
+    mine = ("/dev/shm/sparknet-*costprobe*", "/dev/shm/sparknet-*bench-cost*")
+    shm_before = {d for g in mine for d in glob.glob(g)}
+    rows: list = []
+    try:
+        for master in [m for m in args.master.split(",") if m]:
+            run_master(master, args, rows)
+    finally:
+        for d in {d for g in mine for d in glob.glob(g)} - shm_before:   # this run's block folders only
+            shutil.rmtree(d, ignore_errors=True)
+        report(rows)
+        if args.json:
+            with open(args.json, "w") as fh:
+                json.dump(rows, fh, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
