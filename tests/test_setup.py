@@ -124,6 +124,49 @@ def test_setup_breakdown_adds_up_to_setup_time(spark, digits, no_kept_shards):
     assert {"plan (driver)", "worker start, imports", "convert to numpy", "spill"} <= set(h.setup_breakdown)
 
 
+def _resident_dirs():
+    return {p for p in os.listdir("/dev/shm") if p.startswith("sparknet-resident-")} if os.path.isdir("/dev/shm") else set()
+
+
+def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_shards):
+    """A built model's validation data loads in a second thread while the training data
+    loads (its job in the caller's job group): the fit equals one whose model is built
+    from the data, which loads its validation data after; a bad validation set, or a bad
+    training set beside it, is refused naming the data that is wrong, with no shards left."""
+    X, y, Xt, yt = digits
+    df, dft = _cached_df(spark, X, y), _cached_df(spark, Xt, yt)
+    sc = spark.sparkContext
+    runs = []
+    for shape in ((64,), None):
+        model = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=0,
+                           input_shape=shape)
+        trainer = DataParallelTrainer(model, spark, num_partitions=2, local_steps=6,
+                                      optimizer=RMSprop(lr=3e-3), seed=1)
+        group = f"test-setup-val-{os.urandom(4).hex()}"
+        sc.setJobGroup(group, "test_setup")
+        try:
+            _, h = trainer.fit(df, epochs=2, batch_size=32, validation_data=dft, verbose=0, reuse_data=False)
+        finally:
+            sc.setLocalProperty("spark.jobGroup.id", None)
+        runs.append((model.params.copy(), h.history["val_accuracy"], len(sc.statusTracker().getJobIdsForGroup(group))))
+    (p_side, acc_side, jobs_side), (p_after, acc_after, jobs_after) = runs
+    np.testing.assert_array_equal(p_side, p_after)
+    assert acc_side == acc_after and acc_side[-1] > 0.8
+    assert jobs_side == jobs_after
+
+    before = _resident_dirs()
+    Xbad = Xt.copy()
+    Xbad[3, 5] = np.nan
+    bad = _cached_df(spark, Xbad, yt)
+    for train, val, what in ((df, bad, "validation data"), (bad, bad, "training data")):
+        model = _mlp()
+        model.build((64,))
+        trainer = DataParallelTrainer(model, spark, num_partitions=2, local_steps=6, optimizer=RMSprop(lr=3e-3))
+        with pytest.raises(ValueError, match=f"^{what}: .*NaN or infinity"):
+            trainer.fit(train, epochs=1, batch_size=32, validation_data=val, verbose=0, reuse_data=False)
+    assert _resident_dirs() <= before
+
+
 def test_executor_daemon_preloads_sparknet():
     """``get_spark`` makes the executors' Python daemon import sparknet before forking
     workers (``spark.python.daemon.module``): a task finds it loaded."""

@@ -505,11 +505,13 @@ class _ShardCache:
 
     def prune(self, sc: SparkContext) -> None:
         """Drop the entries whose cache is gone (``unpersist()``) or whose application ended."""
+        with self._lock:  # fits load their training and validation data side by side
+            keys = list(self._entries)
         try:
             kept = sc._jsc.getPersistentRDDs()
-            gone = [k for k in self._entries if k[0] != sc.applicationId or not kept.containsKey(k[1])]
+            gone = [k for k in keys if k[0] != sc.applicationId or not kept.containsKey(k[1])]
         except Exception:  # pragma: no cover - context stopped
-            gone = list(self._entries)
+            gone = keys
         self.release([k for k in gone if k not in self._busy])
 
     def release(self, keys: Iterable[tuple] | None = None) -> int:

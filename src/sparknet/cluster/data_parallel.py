@@ -58,22 +58,21 @@ one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.clu
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
-from sparknet.cluster import trainer_state
+from sparknet.cluster import fit_data, trainer_state
 from sparknet.cluster.cost import RoundCostModel
-from sparknet.cluster.data import ShardedData, check_label_range, label_desc, release_shards, shard_data
+from sparknet.cluster.data import release_shards
 from sparknet.cluster.fit import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
 from sparknet.cluster.outer import OuterOptimizer, resolve_outer
 from sparknet.cluster.params import STATS, ParameterServer
@@ -143,9 +142,10 @@ class DataParallelTrainer:
             ``"gradient"`` (exact minibatch SGD, one global step per round).
         local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
             the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
-            round (measured).  More steps than an epoch holds make rounds of several
-            whole epochs (``local_steps // steps per epoch``, at most
-            ``max_epochs_per_round``).
+            round (measured), or half an epoch's when that keeps it at most twice
+            that (two rounds per epoch learn more).  More steps than an epoch holds
+            make rounds of several whole epochs (``local_steps // steps per epoch``,
+            at most ``max_epochs_per_round``).
         optimizer: an :class:`~sparknet.optim.Optimizer` or its name (default RMSprop).
             ``"gradient"``: the driver's optimizer.  ``"average"``: the configuration
             of each partition's local optimizer (its state stays on the partition).
@@ -317,8 +317,8 @@ class DataParallelTrainer:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
-        with self._resident_data(data, y, validation_data, (features_col, label_col), classification,
-                                 key, reuse_data) as (train, val):
+        with fit_data.resident_data(self, data, y, validation_data, (features_col, label_col),
+                                    classification, key, reuse_data) as (train, val):
             ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
             tag = f"sparknet-fit-{key}"
             self.spark.sparkContext.addJobTag(tag)
@@ -338,52 +338,6 @@ class DataParallelTrainer:
                 ps.close()
         model.optimizer = self.optimizer
         return model, history
-
-    @contextlib.contextmanager
-    def _resident_data(self, data: Any, y: Any, validation_data: Any, cols: tuple[str, str],
-                       classification: bool, key: str,
-                       reuse: bool) -> Iterator[tuple[ShardedData, ShardedData | None]]:
-        """The training (and validation) data on the executors for the ``with`` block;
-        their resident shards are deleted after it (or kept for reuse, see ``fit``)."""
-        sc = self.spark.sparkContext
-        train = val = None
-        try:
-            sc.setJobDescription("sparknet: loading training data onto the executors")
-            train = self._load(data, y, cols, classification, self.num_partitions, "training data",
-                               f"train-{key}", reuse)
-            if validation_data is not None:
-                vdata, vy = _split_validation(validation_data)
-                sc.setJobDescription("sparknet: loading validation data onto the executors")
-                val = self._load(vdata, vy, cols, classification, train.num_partitions, "validation data",
-                                 f"val-{key}", reuse)
-            yield train, val
-        finally:
-            sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
-            for d in (train, val):
-                if d is not None:
-                    d.close()
-
-    def _load(self, data: Any, y: Any, cols: tuple[str, str], classification: bool,
-              num_partitions: int | None, what: str, name: str, reuse: bool = True) -> ShardedData:
-        """``data`` on the executors, checked; builds the model from the data's feature
-        length when it is not built yet."""
-        model = self.model
-        features_col, label_col = cols
-        n_classes = _n_outputs(model) if (model.built and classification) else None
-        d = shard_data(data, y, sc=self.spark.sparkContext, num_partitions=num_partitions,
-                       features_col=features_col, label_col=label_col, dtype=model.dtype,
-                       classification=classification, n_classes=n_classes,
-                       sample_shape=model.input_shape, seed=self.seed, what=what, name=name,
-                       reuse=reuse)
-        try:
-            if not model.built:
-                model.build((d.dim,))
-            if classification:
-                check_label_range(d.resident.infos, _n_outputs(model), what, label_desc(d.source, label_col))
-        except BaseException:
-            d.close()
-            raise
-        return d
 
     def _spec(self, key: str, batch_size: int, classification: bool) -> FitSpec:
         """What every task of the fit (or evaluation) ``key`` needs; the model is built."""
@@ -527,8 +481,8 @@ class DataParallelTrainer:
             raise RuntimeError("the model is not built: fit it first")
         classification = model.loss.is_classification
         key = uuid.uuid4().hex[:12]
-        d = self._load(data, y, (features_col, label_col), classification, self.num_partitions,
-                       "evaluation data", f"eval-{key}")
+        d = fit_data.load(self, data, y, (features_col, label_col), classification, self.num_partitions,
+                          "evaluation data", f"eval-{key}")
         ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
         try:
             ctx = FitContext(self, self._spec(key, 1, classification), d, None, ps, 1, 1)
@@ -545,26 +499,12 @@ def _shape(shape: "tuple[int, ...] | None") -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _n_outputs(model: Sequential) -> int:
-    """Outputs of a built model (its classes, for a classifier)."""
-    return _shape(model.output_shape)[-1]
-
-
 def _is_classifier(model: Sequential) -> bool:
     """Whether the model's loss takes class ids (known before the model is built)."""
     if model.built or model._loss is not None:
         return model.loss.is_classification
     last = model.layers[-1] if model.layers else None
     return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
-
-
-def _split_validation(validation_data: Any) -> tuple[Any, Any]:
-    from sparknet.cluster.data import _is_dataframe, _is_rdd
-    if _is_dataframe(validation_data) or _is_rdd(validation_data):
-        return validation_data, None
-    if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
-        return validation_data[0], validation_data[1]
-    raise ValueError("validation_data must be a DataFrame, an RDD of (x, y) pairs or a tuple (X_val, y_val)")
 
 
 def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,

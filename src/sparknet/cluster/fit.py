@@ -44,6 +44,10 @@ _MEASURED: dict[tuple, RoundCostModel] = {}
 MIN_FIXED_S = 0.08
 FIXED_S_PER_MIB = 0.01
 
+#: Rounds per epoch ``local_steps="auto"`` makes when Spark's share of a round stays at
+#: most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
+MIN_ROUNDS = 2
+
 
 class FitHistory(History):
     """The :class:`~sparknet.model.History` of a data-parallel fit.
@@ -261,7 +265,8 @@ class FitContext:
         shape = (b,) + tuple(spec.input_shape)
         x = np.zeros(shape, np.int64) if spec.int_input else rng.standard_normal(shape).astype(model.dtype)
         if spec.classification:
-            y: np.ndarray = rng.integers(0, max(int(np.prod(model.output_shape[-1:])), 1), size=b)
+            from sparknet.cluster.fit_data import n_outputs
+            y: np.ndarray = rng.integers(0, n_outputs(model), size=b)
         else:
             y = rng.standard_normal((b,) + tuple(spec.y_shape)).astype(model.dtype)
         times: list[float] = []
@@ -307,13 +312,26 @@ class FitContext:
         if cost is None:
             cost = self._estimate()
         self.cost = cost
-        self._size(steps_epoch, cost.steps_for(tr.max_overhead))
+        self._size(steps_epoch, self._tau(cost, steps_epoch)[0])
         if cost.overhead(self.steps_per_round) > tr.max_overhead:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
                      "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
                      "(max_epochs_per_round=%d)", self.epochs_per_round, self.steps_per_round,
                      1e3 * self.steps_per_round * cost.t_step, 1e3 * cost.t_fixed, 100 * tr.max_overhead,
                      tr.max_epochs_per_round)
+
+    def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
+        """Local steps per round and the share of Spark's fixed cost allowed: the fewest
+        steps keeping the share at most ``max_overhead``, cut to :data:`MIN_ROUNDS` rounds
+        per epoch when that keeps it at most twice that (rounds of a whole epoch or
+        more average the partitions' models too rarely to learn as much per epoch as
+        one process: ``benchmarks/README.md``, "The outer optimizer")."""
+        tr = self.trainer
+        tau = cost.steps_for(tr.max_overhead)
+        short = max(1, steps_epoch // MIN_ROUNDS)
+        if tau > short and cost.overhead(short) <= 2 * tr.max_overhead:
+            return short, 2 * tr.max_overhead
+        return tau, tr.max_overhead
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
         """Measure the cost model from the rounds just run, and re-size the next rounds
@@ -344,9 +362,10 @@ class FitContext:
         if tr.local_steps != "auto":
             return
         before = (self.rounds, self.epochs_per_round, self.steps_per_round)
-        self._size(steps_epoch, cost.steps_for(tr.max_overhead))
+        tau, share = self._tau(cost, steps_epoch)
+        self._size(steps_epoch, tau)
         if (self.steps_per_round < before[2]
-                and cost.overhead(self.steps_per_round) > 0.7 * tr.max_overhead):
+                and cost.overhead(self.steps_per_round) > 0.7 * share):
             # shorter rounds only with a margin: no flip-flopping on noise
             self.rounds, self.epochs_per_round, self.steps_per_round = before
         if (self.rounds, self.epochs_per_round) != before[:2]:
