@@ -1,7 +1,7 @@
 /* Fused optimizer updates over flat buffers (float and double).
  *
  * Each variant is its own loop with `restrict` pointers and no branches inside, so
- * the compiler vectorises it.  Formulas: torch.optim.RMSprop and torch.optim.SGD.
+ * the compiler vectorises it.  Formulas: torch.optim.RMSprop, SGD, Adam and AdamW.
  */
 #ifndef SPARKNET_OPTIM_KERNELS_H
 #define SPARKNET_OPTIM_KERNELS_H
@@ -68,5 +68,46 @@ static void NAME(T *restrict p, const T *restrict g, T *restrict buf, ptrdiff_t 
 
 SPARKNET_SGD(sparknet_sgd_f, float)
 SPARKNET_SGD(sparknet_sgd_d, double)
+
+/* Adam and AdamW (torch.optim.Adam / AdamW, single-tensor path): g' = g + wd p (Adam)
+ * or p *= 1 - lr wd first (AdamW, `decoupled`); m += (1 - beta1) (g' - m);
+ * v = beta2 v + (1 - beta2) g'^2; amsgrad (vmax given): vmax = max(vmax, v), used for v;
+ * p -= (lr / bc1) m / (sqrt(v) / bc2_sqrt + eps), bc1 = 1 - beta1^t, bc2_sqrt = sqrt(1 - beta2^t). */
+#define SPARKNET_ADAM(NAME, T, SQRT)                                                      \
+static void NAME(T *restrict p, const T *restrict g, T *restrict m, T *restrict v,        \
+                 T *restrict vmax, ptrdiff_t n, T lr, T beta1, T beta2, T eps, T wd,       \
+                 int decoupled, T bc1, T bc2_sqrt)                                         \
+{                                                                                         \
+    const T step = lr / bc1, omb1 = (T)1 - beta1, omb2 = (T)1 - beta2;                    \
+    const T shrink = (decoupled && wd != 0) ? (T)1 - lr * wd : (T)1;                      \
+    const T l2 = decoupled ? (T)0 : wd;                                                   \
+    ptrdiff_t i;                                                                          \
+    if (vmax == NULL) {                                                                   \
+        for (i = 0; i < n; i++) {                                                         \
+            T pi = p[i] * shrink;                                                         \
+            T gi = g[i] + l2 * p[i];                                                      \
+            T mi = m[i] + omb1 * (gi - m[i]);                                             \
+            T vi = beta2 * v[i] + omb2 * (gi * gi);                                       \
+            m[i] = mi;                                                                    \
+            v[i] = vi;                                                                    \
+            p[i] = pi - step * (mi / (SQRT(vi) / bc2_sqrt + eps));                        \
+        }                                                                                 \
+        return;                                                                           \
+    }                                                                                     \
+    for (i = 0; i < n; i++) {                                                             \
+        T pi = p[i] * shrink;                                                             \
+        T gi = g[i] + l2 * p[i];                                                          \
+        T mi = m[i] + omb1 * (gi - m[i]);                                                 \
+        T vi = beta2 * v[i] + omb2 * (gi * gi);                                           \
+        T wi = vmax[i] > vi ? vmax[i] : vi;                                               \
+        m[i] = mi;                                                                        \
+        v[i] = vi;                                                                        \
+        vmax[i] = wi;                                                                     \
+        p[i] = pi - step * (mi / (SQRT(wi) / bc2_sqrt + eps));                            \
+    }                                                                                     \
+}
+
+SPARKNET_ADAM(sparknet_adam_f, float, sqrtf)
+SPARKNET_ADAM(sparknet_adam_d, double, sqrt)
 
 #endif

@@ -125,7 +125,7 @@ def test_bad_optimizer_arguments():
     with pytest.raises(ValueError, match="Nesterov"):
         SGD(nesterov=True)
     with pytest.raises(ValueError, match="unknown optimizer"):
-        get("adamw")
+        get("adagrad")
     with pytest.raises(ValueError, match="same shape|one shape"):
         SGD().step(np.zeros(3), np.zeros(4))
 

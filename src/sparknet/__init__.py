@@ -20,7 +20,7 @@ from sparknet.layers import (
 )
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
-from sparknet.optim import SGD, Optimizer, RMSprop
+from sparknet.optim import SGD, Adam, AdamW, Optimizer, RMSprop
 
 __version__ = "0.1.0"
 
@@ -28,6 +28,6 @@ __all__ = [
     "SimpleRNN", "LSTM", "Embedding",
     "Conv2D", "MaxPool2D", "AvgPool2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
-    "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD",
+    "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD", "Adam", "AdamW",
     "save_model", "load_model", "__version__",
 ]

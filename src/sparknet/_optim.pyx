@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Optimizer updates over one flat parameter buffer, one fused pass, GIL released.
 
-Formulas follow ``torch.optim.RMSprop`` and ``torch.optim.SGD`` exactly
+Formulas follow ``torch.optim.RMSprop``, ``SGD``, ``Adam`` and ``AdamW`` exactly
 (weight decay added to the gradient, ``eps`` added after the square root).  The
 loops are plain C (``csrc/optim_kernels.h``) so that they vectorise.
 """
@@ -17,6 +17,12 @@ cdef extern from "optim_kernels.h" nogil:
                         float damp, float wd, int nesterov, int first)
     void sparknet_sgd_d(double* p, const double* g, double* buf, Py_ssize_t n, double lr, double mu,
                         double damp, double wd, int nesterov, int first)
+    void sparknet_adam_f(float* p, const float* g, float* m, float* v, float* vmax, Py_ssize_t n,
+                         float lr, float beta1, float beta2, float eps, float wd, int decoupled,
+                         float bc1, float bc2_sqrt)
+    void sparknet_adam_d(double* p, const double* g, double* m, double* v, double* vmax, Py_ssize_t n,
+                         double lr, double beta1, double beta2, double eps, double wd, int decoupled,
+                         double bc1, double bc2_sqrt)
 
 
 def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
@@ -80,3 +86,36 @@ def sgd(floating[::1] p, const floating[::1] g, floating[::1] buf,
         else:
             sparknet_sgd_d(&p[0], &g[0], b, n, lr, momentum, dampening, weight_decay,
                            nesterov, first_step)
+
+
+def adam(floating[::1] p, const floating[::1] g, floating[::1] exp_avg, floating[::1] exp_avg_sq,
+         floating[::1] max_exp_avg_sq, double lr, double beta1, double beta2, double eps,
+         double weight_decay, bint decoupled, long step):
+    """One Adam (``decoupled``: AdamW) step number ``step`` (1-based), in place.
+
+    Adam: g' = g + wd p;  AdamW: p *= 1 - lr wd, g' = g;
+    m += (1 - beta1) (g' - m);  v = beta2 v + (1 - beta2) g'^2;
+    amsgrad (max_exp_avg_sq given): vmax = max(vmax, v), used in place of v;
+    p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps).
+    """
+    cdef Py_ssize_t n = p.shape[0]
+    cdef floating* vmax = NULL
+    cdef double bc1 = 1.0 - beta1 ** step
+    cdef double bc2_sqrt = (1.0 - beta2 ** step) ** 0.5
+    if g.shape[0] != n or exp_avg.shape[0] != n or exp_avg_sq.shape[0] != n or (
+            max_exp_avg_sq is not None and max_exp_avg_sq.shape[0] != n):
+        raise ValueError("adam: buffers differ in length")
+    if step < 1:
+        raise ValueError(f"adam: step must be 1 or more, got {step}")
+    if n == 0:
+        return
+    if max_exp_avg_sq is not None:
+        vmax = &max_exp_avg_sq[0]
+    with nogil:
+        if floating is float:
+            sparknet_adam_f(&p[0], &g[0], &exp_avg[0], &exp_avg_sq[0], vmax, n, <float>lr, <float>beta1,
+                            <float>beta2, <float>eps, <float>weight_decay, decoupled, <float>bc1,
+                            <float>bc2_sqrt)
+        else:
+            sparknet_adam_d(&p[0], &g[0], &exp_avg[0], &exp_avg_sq[0], vmax, n, lr, beta1, beta2, eps,
+                            weight_decay, decoupled, bc1, bc2_sqrt)

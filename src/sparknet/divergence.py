@@ -61,7 +61,8 @@ class StepGuard:
         self._pnorm = _norm(self.params)
         if not np.isfinite(self._pnorm) and np.isfinite(self.params).all():
             self._pnorm = float(np.finfo(np.float64).max)  # finite but too large to square
-        buf = self.opt.state.get("momentum_buffer")
+        state = self.opt.state  # the state a step's bound carries: a momentum buffer, Adam's first moment
+        buf = state.get("momentum_buffer", state.get("exp_avg"))
         self._carry = _norm(buf) if buf is not None else 0.0
 
     def _error(self, what: str, value: object, **where: int) -> TrainingDiverged:

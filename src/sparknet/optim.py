@@ -1,6 +1,6 @@
 """Optimizers over one flat parameter buffer.
 
-The maths lives in two *functional* steps, :func:`rmsprop` and :func:`sgd`: the state is
+The maths lives in *functional* steps, :func:`rmsprop`, :func:`sgd` and :func:`adam`: the state is
 passed in explicitly (as in PyTorch's ``torch.optim._functional``), so the same step
 serves a :class:`~sparknet.model.Sequential` (state held by the optimizer), a
 data-parallel partition (state resident on its executor) and a model-parallel block
@@ -46,6 +46,17 @@ def sgd(params: np.ndarray, grads: np.ndarray, momentum_buffer: np.ndarray | Non
     momentum buffer with the gradient, as PyTorch does on its first step."""
     _optim.sgd(params, grads, momentum_buffer, lr, momentum, dampening, weight_decay,
                nesterov, first_step)
+
+
+def adam(params: np.ndarray, grads: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
+         max_exp_avg_sq: np.ndarray | None = None, *, lr: float, beta1: float = 0.9,
+         beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False,
+         step: int) -> None:
+    """One Adam step number ``step`` (1-based) in place (``torch.optim.Adam``'s formulas;
+    ``decoupled``: ``torch.optim.AdamW``'s decoupled weight decay); ``max_exp_avg_sq``
+    given means amsgrad."""
+    _optim.adam(params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, lr, beta1, beta2, eps,
+                weight_decay, decoupled, step)
 
 
 # --------------------------------------------------------------------------- classes
@@ -295,18 +306,100 @@ class SGD(Optimizer):
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
 
-_BY_NAME = {"rmsprop": RMSprop, "sgd": SGD}
+class Adam(Optimizer):
+    """Adam, step for step equal to ``torch.optim.Adam`` (``amsgrad`` included).
+
+    Args:
+        lr: learning rate (default 1e-3).
+        betas: ``(beta1, beta2)``, the decay rates of the gradient's first and second
+            moment averages (default ``(0.9, 0.999)``), each in ``[0, 1)``.
+        eps: added to the denominator after the square root (default 1e-8).
+        weight_decay: L2 penalty added to the gradient (:class:`AdamW` decouples it).
+        amsgrad: divide by the largest second moment seen so far (Reddi et al., 2018).
+    """
+
+    name = "adam"
+    _decoupled = False
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False) -> None:
+        super().__init__(lr)
+        what = type(self).__name__
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise ValueError(f"{what} betas must be a pair (beta1, beta2), got {betas!r}")
+        self.beta1 = check_float(betas[0], f"{what} beta1", 0.0, 1.0, high_open=True)
+        self.beta2 = check_float(betas[1], f"{what} beta2", 0.0, 1.0, high_open=True)
+        self.eps = check_float(eps, f"{what} eps", 0.0, low_open=True)
+        self.weight_decay = check_float(weight_decay, f"{what} weight_decay", 0.0)
+        self.amsgrad = check_bool(amsgrad, f"{what} amsgrad")
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return (self.beta1, self.beta2)
+
+    def state_keys(self) -> tuple[str, ...]:
+        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
+
+    def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
+        adam(params, grads, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"),
+             lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
+             decoupled=self._decoupled, step=t)
+
+    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+        # m_t = (1 - b1) sum_k b1^(t-k) g'_k and v_t = (1 - b2) sum_k b2^(t-k) g'_k^2, so by
+        # Cauchy-Schwarz |m_t| <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)) sqrt(v_t) when
+        # b1^2 < b2; the bias corrections multiply the ratio by sqrt(1 - b2^t) / (1 - b1^t)
+        # (amsgrad's larger denominator only shrinks it): per element |change| <= lr r.
+        b1, b2, t = self.beta1, self.beta2, self.t + 1
+        if b1 * b1 >= b2 or b2 == 0:
+            return float("inf"), carry
+        decayed = grad_norm + (0.0 if self._decoupled else self.weight_decay) * param_norm
+        carry = b1 * carry + (1.0 - b1) * decayed  # the first moment's norm
+        ratio = (1.0 - b1) / np.sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)) * np.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+        change = self.lr * float(ratio) * float(np.sqrt(n))
+        if self._decoupled:
+            change += self.lr * self.weight_decay * param_norm
+        return max(decayed, carry, change), carry
+
+    def get_config(self) -> dict:
+        return {"lr": self.lr, "betas": [self.beta1, self.beta2], "eps": self.eps,
+                "weight_decay": self.weight_decay, "amsgrad": self.amsgrad}
+
+
+class AdamW(Adam):
+    """AdamW (decoupled weight decay), step for step equal to ``torch.optim.AdamW``.
+
+    Args:
+        lr: learning rate (default 1e-3).
+        betas: ``(beta1, beta2)`` (default ``(0.9, 0.999)``).
+        eps: added to the denominator after the square root (default 1e-8).
+        weight_decay: the parameters shrink by ``lr * weight_decay`` each step before the
+            Adam step (default 1e-2, PyTorch's).
+        amsgrad: divide by the largest second moment seen so far.
+    """
+
+    name = "adamw"
+    _decoupled = True
+
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 1e-2, amsgrad: bool = False) -> None:
+        super().__init__(lr, betas, eps, weight_decay, amsgrad)
+
+
+_BY_NAME: dict[str, Any] = {"rmsprop": RMSprop, "sgd": SGD, "adam": Adam, "adamw": AdamW}
 
 
 def get(optimizer: "str | Optimizer | None") -> Optimizer:
-    """An optimizer from a name (``"rmsprop"``, ``"sgd"``) or an instance (returned as is)."""
+    """An optimizer from a name (``"rmsprop"``, ``"sgd"``, ``"adam"``, ``"adamw"``) or an
+    instance (returned as is)."""
     if optimizer is None:
         return RMSprop()
     if isinstance(optimizer, Optimizer):
         return optimizer
     if isinstance(optimizer, str) and optimizer.lower() in _BY_NAME:
         return _BY_NAME[optimizer.lower()]()
-    raise ValueError(f"unknown optimizer {optimizer!r}; use 'rmsprop', 'sgd' or an Optimizer instance")
+    raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(map(repr, _BY_NAME))} "
+                     f"or an Optimizer instance")
 
 
 def from_config(name: str, config: dict) -> Optimizer:

@@ -51,7 +51,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         epochs: passes over the data (10).
         batchSize: rows per minibatch (32).
         learningRate: learning rate (1e-3).
-        optimizer: ``"rmsprop"`` (default) or ``"sgd"``.
+        optimizer: ``"rmsprop"`` (default), ``"sgd"``, ``"adam"`` or ``"adamw"``
+            (``weightDecay`` as given: L2 for Adam, decoupled for AdamW).
         momentum: momentum (0).
         rho: RMSprop's smoothing constant (0.99).
         weightDecay: L2 penalty (0).

@@ -167,8 +167,8 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                   typeConverter=_count("batchSize", positive=True))
     learningRate: Param[float] = Param(Params._dummy(), "learningRate", "optimizer learning rate (> 0)",
                                        typeConverter=_amount("learningRate", positive=True))
-    optimizer: Param[str] = Param(Params._dummy(), "optimizer", "'rmsprop' or 'sgd'",
-                                  typeConverter=_choice("optimizer", ("rmsprop", "sgd")))
+    optimizer: Param[str] = Param(Params._dummy(), "optimizer", "'rmsprop', 'sgd', 'adam' or 'adamw'",
+                                  typeConverter=_choice("optimizer", ("rmsprop", "sgd", "adam", "adamw")))
     momentum: Param[float] = Param(Params._dummy(), "momentum", "momentum factor (>= 0)",
                                    typeConverter=_amount("momentum"))
     rho: Param[float] = Param(Params._dummy(), "rho", "RMSprop smoothing constant of the "

@@ -57,6 +57,9 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         lr, mom, wd = self.getLearningRate(), self.getMomentum(), self.getWeightDecay()
         if self.getOptimizer() == "sgd":
             return optim.SGD(lr=lr, momentum=mom, weight_decay=wd)
+        if self.getOptimizer() in ("adam", "adamw"):  # weightDecay as given (AdamW: decoupled)
+            klass = optim.AdamW if self.getOptimizer() == "adamw" else optim.Adam
+            return klass(lr=lr, weight_decay=wd)
         rho = self.getRho()
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {rho}")

@@ -141,8 +141,8 @@ class ModelParallel:
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.seed = int(seed)
         opt = optim_mod.get(optimizer)
-        if opt.name not in ("rmsprop", "sgd"):
-            raise ValueError(f"model-parallel training supports RMSprop and SGD, got {opt!r}")
+        if opt.name not in ("rmsprop", "sgd", "adam", "adamw"):  # elementwise steps: applied row chunk by chunk
+            raise ValueError(f"model-parallel training supports RMSprop, SGD, Adam and AdamW, got {opt!r}")
         self.opt_meta: dict[str, Any] = {"name": opt.name, "config": opt.get_config()}
         #: the optimizer the block jobs carry (its hyper-parameters; blocks keep their own state)
         self.job_optimizer = self.new_optimizer()
