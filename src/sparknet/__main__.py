@@ -1,9 +1,10 @@
-"""Command line: ``python -m sparknet demo | train | info``.
+"""Command line: ``python -m sparknet demo | train | plot | info``.
 
 - ``demo``: train an MLP on scikit-learn's bundled digits and print the test accuracy
   (on local Spark through the data-parallel trainer when ``sparknet.cluster`` and Java
   are available, in one process with ``--local``);
 - ``train``: train an MLP on digits or on MNIST IDX files and save the model file;
+- ``plot``: draw a saved :class:`~sparknet.history.History` (JSON) to a PNG;
 - ``info``: versions and the BLAS the kernels use.
 """
 from __future__ import annotations
@@ -110,6 +111,19 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sparknet.history import History
+    try:
+        history = History.load(args.history)
+        out = args.out or (args.history.rsplit(".", 1)[0] + ".png")
+        history.plot(out, title=args.title)
+    except (ValueError, ImportError) as exc:
+        print(f"sparknet plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({len(history.epoch)} epochs)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sparknet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--out", default=None, help="model file to write (.npz)")
     t.set_defaults(func=cmd_train)
+    p = sub.add_parser("plot", help="draw a saved History (JSON) to a PNG")
+    p.add_argument("history", help="a file written by History.save")
+    p.add_argument("-o", "--out", default=None, help="picture to write (default: the history's name, .png)")
+    p.add_argument("--title", default=None)
+    p.set_defaults(func=cmd_plot)
     i = sub.add_parser("info", help="versions and BLAS")
     i.set_defaults(func=cmd_info)
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ from sparknet._validation import (
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
 from sparknet.divergence import StepGuard
+from sparknet.history import History
 from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
 from sparknet.progress import progress_bar
 from sparknet.threads import blas_threads
@@ -33,37 +34,6 @@ from sparknet.threads import blas_threads
 ValidationData = Sequence[Any]
 #: a callback of :meth:`Sequential.fit`: ``f(epoch, logs)``; returning True stops training
 Callback = Callable[[int, dict[str, float]], Any]
-
-
-class History:
-    """Per-epoch metrics of a :meth:`Sequential.fit` call.
-
-    ``history.history`` maps a metric name (``loss``, ``accuracy``, ``val_loss``,
-    ``val_accuracy``, ``time``) to a list with one value per epoch; ``history["loss"]``
-    is a shortcut.
-    """
-
-    def __init__(self) -> None:
-        self.history: dict[str, list[float]] = {}
-        self.epoch: list[int] = []
-
-    def append(self, epoch: int, **metrics: float) -> None:
-        self.epoch.append(epoch)
-        for k, v in metrics.items():
-            self.history.setdefault(k, []).append(float(v))
-
-    def __getitem__(self, key: str) -> list[float]:
-        return self.history[key]
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.history
-
-    def to_dict(self) -> dict[str, list[float]]:
-        return {k: list(v) for k, v in self.history.items()}
-
-    def __repr__(self) -> str:
-        last = {k: round(v[-1], 4) for k, v in self.history.items() if v}
-        return f"History(epochs={len(self.epoch)}, last={last})"
 
 
 class Sequential:

@@ -63,8 +63,9 @@ class FitHistory(History):
             labels), ``spill`` (writing the shard files), ``shard job: scheduling,
             results`` (the rest of that job, from its last task), ``checks (driver)``;
             or ``reuse lookup`` when the shards of an earlier fit were reused; then
-            ``validation data`` (all of its steps), ``calibration`` (the probe rounds)
-            and ``other``.
+            ``validation data`` (all of its steps; loaded beside the training data, only
+            the wait past them), ``calibration`` (sizing the first rounds: a local step
+            timed on the driver) and ``other``.
         reused_shards: whether the training shards were reused from an earlier fit on
             the same cached data (no job built them).
         updates: one record per arriving delta (``mode="async"``; empty otherwise).
@@ -76,6 +77,9 @@ class FitHistory(History):
         resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
         interrupted: whether the fit ended on ``KeyboardInterrupt``.
     """
+
+    extra_fields = ("setup_time", "setup_breakdown", "reused_shards", "updates", "checkpoints",
+                    "resumed_from", "interrupted")
 
     def __init__(self) -> None:
         super().__init__()

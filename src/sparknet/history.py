@@ -1,0 +1,141 @@
+"""Per-epoch metrics of a fit (:class:`History`), saved and loaded as JSON, and plotted.
+
+Every trainer returns one: :meth:`sparknet.model.Sequential.fit` a :class:`History`,
+the data-parallel trainer a :class:`~sparknet.cluster.fit.FitHistory` (the same per-epoch
+metrics, plus its set-up, checkpoints and, in async mode, one record per delta).  The
+JSON form (:meth:`History.save`, :meth:`History.load`) keeps all of it; a metric that is
+undefined for an epoch (``NaN``: validation inside a round of several epochs) is written
+as ``null``.  ``python -m sparknet plot history.json -o curves.png`` draws a saved one.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any
+
+#: ``"format"`` of a saved history, and the version this module writes and reads
+FORMAT, VERSION = "sparknet-history", 1
+
+
+def _finite_or_none(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite_or_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite_or_none(x) for x in v]
+    return v
+
+
+class History:
+    """Per-epoch metrics of a fit.
+
+    ``history.history`` maps a metric name (``loss``, ``accuracy``, ``val_loss``,
+    ``val_accuracy``, ``time``, ...) to a list with one value per epoch;
+    ``history["loss"]`` is a shortcut.
+    """
+
+    #: attributes beyond the per-epoch metrics that :meth:`to_dict` keeps (subclasses add theirs)
+    extra_fields: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+
+    def append(self, epoch: int, **metrics: float) -> None:
+        self.epoch.append(epoch)
+        for k, v in metrics.items():
+            self.history.setdefault(k, []).append(float(v))
+
+    def __getitem__(self, key: str) -> list[float]:
+        return self.history[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.history
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {k: list(v) for k, v in self.history.items()}
+
+    def __repr__(self) -> str:
+        last = {k: round(v[-1], 4) for k, v in self.history.items() if v}
+        return f"History(epochs={len(self.epoch)}, last={last})"
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> str:
+        """The history as a JSON document (``NaN`` and infinities as ``null``)."""
+        doc = {"format": FORMAT, "version": VERSION, "kind": type(self).__name__, "epoch": list(self.epoch),
+               "history": self.to_dict(),
+               "extra": {name: getattr(self, name) for name in self.extra_fields}}
+        return json.dumps(_finite_or_none(doc), allow_nan=False, default=float)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path`` atomically (a half-written file never replaces it)."""
+        from sparknet.io import atomic_write
+
+        with atomic_write(os.fspath(path), "w") as fh:
+            fh.write(self.to_json())
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "the JSON text") -> "History":
+        """A history from :meth:`to_json`'s document (a data-parallel fit's comes back as
+        a :class:`~sparknet.cluster.fit.FitHistory`).
+
+        Raises:
+            ValueError: not JSON, not a sparknet history, a newer version, or metrics
+                that are not lists of numbers as long as the epochs.
+        """
+        try:
+            doc = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{source} is not JSON: {exc}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"{source} is not a sparknet history (no \"format\": {FORMAT!r})")
+        if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
+            raise ValueError(f"{source} is history version {doc.get('version')!r}; this sparknet reads "
+                             f"version {VERSION} and older")
+        epochs, metrics = doc.get("epoch"), doc.get("history")
+        if not isinstance(epochs, list) or not all(isinstance(e, int) for e in epochs):
+            raise ValueError(f"{source}: \"epoch\" must be a list of integers")
+        if not isinstance(metrics, dict):
+            raise ValueError(f"{source}: \"history\" must map metric names to lists")
+        klass: type[History] = cls
+        if doc.get("kind") == "FitHistory":
+            from sparknet.cluster.fit import FitHistory
+            klass = FitHistory
+        out = klass()
+        out.epoch = list(epochs)
+        for name, values in metrics.items():
+            if not isinstance(values, list) or len(values) != len(epochs) or not all(
+                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+                raise ValueError(f"{source}: metric {name!r} must be a list of {len(epochs)} numbers "
+                                 f"(one per epoch; null for undefined)")
+            out.history[str(name)] = [math.nan if v is None else float(v) for v in values]
+        extra = doc.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"{source}: \"extra\" must be an object")
+        for name in klass.extra_fields:
+            if name in extra:
+                setattr(out, name, extra[name])
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "History":
+        """A history saved by :meth:`save`."""
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise ValueError(f"cannot read the history {path!r}: {exc.strerror or exc}") from None
+        return cls.from_json(text, source=repr(path))
+
+    # ------------------------------------------------------------------ pictures
+    def plot(self, path: str | os.PathLike[str] | None = None, title: str | None = None) -> Any:
+        """Loss and accuracy per epoch (train and validation), and for a data-parallel fit
+        Spark's share of each epoch and, in async mode, the staleness of the applied
+        deltas; returns the matplotlib ``Figure`` (written to ``path`` when given).
+        Needs matplotlib (``pip install 'sparknet[plot]'``)."""
+        from sparknet.plotting import plot_history
+
+        return plot_history(self, path, title=title)
