@@ -6,6 +6,7 @@ The single-process core: :class:`~sparknet.model.Sequential` over layers from
 """
 from sparknet.io import load_model, save_model
 from sparknet.layers import (
+    GRU,
     LSTM,
     Activation,
     AvgPool2D,
@@ -25,7 +26,7 @@ from sparknet.optim import SGD, Adam, AdamW, Optimizer, RMSprop
 __version__ = "0.1.0"
 
 __all__ = [
-    "SimpleRNN", "LSTM", "Embedding",
+    "SimpleRNN", "LSTM", "GRU", "Embedding",
     "Conv2D", "MaxPool2D", "AvgPool2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD", "Adam", "AdamW",

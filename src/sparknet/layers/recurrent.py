@@ -1,4 +1,4 @@
-"""Recurrent layers: SimpleRNN, LSTM and Embedding.
+"""Recurrent layers: SimpleRNN, LSTM, GRU and Embedding.
 
 Sequences are batch-major, ``(N, T, features)``.  Variable-length sequences are padded
 (see :func:`sparknet.data.pad_sequences`) and described by an ``(N, T)`` mask, where
@@ -8,8 +8,8 @@ unchanged, output zeros (when ``return_sequences=True``), and add nothing to the
 gradient.  Padding may be on either side: with ``return_sequences=False`` the output is
 the state at each sequence's last valid step.
 
-The math runs in the nogil kernels of :mod:`sparknet._rnn` and :mod:`sparknet._lstm` (their
-shared machinery in :mod:`sparknet._recurrent`): one gemm for the input
+The math runs in the nogil kernels of :mod:`sparknet._rnn`, :mod:`sparknet._lstm` and
+:mod:`sparknet._gru` (their shared machinery in :mod:`sparknet._recurrent`): one gemm for the input
 projection of every time step, one gemm on the batch per step for the recurrence, fused
 gate nonlinearities, and backpropagation through time with one gemm for each weight
 gradient over all steps.
@@ -23,6 +23,7 @@ a token stream out that way.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any, Iterable
 
 import numpy as np
@@ -35,7 +36,10 @@ from sparknet._validation import check_bool, positive_int
 from sparknet.activations import activation_id, canonical_name
 from sparknet.layers.base import Layer, ParamSpec, register
 
-__all__ = ["SimpleRNN", "LSTM", "Embedding", "reset_states"]
+# the compiled GRU kernel, by name: pyproject.toml's mypy list of stub-less kernels lacks it
+_gru: Any = importlib.import_module("sparknet._gru")
+
+__all__ = ["SimpleRNN", "LSTM", "GRU", "Embedding", "reset_states"]
 
 
 # The per-step products of a recurrent layer are small (batch x 4H x H): a multi-threaded
@@ -53,7 +57,7 @@ def reset_states(model: Any) -> None:
 
 
 class _Recurrent(Layer):
-    """Shared machinery of :class:`SimpleRNN` and :class:`LSTM`."""
+    """Shared machinery of :class:`SimpleRNN`, :class:`LSTM` and :class:`GRU`."""
 
     supports_masking = True
     _gate_count = 1
@@ -391,6 +395,71 @@ class LSTM(_Recurrent):
         cfg = super().get_config()
         cfg.update(return_state=self.return_state, unit_forget_bias=self.unit_forget_bias)
         return cfg
+
+
+@register
+class GRU(_Recurrent):
+    """Gated recurrent unit (Cho et al. 2014), equal to ``torch.nn.GRU`` (gate order r, z, n;
+    two biases ``b_ih`` and ``b_hh``; the reset gate applied after the recurrent product)::
+
+        r   = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+        z   = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+        n   = tanh(W_in x_t + b_in + r * (W_hn h_{t-1} + b_hn))
+        h_t = (1 - z) * n + z * h_{t-1}
+
+    with ``h_0 = 0`` (or the carried state when ``stateful``).  Both biases matter here
+    (``b_hn`` is scaled by ``r``); all start at 0.
+
+    Args:
+        units: size ``H`` of the state.
+        return_sequences: output ``h_t`` at every step ``(N, T, H)`` (zeros at masked steps)
+            instead of the final ``h`` ``(N, H)`` (at each sequence's last valid step).
+        stateful: carry ``h`` into the next call (truncated BPTT: no gradient flows into the
+            carried state); see :meth:`reset_states`.  Row ``i`` of a batch continues row ``i``
+            of the previous one: use a fixed batch size and ``fit(..., shuffle=False)``.
+        kernel_initializer: initializer of each gate's block of ``weight_ih`` (Glorot uniform).
+        recurrent_initializer: initializer of each gate's block of ``weight_hh`` (orthogonal).
+        name: layer name.
+
+    Input shape: ``(N, T, F)`` (with an optional ``(N, T)`` mask).
+    Output shape: ``(N, T, H)`` or ``(N, H)``.
+
+    Parameters: ``weight_ih (3H, F)``, ``weight_hh (3H, H)``, ``bias_ih (3H,)``,
+    ``bias_hh (3H,)``, as ``weight_ih_l0`` etc. of ``torch.nn.GRU``.
+    """
+
+    _gate_count = 3
+
+    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+        x, m = self._check_input(x, mask)
+        N, T, F = x.shape
+        H = self.units
+        b = self._buffers(N, T, {"xt": (T, N, F), "gates": (T, N, 4 * H), "hs": (T + 1, N, H),
+                                 "dh_a": (N, H), "dh_b": (N, H), "dxt": (T, N, F)})
+        (h0,) = self._initial_state(N)
+        y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
+        p = self.params
+        with threads.capped():
+            _gru.gru_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
+                             b["xt"], b["gates"], b["hs"], y)
+        hT = b["hs"][T].copy()
+        self._last_state = (hT,)
+        if self.stateful:
+            self._state = (hT.copy(),)
+        self._fwd = {"N": N, "T": T, "mask": m}
+        return hT if y is None else y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray | None:
+        f, dy, dx = self._begin_backward(dy)
+        b = self._bufs
+        dy_seq, dh_last = (dy, None) if self.return_sequences else (None, dy)
+        g, p = self.grads, self.params
+        with threads.capped():
+            _gru.gru_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"],
+                              b["hs"], dy_seq, dh_last, b["dh_a"], b["dh_b"],
+                              b["dxt"] if dx is not None else None, dx,
+                              g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+        return dx
 
 
 @register

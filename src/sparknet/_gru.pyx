@@ -1,0 +1,473 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""GRU kernels: forward over all time steps and BPTT backward.
+
+GRU formulas (as ``torch.nn.GRU``, gate order r, z, n; two biases ``b_ih`` and ``b_hh``)::
+
+    r   = sigmoid(W_ir x_t + b_ir + W_hr h_{t-1} + b_hr)
+    z   = sigmoid(W_iz x_t + b_iz + W_hz h_{t-1} + b_hz)
+    n   = tanh(W_in x_t + b_in + r * (W_hn h_{t-1} + b_hn))
+    h_t = (1 - z) * n + z * h_{t-1}
+
+Unlike the LSTM's, the candidate ``n`` needs the input and the recurrent products of its
+block apart (the reset gate multiplies only the second), so each step's pre-activations are
+kept in a row of ``4H`` values, ``[a_r, a_z, a_in, a_hn]``: ``a_r``, ``a_z`` hold both
+products summed, ``a_in = W_in x_t`` and ``a_hn = W_hn h_{t-1}``.  After the step's gate row
+the same places hold ``r, z, n`` and ``W_hn h_{t-1} + b_hn`` (what the backward needs), and in
+the backward the gradients of the four pre-activations, from which
+
+    dW_ih = [da_r, da_z, da_in]^T @ x      dW_hh = [da_r, da_z, da_hn]^T @ h_{t-1}
+    dx    = [da_r, da_z, da_in] @ W_ih     dh_{t-1} = z * dh_t + [da_r, da_z, da_hn] @ W_hh
+
+The layout otherwise follows :mod:`sparknet._recurrent` (time-major inside, ``hs (T + 1, N, H)``,
+masks: a padded step carries the state, outputs zeros and adds nothing to any gradient;
+truncated BPTT: no gradient into the initial state), whose transposes, panel packing and
+buffer checks this module uses.
+
+Float32 on AVX-512 CPUs (:func:`sparknet._recurrent.use_step_kernel`): every product runs on
+the built-in panel kernel one time step at a time, as the LSTM's fused order does: the
+weights are packed once per call, each forward step computes ``a_r, a_z`` as
+``x_t @ W_i^T + h_{t-1} @ W_h^T`` in one pass over the row and ``a_in``, ``a_hn`` beside them,
+and each backward step's gate gradients stay in an ``(N, 4H)`` scratch, in cache, for the
+step's ``dh``, weight-gradient and ``dx`` products.  Float64, or other CPUs, use the BLAS:
+one product for every step's input projection before the time loop, two per step for the
+recurrence, one per weight gradient after the backward loop.  The gate rows are fused C
+loops (below) over the float32 rational tanh/sigmoid of ``csrc/recurrent_kernels.h``.
+"""
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memset
+
+from cython cimport floating
+
+from sparknet._blas cimport gemm
+from sparknet._recurrent cimport (
+    check,
+    check_forward_buffers,
+    init_state,
+    own_kernel,
+    pack_panels,
+    step_grad_scratch,
+    to_batch_major,
+    to_time_major,
+)
+
+
+cdef extern from *:
+    """
+    #include "recurrent_kernels.h"
+    /* GRU forward of one row: a (4H) = [a_r, a_z, a_in, a_hn] (products, no bias) on entry,
+       [r, z, n, a_hn + b_hn] on exit; b (4H) = [b_ir + b_hr, b_iz + b_hz, b_in, b_hn];
+       h = (1 - z) * n + z * h_prev.
+       GRU backward of one row: a (4H) holds [r, z, n, hn]; the pre-activation gradients
+       [da_r, da_z, da_in, da_hn] go to da (4H), which may be a itself (each j reads its four
+       values before writing); dh = dh_rec + dy (dy may be NULL); dh_prev = z * dh, the
+       direct path (the caller adds the recurrent product); da is added to db (4H). */
+    #define SN_GRU_DEFINE(T, S, ATTR)                                                       \\
+    ATTR SN_UNUSED static void sn_gru_fwd_##S(int H, T* restrict a, const T* restrict b,    \\
+                                              const T* restrict h_prev, T* restrict h) {    \\
+        T* restrict ar = a; T* restrict az = a + H; T* restrict an = a + 2 * H;             \\
+        T* restrict ahn = a + 3 * H;                                                        \\
+        SN_IVDEP for (int j = 0; j < H; j++) {                                              \\
+            T r = sn_sigm_##S(ar[j] + b[j]);                                                \\
+            T z = sn_sigm_##S(az[j] + b[H + j]);                                            \\
+            T hn = ahn[j] + b[3 * H + j];                                                   \\
+            T n = sn_tanh_##S(an[j] + b[2 * H + j] + r * hn);                               \\
+            ar[j] = r; az[j] = z; an[j] = n; ahn[j] = hn;                                   \\
+            h[j] = n + z * (h_prev[j] - n);                                                 \\
+        }                                                                                   \\
+    }                                                                                       \\
+    ATTR SN_UNUSED static void sn_gru_bwd_##S(int H, const T* a, T* da,                     \\
+                                              const T* restrict h_prev,                     \\
+                                              const T* restrict dh_rec, const T* restrict dy, \\
+                                              T* restrict dh_prev, T* restrict db) {        \\
+        const T* ar = a; const T* az = a + H; const T* an = a + 2 * H; const T* ahn = a + 3 * H; \\
+        T* dar = da; T* daz = da + H; T* dan = da + 2 * H; T* dahn = da + 3 * H;            \\
+        SN_IVDEP for (int j = 0; j < H; j++) {                                              \\
+            T dh = dy ? dh_rec[j] + dy[j] : dh_rec[j];                                      \\
+            T r = ar[j], z = az[j], n = an[j], hn = ahn[j];                                 \\
+            T dnp = dh * (1 - z) * (1 - n * n);        /* d(n's pre-activation) */          \\
+            T d_r = dnp * hn * r * (1 - r);                                                 \\
+            T d_z = dh * (h_prev[j] - n) * z * (1 - z);                                     \\
+            T d_hn = dnp * r;                                                               \\
+            dh_prev[j] = dh * z;                                                            \\
+            dar[j] = d_r; daz[j] = d_z; dan[j] = dnp; dahn[j] = d_hn;                       \\
+            db[j] += d_r; db[H + j] += d_z; db[2 * H + j] += dnp; db[3 * H + j] += d_hn;    \\
+        }                                                                                   \\
+    }
+    SN_GRU_DEFINE(float, f, SN_CLONES)
+    SN_GRU_DEFINE(double, d, )
+    #if SN_HAVE_AVX512
+    /* sn_gru_fwd_f 16 units at a time in zmm registers (same contract, formulas, results) */
+    __attribute__((target("avx512f,fma"), unused))
+    static void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev, float* h) {
+        for (int j = 0; j < H; j += 16) {
+            __mmask16 m = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1u);
+    #define SN_LD(p) _mm512_maskz_loadu_ps(m, (p) + j)
+            __m512 r = sn_sigm16(SN_LD(a) + SN_LD(b));
+            __m512 z = sn_sigm16(SN_LD(a + H) + SN_LD(b + H));
+            __m512 hn = SN_LD(a + 3 * H) + SN_LD(b + 3 * H);
+            __m512 n = sn_tanh16(SN_LD(a + 2 * H) + SN_LD(b + 2 * H) + r * hn);
+            __m512 hp = SN_LD(h_prev);
+    #undef SN_LD
+            _mm512_mask_storeu_ps(a + j, m, r); _mm512_mask_storeu_ps(a + H + j, m, z);
+            _mm512_mask_storeu_ps(a + 2 * H + j, m, n); _mm512_mask_storeu_ps(a + 3 * H + j, m, hn);
+            _mm512_mask_storeu_ps(h + j, m, n + z * (hp - n));
+        }
+    }
+    #else
+    SN_UNUSED static void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev,
+                                         float* h) { sn_gru_fwd_f(H, a, b, h_prev, h); }
+    #endif
+    """
+    void sn_gru_fwd_f(int H, float* a, const float* b, const float* h_prev, float* h) noexcept nogil
+    void sn_gru_fwd_d(int H, double* a, const double* b, const double* h_prev,
+                      double* h) noexcept nogil
+    void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev,
+                        float* h) noexcept nogil
+    void sn_gru_bwd_f(int H, const float* a, float* da, const float* h_prev, const float* dh_rec,
+                      const float* dy, float* dh_prev, float* db) noexcept nogil
+    void sn_gru_bwd_d(int H, const double* a, double* da, const double* h_prev,
+                      const double* dh_rec, const double* dy, double* dh_prev,
+                      double* db) noexcept nogil
+    int sn_has_avx512() noexcept nogil
+    void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                float* C, int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                                 int K2, const float* A2, int lda2, const float* Bp2, float* C,
+                                 int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda,
+                                   const float* Bp, float* C, int ldc, int acc) noexcept nogil
+    void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
+
+
+# the float32 forward gate row in 16-wide AVX-512 registers on CPUs that have them (same results)
+cdef bint _rows16 = sn_has_avx512()
+
+
+cdef inline void _gru_fwd_row(int H, floating* a, const floating* b, const floating* h_prev,
+                              floating* h) noexcept nogil:
+    if floating is float:
+        if _rows16:
+            sn_gru_fwd_f16(H, a, b, h_prev, h)
+        else:
+            sn_gru_fwd_f(H, a, b, h_prev, h)
+    else:
+        sn_gru_fwd_d(H, a, b, h_prev, h)
+
+
+cdef inline void _gru_bwd_row(int H, const floating* a, floating* da, const floating* h_prev,
+                              const floating* dh_rec, const floating* dy, floating* dh_prev,
+                              floating* db) noexcept nogil:
+    if floating is float:
+        sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+    else:
+        sn_gru_bwd_d(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+
+
+cdef void _free_all(void** ptrs, int n) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        free(ptrs[i])
+        ptrs[i] = NULL
+
+
+# ---------------------------------------------------------------------------- forward
+
+def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
+                const floating[:, ::1] w_hh, const floating[::1] b_ih, const floating[::1] b_hh,
+                const floating[:, ::1] h0, const unsigned char[:, ::1] mask,
+                floating[:, :, ::1] xt, floating[:, :, ::1] gates, floating[:, :, ::1] hs,
+                floating[:, :, ::1] y):
+    """GRU forward over all ``T`` steps.
+
+    Args:
+        x: input ``(N, T, F)``, ``F > 0``.
+        w_ih, w_hh, b_ih, b_hh: ``(3H, F)``, ``(3H, H)``, ``(3H,)``, ``(3H,)`` (gates r, z, n).
+        h0: initial state ``(N, H)`` or None (zeros).
+        mask: ``(N, T)`` uint8 (0 = padded step) or None.
+        xt: scratch ``(T, N, F)``; on return ``x`` time-major (kept for the backward).
+        gates: ``(T, N, 4H)``; on return ``r, z, n, W_hn h_{t-1} + b_hn`` per step and row.
+        hs: ``(T + 1, N, H)``; on return the states (``hs[0] = h0``, ``hs[t+1]`` after step t).
+        y: ``(N, T, H)`` per-step output (zeros at masked steps), or None.
+    """
+    cdef Py_ssize_t N = x.shape[0], T = x.shape[1], F = x.shape[2]
+    cdef Py_ssize_t H = w_hh.shape[1], G = 3 * H
+    cdef bint has_h0 = h0 is not None
+    check(F > 0, "gru_forward: the input has no features (F == 0)")
+    check(w_ih.shape[0] == G and w_ih.shape[1] == F and w_hh.shape[0] == G and b_ih.shape[0] == G
+          and b_hh.shape[0] == G, "gru_forward: weight shapes disagree (want (3H, F), (3H, H), (3H,))")
+    check_forward_buffers("gru_forward", x, xt, gates, "gates", hs, h0, mask, y, 4 * H, H)
+    if N == 0 or H == 0 or T == 0:
+        if N > 0 and H > 0:
+            init_state(&hs[0, 0, 0], &h0[0, 0] if has_h0 else NULL, N * H)
+        return
+    cdef bint own = floating is float and own_kernel()
+    # [b_ir + b_hr, b_iz + b_hz, b_in, b_hn] and, when own, W_ih^T and W_hh^T in panels: the
+    # r, z blocks (2H columns) and the n block (H columns) apart
+    cdef void* bufs[5]
+    cdef floating* b = <floating*>malloc(4 * H * sizeof(floating))
+    cdef Py_ssize_t j
+    bufs[0] = b
+    bufs[1] = bufs[2] = bufs[3] = bufs[4] = NULL
+    if own:
+        bufs[1] = pack_panels(&w_ih[0, 0], F, F, 2 * H, True)
+        bufs[2] = pack_panels(&w_ih[2 * H, 0], F, F, H, True)
+        bufs[3] = pack_panels(&w_hh[0, 0], H, H, 2 * H, True)
+        bufs[4] = pack_panels(&w_hh[2 * H, 0], H, H, H, True)
+    if b == NULL or (own and (bufs[1] == NULL or bufs[2] == NULL or bufs[3] == NULL
+                              or bufs[4] == NULL)):
+        _free_all(bufs, 5)
+        raise MemoryError()
+    try:
+        with nogil:
+            for j in range(2 * H):
+                b[j] = b_ih[j] + b_hh[j]
+            for j in range(H):
+                b[2 * H + j] = b_ih[2 * H + j]
+                b[3 * H + j] = b_hh[2 * H + j]
+            init_state(&hs[0, 0, 0], &h0[0, 0] if has_h0 else NULL, N * H)
+            to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
+            if not own:
+                # gates[:, :, 0:3H] (T*N, 3H) = xt (T*N, F) @ W_ih^T, every step at once
+                gemm(False, True, <int>(T * N), <int>G, <int>F, <floating>1, &xt[0, 0, 0],
+                     <int>F, &w_ih[0, 0], <int>F, <floating>0, &gates[0, 0, 0], <int>(4 * H))
+            _gru_forward_loop(x, w_hh, mask, xt, gates, hs, y, b, own, has_h0,
+                              <float*>bufs[1], <float*>bufs[2], <float*>bufs[3], <float*>bufs[4])
+    finally:
+        _free_all(bufs, 5)
+
+
+cdef void _gru_forward_loop(const floating[:, :, ::1] x, const floating[:, ::1] w_hh,
+                            const unsigned char[:, ::1] mask, floating[:, :, ::1] xt,
+                            floating[:, :, ::1] gates, floating[:, :, ::1] hs,
+                            floating[:, :, ::1] y, const floating* b, bint own, bint has_h0,
+                            const float* wi_rz, const float* wi_n, const float* wh_rz,
+                            const float* wh_n) noexcept nogil:
+    """The time loop of :func:`gru_forward`: each step's products into ``gates[t]`` (the input
+    projection too when ``own``), then the gate row of every unmasked batch row."""
+    cdef Py_ssize_t N = x.shape[0], T = x.shape[1], F = x.shape[2]
+    cdef Py_ssize_t H = w_hh.shape[1], W = 4 * H
+    cdef bint has_mask = mask is not None, has_y = y is not None
+    cdef bint rec
+    cdef Py_ssize_t t, n
+    cdef floating* g
+    cdef floating* h
+    for t in range(T):
+        g = &gates[t, 0, 0]
+        h = &hs[t, 0, 0]
+        rec = t > 0 or has_h0        # else h_{t-1} = 0: no recurrent product
+        if own:
+            # [a_r, a_z] (N, 2H) = x_t (N, F) @ W_i[rz]^T + h_{t-1} (N, H) @ W_h[rz]^T
+            sn_sgemm_panels2_avx512(<int>N, <int>(2 * H), <int>F, <float*>&xt[t, 0, 0], <int>F,
+                                    wi_rz, <int>H if rec else 0, <float*>h, <int>H, wh_rz,
+                                    <float*>g, <int>W, 0)
+            # a_in (N, H) = x_t @ W_in^T
+            sn_sgemm_panels_avx512(<int>N, <int>H, <int>F, <float*>&xt[t, 0, 0], <int>F, wi_n,
+                                   <float*>g + 2 * H, <int>W, 0)
+            if rec:
+                # a_hn (N, H) = h_{t-1} @ W_hn^T
+                sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>h, <int>H, wh_n,
+                                       <float*>g + 3 * H, <int>W, 0)
+        elif rec:
+            # [a_r, a_z] (N, 2H) += h_{t-1} (N, H) @ W_h[rz]^T;  a_hn (N, H) = h_{t-1} @ W_hn^T
+            gemm(False, True, <int>N, <int>(2 * H), <int>H, <floating>1, h, <int>H, &w_hh[0, 0],
+                 <int>H, <floating>1, g, <int>W)
+            gemm(False, True, <int>N, <int>H, <int>H, <floating>1, h, <int>H, &w_hh[2 * H, 0],
+                 <int>H, <floating>0, g + 3 * H, <int>W)
+        if not rec:
+            for n in range(N):
+                memset(g + n * W + 3 * H, 0, H * sizeof(floating))
+        for n in range(N):
+            if has_mask and mask[n, t] == 0:
+                memcpy(&hs[t + 1, n, 0], h + n * H, H * sizeof(floating))
+                if has_y:
+                    memset(&y[n, t, 0], 0, H * sizeof(floating))
+            else:
+                _gru_fwd_row(<int>H, g + n * W, b, h + n * H, &hs[t + 1, n, 0])
+                if has_y:
+                    memcpy(&y[n, t, 0], &hs[t + 1, n, 0], H * sizeof(floating))
+
+
+# ---------------------------------------------------------------------------- backward
+
+def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
+                 const floating[:, ::1] w_hh, const unsigned char[:, ::1] mask,
+                 floating[:, :, ::1] gates, const floating[:, :, ::1] hs,
+                 const floating[:, :, ::1] dy, const floating[:, ::1] dh_last,
+                 floating[:, ::1] dh_a, floating[:, ::1] dh_b, floating[:, :, ::1] dxt,
+                 floating[:, :, ::1] dx, floating[:, ::1] dw_ih, floating[:, ::1] dw_hh,
+                 floating[::1] db_ih, floating[::1] db_hh):
+    """BPTT through the steps of the last :func:`gru_forward` (buffers as it left them).
+
+    Args:
+        gates: what the forward left; may be overwritten, step by step, with the gradients of
+            the pre-activations (so a forward is backpropagated once).
+        dy: gradient of the per-step output ``(N, T, H)``, or None.
+        dh_last: gradient of the final state ``(N, H)``, or None.
+        dh_a, dh_b: scratch ``(N, H)``.
+        dxt: scratch ``(T, N, F)`` and dx ``(N, T, F)``: the input gradient, or both None.
+        dw_ih, dw_hh, db_ih, db_hh: parameter gradients, overwritten.
+    """
+    cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
+    cdef Py_ssize_t F = xt.shape[2], H = W // 4, G = 3 * H
+    cdef bint has_dy = dy is not None, has_dx = dx is not None
+    check(W == 4 * H and xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == G
+          and w_ih.shape[1] == F and w_hh.shape[0] == G and w_hh.shape[1] == H,
+          "gru_backward: shapes disagree")
+    check(hs.shape[0] == T + 1 and hs.shape[1] == N and hs.shape[2] == H,
+          "gru_backward: hs shape")
+    check(not has_dy or (dy.shape[0] == N and dy.shape[1] == T and dy.shape[2] == H),
+          "gru_backward: dy shape")
+    check(dh_last is None or (dh_last.shape[0] == N and dh_last.shape[1] == H),
+          "gru_backward: dh_last shape")
+    check(dh_a.shape[0] == N and dh_a.shape[1] == H and dh_b.shape[0] == N and dh_b.shape[1] == H,
+          "gru_backward: scratch shape")
+    check(not has_dx or (dxt is not None and dxt.shape[0] == T and dxt.shape[1] == N
+                         and dxt.shape[2] == F and dx.shape[0] == N and dx.shape[1] == T
+                         and dx.shape[2] == F), "gru_backward: dx shape")
+    check(dw_ih.shape[0] == G and dw_ih.shape[1] == F and dw_hh.shape[0] == G
+          and dw_hh.shape[1] == H and db_ih.shape[0] == G and db_hh.shape[0] == G,
+          "gru_backward: gradient shapes")
+    check(mask is None or (mask.shape[0] == N and mask.shape[1] == T), "gru_backward: mask shape")
+    cdef bint own = floating is float and own_kernel() and T > 0 and N > 0 and H > 0 and F > 0
+    # db (4H) summed over rows and steps; when own: W_hh's r, z rows (2H, H) and n rows (H, H)
+    # in panels for every step's dh product, W_ih (3H, F) for its dx product, the step's
+    # states and inputs in panels, and the step's pre-activation gradients (N, 4H)
+    cdef void* bufs[6]
+    cdef Py_ssize_t j
+    bufs[0] = malloc(4 * H * sizeof(floating) + 8)
+    bufs[1] = bufs[2] = bufs[3] = bufs[4] = bufs[5] = NULL
+    if own:
+        bufs[1] = pack_panels(&w_hh[0, 0], H, 2 * H, H, False)
+        bufs[2] = pack_panels(&w_hh[2 * H, 0], H, H, H, False)
+        if has_dx:
+            bufs[3] = pack_panels(&w_ih[0, 0], F, G, F, False)
+        bufs[4] = step_grad_scratch(N, F, H)
+        bufs[5] = malloc(N * 4 * H * sizeof(float))
+    if bufs[0] == NULL or (own and (bufs[1] == NULL or bufs[2] == NULL or bufs[4] == NULL
+                                    or bufs[5] == NULL or (has_dx and bufs[3] == NULL))):
+        _free_all(bufs, 6)
+        raise MemoryError()
+    cdef floating* db = <floating*>bufs[0]
+    try:
+        with nogil:
+            memset(db, 0, 4 * H * sizeof(floating))
+            if T == 0 or N == 0 or H == 0:
+                memset(&dw_ih[0, 0], 0, G * F * sizeof(floating))
+                memset(&dw_hh[0, 0], 0, G * H * sizeof(floating))
+                if has_dx and N > 0 and T > 0 and F > 0:
+                    memset(&dx[0, 0, 0], 0, N * T * F * sizeof(floating))
+            else:
+                _gru_backward_loop(xt, w_ih, w_hh, mask, gates, hs, dy, dh_last, dh_a, dh_b, dxt,
+                                   dw_ih, dw_hh, db, own, <float*>bufs[1], <float*>bufs[2],
+                                   <float*>bufs[3] if has_dx else NULL, <float*>bufs[4],
+                                   <floating*>bufs[5])
+                if not own:
+                    _backward_products(xt, w_ih, gates, hs, dxt, dw_ih, dw_hh, has_dx)
+                if has_dx:
+                    to_batch_major(&dxt[0, 0, 0], &dx[0, 0, 0], N, T, F)
+            # b_ih's gradient is [da_r, da_z, da_in] summed, b_hh's [da_r, da_z, da_hn]
+            if H > 0:
+                memcpy(&db_ih[0], db, G * sizeof(floating))
+                memcpy(&db_hh[0], db, 2 * H * sizeof(floating))
+                memcpy(&db_hh[2 * H], db + 3 * H, H * sizeof(floating))
+    finally:
+        _free_all(bufs, 6)
+
+
+cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
+                             const floating[:, ::1] w_hh, const unsigned char[:, ::1] mask,
+                             floating[:, :, ::1] gates, const floating[:, :, ::1] hs,
+                             const floating[:, :, ::1] dy, const floating[:, ::1] dh_last,
+                             floating[:, ::1] dh_a, floating[:, ::1] dh_b,
+                             floating[:, :, ::1] dxt, floating[:, ::1] dw_ih,
+                             floating[:, ::1] dw_hh, floating* db, bint own, const float* wh_rz,
+                             const float* wh_n, const float* wip, float* scratch,
+                             floating* dgs) noexcept nogil:
+    """The time loop of :func:`gru_backward`.  When ``own`` step t's pre-activation gradients go
+    to ``dgs`` and its weight and input gradients are accumulated right away; otherwise they
+    overwrite ``gates[t]`` and :func:`_backward_products` follows the loop."""
+    cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
+    cdef Py_ssize_t F = xt.shape[2], H = W // 4
+    cdef bint has_mask = mask is not None, has_dy = dy is not None
+    cdef Py_ssize_t t, n
+    cdef floating* DH = &dh_a[0, 0]
+    cdef floating* DH2 = &dh_b[0, 0]
+    cdef floating* tmp
+    cdef floating* dg
+    cdef const floating* dyp = NULL
+    cdef float* xp = scratch + ((H + 31) // 32) * 32 * N if own else NULL
+    init_state(DH, &dh_last[0, 0] if dh_last is not None else NULL, N * H)
+    for t in range(T - 1, -1, -1):
+        dg = dgs if own else &gates[t, 0, 0]
+        for n in range(N):
+            if has_mask and mask[n, t] == 0:
+                # carried state: dh passes through, no gate gradient, dy ignored
+                memset(dg + n * W, 0, W * sizeof(floating))
+                memcpy(DH2 + n * H, DH + n * H, H * sizeof(floating))
+            else:
+                if has_dy:
+                    dyp = &dy[n, t, 0]
+                # DH2 = z * dh (the direct path), dg = the pre-activation gradients
+                _gru_bwd_row(<int>H, &gates[t, n, 0], dg + n * W, &hs[t, n, 0], DH + n * H, dyp,
+                             DH2 + n * H, db)
+        if t > 0:
+            # dh_{t-1} (N, H) += [da_r, da_z] (N, 2H) @ W_h[rz] (2H, H) + da_hn (N, H) @ W_hn
+            if own:
+                sn_sgemm_panels2_avx512(<int>N, <int>H, <int>(2 * H), <float*>dg, <int>W, wh_rz,
+                                        <int>H, <float*>dg + 3 * H, <int>W, wh_n, <float*>DH2,
+                                        <int>H, 1)
+            else:
+                gemm(False, False, <int>N, <int>H, <int>(2 * H), <floating>1, dg, <int>W,
+                     &w_hh[0, 0], <int>H, <floating>1, DH2, <int>H)
+                gemm(False, False, <int>N, <int>H, <int>H, <floating>1, dg + 3 * H, <int>W,
+                     &w_hh[2 * H, 0], <int>H, <floating>1, DH2, <int>H)
+            tmp = DH
+            DH = DH2
+            DH2 = tmp
+        if own:
+            _step_weight_grads(<float*>dg, <float*>&hs[t, 0, 0], <float*>&xt[t, 0, 0],
+                               <float*>&dw_ih[0, 0], <float*>&dw_hh[0, 0], scratch, xp, N, F, H,
+                               t < T - 1)
+            if wip != NULL:
+                # dx_t (N, F) = [da_r, da_z, da_in] (N, 3H) @ W_ih (3H, F)
+                sn_sgemm_panels_avx512(<int>N, <int>F, <int>(3 * H), <float*>dg, <int>W, wip,
+                                       <float*>&dxt[t, 0, 0], <int>F, 0)
+
+
+cdef void _step_weight_grads(const float* dg, const float* h, const float* x, float* dw_ih,
+                             float* dw_hh, float* hp, float* xp, Py_ssize_t N, Py_ssize_t F,
+                             Py_ssize_t H, bint accumulate) noexcept nogil:
+    """One step's share of the weight gradients on the float32 panel kernel, ``dg (N, 4H)``
+    still in cache: dW_hh[r, z] (+)= [da_r, da_z]^T @ h, dW_hh[n] (+)= da_hn^T @ h,
+    dW_ih (+)= [da_r, da_z, da_in]^T @ x (``hp``, ``xp``: room for h and x in panels)."""
+    cdef int W = <int>(4 * H), acc = 1 if accumulate else 0
+    sn_pack_panels_avx512(h, <int>H, <int>N, <int>H, hp)
+    sn_sgemm_panels_tn_avx512(<int>(2 * H), <int>H, <int>N, dg, W, hp, dw_hh, <int>H, acc)
+    sn_sgemm_panels_tn_avx512(<int>H, <int>H, <int>N, dg + 3 * H, W, hp, dw_hh + 2 * H * H,
+                              <int>H, acc)
+    sn_pack_panels_avx512(x, <int>F, <int>N, <int>F, xp)
+    sn_sgemm_panels_tn_avx512(<int>(3 * H), <int>F, <int>N, dg, W, xp, dw_ih, <int>F, acc)
+
+
+cdef void _backward_products(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
+                             const floating[:, :, ::1] gates, const floating[:, :, ::1] hs,
+                             floating[:, :, ::1] dxt, floating[:, ::1] dw_ih,
+                             floating[:, ::1] dw_hh, bint has_dx) noexcept nogil:
+    """After the BLAS path's loop, one product each over all ``T*N`` rows of the
+    pre-activation gradients left in ``gates (T*N, 4H)``."""
+    cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
+    cdef Py_ssize_t F = xt.shape[2], H = W // 4
+    cdef int R = <int>(T * N)
+    cdef const floating* dg = &gates[0, 0, 0]
+    # dW_ih (3H, F) = [da_r, da_z, da_in]^T (3H, T*N) @ xt (T*N, F)
+    gemm(True, False, <int>(3 * H), <int>F, R, <floating>1, dg, <int>W, &xt[0, 0, 0], <int>F,
+         <floating>0, &dw_ih[0, 0], <int>F)
+    # dW_hh[r, z] (2H, H) = [da_r, da_z]^T @ hs[0:T];  dW_hh[n] (H, H) = da_hn^T @ hs[0:T]
+    gemm(True, False, <int>(2 * H), <int>H, R, <floating>1, dg, <int>W, &hs[0, 0, 0], <int>H,
+         <floating>0, &dw_hh[0, 0], <int>H)
+    gemm(True, False, <int>H, <int>H, R, <floating>1, dg + 3 * H, <int>W, &hs[0, 0, 0], <int>H,
+         <floating>0, &dw_hh[2 * H, 0], <int>H)
+    if has_dx:
+        # dxt (T*N, F) = [da_r, da_z, da_in] (T*N, 3H) @ W_ih (3H, F)
+        gemm(False, False, R, <int>F, <int>(3 * H), <floating>1, dg, <int>W, &w_ih[0, 0], <int>F,
+             <floating>0, &dxt[0, 0, 0], <int>F)
