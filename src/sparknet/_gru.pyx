@@ -61,16 +61,31 @@ cdef extern from *:
        [da_r, da_z, da_in, da_hn] go to da (4H), which may be a itself (each j reads its four
        values before writing); dh = dh_rec + dy (dy may be NULL); dh_prev = z * dh, the
        direct path (the caller adds the recurrent product); da is added to db (4H). */
+    #define SN_GRU_BLOCKS(T, p) T* restrict p##r = p; T* restrict p##z = p + H;              \\
+        T* restrict p##n = p + 2 * H; T* restrict p##hn = p + 3 * H;
+    #define SN_GRU_CBLOCKS(T, p) const T* restrict p##r = p; const T* restrict p##z = p + H;  \\
+        const T* restrict p##n = p + 2 * H; const T* restrict p##hn = p + 3 * H;
+    /* the backward gate gradients of unit j given its state gradient dh (one body for the
+       loops with and without dy, so that neither branches per unit) */
+    #define SN_GRU_GRADS(T) {                                                               \\
+        T r = ar[j], z = az[j], n = an[j], hn = ahn[j];                                     \\
+        T dnp = dh * (1 - z) * (1 - n * n);        /* d(n's pre-activation) */              \\
+        T d_r = dnp * hn * r * (1 - r);                                                     \\
+        T d_z = dh * (h_prev[j] - n) * z * (1 - z);                                         \\
+        T d_hn = dnp * r;                                                                   \\
+        dh_prev[j] = dh * z;                                                                \\
+        dar[j] = d_r; daz[j] = d_z; dan[j] = dnp; dahn[j] = d_hn;                           \\
+        dbr[j] += d_r; dbz[j] += d_z; dbn[j] += dnp; dbhn[j] += d_hn;                       \\
+    }
     #define SN_GRU_DEFINE(T, S, ATTR)                                                       \\
-    ATTR SN_UNUSED static void sn_gru_fwd_##S(int H, T* restrict a, const T* restrict b,    \\
+    ATTR SN_UNUSED static void sn_gru_fwd_##S(int H, T* a, const T* b,                      \\
                                               const T* restrict h_prev, T* restrict h) {    \\
-        T* restrict ar = a; T* restrict az = a + H; T* restrict an = a + 2 * H;             \\
-        T* restrict ahn = a + 3 * H;                                                        \\
+        SN_GRU_BLOCKS(T, a) SN_GRU_CBLOCKS(T, b)                                            \\
         SN_IVDEP for (int j = 0; j < H; j++) {                                              \\
-            T r = sn_sigm_##S(ar[j] + b[j]);                                                \\
-            T z = sn_sigm_##S(az[j] + b[H + j]);                                            \\
-            T hn = ahn[j] + b[3 * H + j];                                                   \\
-            T n = sn_tanh_##S(an[j] + b[2 * H + j] + r * hn);                               \\
+            T r = sn_sigm_##S(ar[j] + br[j]);                                               \\
+            T z = sn_sigm_##S(az[j] + bz[j]);                                               \\
+            T hn = ahn[j] + bhn[j];                                                         \\
+            T n = sn_tanh_##S(an[j] + bn[j] + r * hn);                                      \\
             ar[j] = r; az[j] = z; an[j] = n; ahn[j] = hn;                                   \\
             h[j] = n + z * (h_prev[j] - n);                                                 \\
         }                                                                                   \\
@@ -78,44 +93,68 @@ cdef extern from *:
     ATTR SN_UNUSED static void sn_gru_bwd_##S(int H, const T* a, T* da,                     \\
                                               const T* restrict h_prev,                     \\
                                               const T* restrict dh_rec, const T* restrict dy, \\
-                                              T* restrict dh_prev, T* restrict db) {        \\
+                                              T* restrict dh_prev, T* db) {                 \\
         const T* ar = a; const T* az = a + H; const T* an = a + 2 * H; const T* ahn = a + 3 * H; \\
         T* dar = da; T* daz = da + H; T* dan = da + 2 * H; T* dahn = da + 3 * H;            \\
-        SN_IVDEP for (int j = 0; j < H; j++) {                                              \\
-            T dh = dy ? dh_rec[j] + dy[j] : dh_rec[j];                                      \\
-            T r = ar[j], z = az[j], n = an[j], hn = ahn[j];                                 \\
-            T dnp = dh * (1 - z) * (1 - n * n);        /* d(n's pre-activation) */          \\
-            T d_r = dnp * hn * r * (1 - r);                                                 \\
-            T d_z = dh * (h_prev[j] - n) * z * (1 - z);                                     \\
-            T d_hn = dnp * r;                                                               \\
-            dh_prev[j] = dh * z;                                                            \\
-            dar[j] = d_r; daz[j] = d_z; dan[j] = dnp; dahn[j] = d_hn;                       \\
-            db[j] += d_r; db[H + j] += d_z; db[2 * H + j] += dnp; db[3 * H + j] += d_hn;    \\
+        SN_GRU_BLOCKS(T, db)                                                                \\
+        if (dy) {                                                                           \\
+            SN_IVDEP for (int j = 0; j < H; j++) { T dh = dh_rec[j] + dy[j]; SN_GRU_GRADS(T) } \\
+        } else {                                                                            \\
+            SN_IVDEP for (int j = 0; j < H; j++) { T dh = dh_rec[j]; SN_GRU_GRADS(T) }      \\
         }                                                                                   \\
     }
     SN_GRU_DEFINE(float, f, SN_CLONES)
     SN_GRU_DEFINE(double, d, )
     #if SN_HAVE_AVX512
-    /* sn_gru_fwd_f 16 units at a time in zmm registers (same contract, formulas, results) */
+    /* sn_gru_fwd_f and sn_gru_bwd_f 16 units at a time in zmm registers (same contracts,
+       formulas and results; the compiler's clones of the loops above mix 256-bit vectors,
+       gathers and scatters) */
+    #define SN_LD(p) _mm512_maskz_loadu_ps(m, (p) + j)
+    #define SN_ST(p, v) _mm512_mask_storeu_ps((p) + j, m, (v))
+    #define SN_MASK16 __mmask16 m = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1u);
     __attribute__((target("avx512f,fma"), unused))
     static void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev, float* h) {
         for (int j = 0; j < H; j += 16) {
-            __mmask16 m = H - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (H - j)) - 1u);
-    #define SN_LD(p) _mm512_maskz_loadu_ps(m, (p) + j)
+            SN_MASK16
             __m512 r = sn_sigm16(SN_LD(a) + SN_LD(b));
             __m512 z = sn_sigm16(SN_LD(a + H) + SN_LD(b + H));
             __m512 hn = SN_LD(a + 3 * H) + SN_LD(b + 3 * H);
             __m512 n = sn_tanh16(SN_LD(a + 2 * H) + SN_LD(b + 2 * H) + r * hn);
             __m512 hp = SN_LD(h_prev);
-    #undef SN_LD
-            _mm512_mask_storeu_ps(a + j, m, r); _mm512_mask_storeu_ps(a + H + j, m, z);
-            _mm512_mask_storeu_ps(a + 2 * H + j, m, n); _mm512_mask_storeu_ps(a + 3 * H + j, m, hn);
-            _mm512_mask_storeu_ps(h + j, m, n + z * (hp - n));
+            SN_ST(a, r); SN_ST(a + H, z); SN_ST(a + 2 * H, n); SN_ST(a + 3 * H, hn);
+            SN_ST(h, n + z * (hp - n));
         }
     }
+    __attribute__((target("avx512f,fma"), unused))
+    static void sn_gru_bwd_f16(int H, const float* a, float* da, const float* h_prev,
+                               const float* dh_rec, const float* dy, float* dh_prev, float* db) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        for (int j = 0; j < H; j += 16) {
+            SN_MASK16
+            __m512 dh = SN_LD(dh_rec);
+            if (dy) dh = dh + SN_LD(dy);
+            __m512 r = SN_LD(a), z = SN_LD(a + H), n = SN_LD(a + 2 * H), hn = SN_LD(a + 3 * H);
+            __m512 dnp = dh * (one - z) * (one - n * n);
+            __m512 d_r = dnp * hn * r * (one - r);
+            __m512 d_z = dh * (SN_LD(h_prev) - n) * z * (one - z);
+            __m512 d_hn = dnp * r;
+            SN_ST(dh_prev, dh * z);
+            SN_ST(da, d_r); SN_ST(da + H, d_z); SN_ST(da + 2 * H, dnp); SN_ST(da + 3 * H, d_hn);
+            SN_ST(db, SN_LD(db) + d_r); SN_ST(db + H, SN_LD(db + H) + d_z);
+            SN_ST(db + 2 * H, SN_LD(db + 2 * H) + dnp); SN_ST(db + 3 * H, SN_LD(db + 3 * H) + d_hn);
+        }
+    }
+    #undef SN_LD
+    #undef SN_ST
+    #undef SN_MASK16
     #else
     SN_UNUSED static void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev,
                                          float* h) { sn_gru_fwd_f(H, a, b, h_prev, h); }
+    SN_UNUSED static void sn_gru_bwd_f16(int H, const float* a, float* da, const float* h_prev,
+                                         const float* dh_rec, const float* dy, float* dh_prev,
+                                         float* db) {
+        sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db);
+    }
     #endif
     """
     void sn_gru_fwd_f(int H, float* a, const float* b, const float* h_prev, float* h) noexcept nogil
@@ -125,6 +164,8 @@ cdef extern from *:
                         float* h) noexcept nogil
     void sn_gru_bwd_f(int H, const float* a, float* da, const float* h_prev, const float* dh_rec,
                       const float* dy, float* dh_prev, float* db) noexcept nogil
+    void sn_gru_bwd_f16(int H, const float* a, float* da, const float* h_prev,
+                        const float* dh_rec, const float* dy, float* dh_prev, float* db) noexcept nogil
     void sn_gru_bwd_d(int H, const double* a, double* da, const double* h_prev,
                       const double* dh_rec, const double* dy, double* dh_prev,
                       double* db) noexcept nogil
@@ -139,7 +180,7 @@ cdef extern from *:
     void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
 
-# the float32 forward gate row in 16-wide AVX-512 registers on CPUs that have them (same results)
+# the float32 gate rows in 16-wide AVX-512 registers on CPUs that have them (same results)
 cdef bint _rows16 = sn_has_avx512()
 
 
@@ -158,9 +199,19 @@ cdef inline void _gru_bwd_row(int H, const floating* a, floating* da, const floa
                               const floating* dh_rec, const floating* dy, floating* dh_prev,
                               floating* db) noexcept nogil:
     if floating is float:
-        sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+        if _rows16:
+            sn_gru_bwd_f16(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+        else:
+            sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
     else:
         sn_gru_bwd_d(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+
+
+# The float32 backward's gate gradients (N, 4H) are stored with rows 4H + _PAD floats apart:
+# with 4H a multiple of 256 floats, the weight-gradient products' reads of one column block
+# down the N rows fell on two of the L1's 64 sets.
+cdef enum:
+    _PAD = 16
 
 
 cdef void _free_all(void** ptrs, int n) noexcept nogil:
@@ -342,7 +393,7 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
         if has_dx:
             bufs[3] = pack_panels(&w_ih[0, 0], F, G, F, False)
         bufs[4] = step_grad_scratch(N, F, H)
-        bufs[5] = malloc(N * 4 * H * sizeof(float))
+        bufs[5] = malloc(N * (4 * H + _PAD) * sizeof(float))
     if bufs[0] == NULL or (own and (bufs[1] == NULL or bufs[2] == NULL or bufs[4] == NULL
                                     or bufs[5] == NULL or (has_dx and bufs[3] == NULL))):
         _free_all(bufs, 6)
@@ -396,25 +447,27 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
     cdef floating* dg
     cdef const floating* dyp = NULL
     cdef float* xp = scratch + ((H + 31) // 32) * 32 * N if own else NULL
+    # the row stride of the gradients: padded in the scratch (see _PAD)
+    cdef Py_ssize_t S = W + _PAD if own else W
     init_state(DH, &dh_last[0, 0] if dh_last is not None else NULL, N * H)
     for t in range(T - 1, -1, -1):
         dg = dgs if own else &gates[t, 0, 0]
         for n in range(N):
             if has_mask and mask[n, t] == 0:
                 # carried state: dh passes through, no gate gradient, dy ignored
-                memset(dg + n * W, 0, W * sizeof(floating))
+                memset(dg + n * S, 0, W * sizeof(floating))
                 memcpy(DH2 + n * H, DH + n * H, H * sizeof(floating))
             else:
                 if has_dy:
                     dyp = &dy[n, t, 0]
                 # DH2 = z * dh (the direct path), dg = the pre-activation gradients
-                _gru_bwd_row(<int>H, &gates[t, n, 0], dg + n * W, &hs[t, n, 0], DH + n * H, dyp,
+                _gru_bwd_row(<int>H, &gates[t, n, 0], dg + n * S, &hs[t, n, 0], DH + n * H, dyp,
                              DH2 + n * H, db)
         if t > 0:
             # dh_{t-1} (N, H) += [da_r, da_z] (N, 2H) @ W_h[rz] (2H, H) + da_hn (N, H) @ W_hn
             if own:
-                sn_sgemm_panels2_avx512(<int>N, <int>H, <int>(2 * H), <float*>dg, <int>W, wh_rz,
-                                        <int>H, <float*>dg + 3 * H, <int>W, wh_n, <float*>DH2,
+                sn_sgemm_panels2_avx512(<int>N, <int>H, <int>(2 * H), <float*>dg, <int>S, wh_rz,
+                                        <int>H, <float*>dg + 3 * H, <int>S, wh_n, <float*>DH2,
                                         <int>H, 1)
             else:
                 gemm(False, False, <int>N, <int>H, <int>(2 * H), <floating>1, dg, <int>W,
@@ -427,20 +480,21 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
         if own:
             _step_weight_grads(<float*>dg, <float*>&hs[t, 0, 0], <float*>&xt[t, 0, 0],
                                <float*>&dw_ih[0, 0], <float*>&dw_hh[0, 0], scratch, xp, N, F, H,
-                               t < T - 1)
+                               <int>S, t < T - 1)
             if wip != NULL:
                 # dx_t (N, F) = [da_r, da_z, da_in] (N, 3H) @ W_ih (3H, F)
-                sn_sgemm_panels_avx512(<int>N, <int>F, <int>(3 * H), <float*>dg, <int>W, wip,
+                sn_sgemm_panels_avx512(<int>N, <int>F, <int>(3 * H), <float*>dg, <int>S, wip,
                                        <float*>&dxt[t, 0, 0], <int>F, 0)
 
 
 cdef void _step_weight_grads(const float* dg, const float* h, const float* x, float* dw_ih,
                              float* dw_hh, float* hp, float* xp, Py_ssize_t N, Py_ssize_t F,
-                             Py_ssize_t H, bint accumulate) noexcept nogil:
+                             Py_ssize_t H, int lda, bint accumulate) noexcept nogil:
     """One step's share of the weight gradients on the float32 panel kernel, ``dg (N, 4H)``
     still in cache: dW_hh[r, z] (+)= [da_r, da_z]^T @ h, dW_hh[n] (+)= da_hn^T @ h,
-    dW_ih (+)= [da_r, da_z, da_in]^T @ x (``hp``, ``xp``: room for h and x in panels)."""
-    cdef int W = <int>(4 * H), acc = 1 if accumulate else 0
+    dW_ih (+)= [da_r, da_z, da_in]^T @ x (``dg``'s row stride ``lda``; ``hp``, ``xp``: room
+    for h and x in panels)."""
+    cdef int W = lda, acc = 1 if accumulate else 0
     sn_pack_panels_avx512(h, <int>H, <int>N, <int>H, hp)
     sn_sgemm_panels_tn_avx512(<int>(2 * H), <int>H, <int>N, dg, W, hp, dw_hh, <int>H, acc)
     sn_sgemm_panels_tn_avx512(<int>H, <int>H, <int>N, dg + 3 * H, W, hp, dw_hh + 2 * H * H,
