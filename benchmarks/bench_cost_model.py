@@ -178,10 +178,10 @@ def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None
         work.append(("lstm", lambda: lstm_model(vocab, args.seq), X, y, 32, args.tau_lstm, 0))
     for name, make, X, y, batch, tau, grad_rows in work:
         modes = [m for m in args.modes if not (name == "lstm" and m != "average")]
-        for mode in modes:
+        for mode, _rep in [(m, r) for r in range(args.repeats) for m in modes]:
             Xm, ym = (X[:grad_rows], y[:grad_rows]) if mode == "gradient" else (X, y)
             sc = SparkCosts.measure(spark)
-            net = NetworkCosts.measure(make(), batch)
+            net = NetworkCosts.measure(make(), batch, min_seconds=args.probe_seconds)
             st = state()
             settings: dict[str, Any] = {"partitions": partitions}
             if mode != "gradient":
@@ -205,30 +205,38 @@ def model_parallel(spark, master: str, args, rows: list) -> None:
     single = Single(n_in, width)
     X, y = data(n_in, batch, args.mp_steps + 1)
     xs = [X[s * batch:(s + 1) * batch] for s in range(args.mp_steps + 1)]
-    one = []
-    for s in range(2):
-        one.append(single.step(xs[s], y[s * batch:(s + 1) * batch]))
-    net = NetworkCosts(sample_s=float(np.median(one)) / batch, eval_sample_s=float(np.median(one)) / batch / 3,
-                       param_bytes=int(single.model.params.nbytes), batch_size=batch,
-                       n_params=int(single.model.n_params),
-                       update_s=_update_s(single.model))
-    one_step = float(np.median(one))
-    del single
+    ys = [y[s * batch:(s + 1) * batch] for s in range(args.mp_steps + 1)]
+    single.step(xs[0], ys[0])                      # warm-up: the first step touches every page
+    upd = _update_s(single.model)
     for pair in [True] + ([False] if args.mp_unpaired else []):
+        # the probes: two single-process steps and Spark's costs, then the prediction
+        one = [single.step(xs[s], ys[s]) for s in range(2)]
+        one_step = float(np.median(one))
+        net = NetworkCosts(sample_s=max(one_step - upd, 1e-3) / batch, eval_sample_s=one_step / batch / 3,
+                           param_bytes=int(single.model.params.nbytes), batch_size=batch,
+                           n_params=int(single.model.n_params), update_s=upd)
         sc = SparkCosts.measure(spark)
         st = state()
         pred = predict("model_parallel", net, sc, batch, blocks=2, paired=pair,
                        layer_sizes=[n_in, width, width, 10])
         mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark,
                            seed=0, optimizer=RMSprop(lr=1e-4), name="bench-cost")
+        after = []
         try:
             for s in range(args.mp_steps):
-                mp.train_on_batch(xs[s], y[s * batch:(s + 1) * batch], next_x=xs[s + 1])
+                mp.train_on_batch(xs[s], ys[s], next_x=xs[s + 1])
+                if s >= 1:   # single-process steps between them: how the machine's speed moved
+                    after.append(single.step(xs[s], ys[s]))
             times = mp.step_times[1:]
         finally:
             mp.close()
         rows.append(row("mp" + ("-paired" if pair else ""), master, pred, times, st, unit="step"))
         rows[-1]["one_process_step_s"] = one_step
+        rows[-1]["one_process_step_during_s"] = float(np.median(after)) if after else None
+        print(f"    one process: {one_step:.2f} s/step before, {rows[-1]['one_process_step_during_s']:.2f} "
+              f"between the K = 2 steps; measured speedup {float(np.median(after)) / float(np.median(times)):.2f}x, "
+              f"predicted {pred.one_process_epoch_s / pred.epoch_s:.2f}x", flush=True)
+    del single
 
 
 def _update_s(model) -> float:
@@ -272,18 +280,30 @@ def _run(spark, master: str, cores: int, args, rows: list) -> None:
 
 
 def report(rows: list) -> None:
-    print("\n| workload | master | mode | settings | predicted (s) | measured (s) | error | compute pred / meas (s) "
-          "| load | sgemm | largest terms (s) |")
-    print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---|")
+    """One line per workload, master and mode: medians over the repeats."""
+    groups: dict[tuple, list] = {}
     for r in rows:
-        s = r["settings"]
+        groups.setdefault((r["workload"], r["master"], r["mode"]), []).append(r)
+    print("\n| workload | master | mode | settings | predicted (s) | measured (s) | error | repeats' errors "
+          "| compute pred / meas (s) | load | sgemm | largest terms (s) |")
+    print("|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|")
+    errs = []
+    for (name, master, mode), rs in groups.items():
+        s = rs[0]["settings"]
         keys = ("partitions", "tau", "K", "paired", "jobs_per_step")
         opts = ", ".join(f"{k}={s[k]}" for k in keys if k in s)
-        comp = (f"{r['compute_predicted']:.3f} / {r['compute_measured']:.3f}" if "compute_measured" in r else "-")
-        print(f"| {r['workload']} | {r['master']} | {r['mode']} | {opts} | {r['predicted']:.3f}/{r['unit']} | "
-              f"{r['measured']:.3f} | {r['error_pct']:+.1f}% | {comp} | {r['load']:.1f} | {r['sgemm']:.0f} "
-              f"| {r['terms']} |")
-    errs = [abs(r["error_pct"]) for r in rows]
+        p, m = (float(np.median([r[k] for r in rs])) for k in ("predicted", "measured"))
+        err = 100.0 * (p - m) / m
+        errs.append(abs(err))
+        each = " ".join(f"{r['error_pct']:+.0f}%" for r in rs)
+        comp = "-"
+        if "compute_measured" in rs[0]:
+            comp = (f"{np.median([r['compute_predicted'] for r in rs]):.3f} / "
+                    f"{np.median([r['compute_measured'] for r in rs]):.3f}")
+        load = "-".join(f"{x:.0f}" for x in sorted({round(r["load"]) for r in rs}))
+        sg = "-".join(f"{x:.0f}" for x in sorted({r["sgemm"] for r in rs})[::max(1, len(rs) - 1)])
+        print(f"| {name} | {master} | {mode} | {opts} | {p:.3f}/{rs[0]['unit']} | {m:.3f} | {err:+.1f}% | {each} "
+              f"| {comp} | {load} | {sg} | {rs[-1]['terms']} |")
     if errs:
         print(f"\n{sum(e <= 15 for e in errs)} of {len(errs)} rows within 15%; median |error| "
               f"{np.median(errs):.1f}%")
@@ -307,6 +327,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tau-lstm", type=int, default=24)
     ap.add_argument("--mp-steps", type=int, default=5, help="model-parallel steps (the first is not measured)")
     ap.add_argument("--mp-unpaired", action="store_true", help="also the unpaired 335.6M net")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="probe, predict and fit this many times per row (medians reported)")
+    ap.add_argument("--probe-seconds", type=float, default=1.5,
+                    help="seconds of in-process training steps NetworkCosts.measure runs at least")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     args.only = [w for w in args.only.split(",") if w]

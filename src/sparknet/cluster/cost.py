@@ -107,8 +107,9 @@ class SparkCosts:
     """What Spark and the cluster cost, measured on a live session or assumed.
 
     Attributes:
-        job_s: seconds of an empty round job over ``probe_tasks`` resident tasks (submit,
-            schedule, run, ``treeAggregate`` back).
+        job_s: fixed seconds of a round job over ``probe_tasks`` resident tasks (submit,
+            schedule, run, ``treeAggregate`` back): its wall time less its slowest task's
+            compute (an empty job's, when given by hand).
         task_s: extra seconds per task beyond the probe's (a later wave, or a larger job).
         broadcast_s_per_mib: seconds per MiB broadcast (made on the driver, read by the tasks).
         result_s_per_mib: seconds per MiB of task results reaching the driver (serial there).
@@ -121,7 +122,9 @@ class SparkCosts:
         driver_delta_s_per_mib: the driver's apply of a delta (average, async); ``None``:
             ``driver_update_s_per_mib``.
         task_speed: compute speed of a task while every slot computes, relative to this
-            process alone (contention for cores, caches and memory; 1.0: none).
+            process alone: below 1 with contention for cores, caches, memory bandwidth or a
+            shared machine's scheduler share; above 1 where executors get a scheduler share of
+            their own (a standalone cluster on a busy host); 1.0: none.
         probe_tasks: tasks of the probe job ``job_s`` was measured with.
         executors: executor processes.
         network_measured: the per-MiB figures were measured across the links the runs use
@@ -131,6 +134,9 @@ class SparkCosts:
             the driver's host): a job's fixed cost is CPU time taken from the tasks when
             jobs overlap compute (``mode="async"``).
         probe_s: seconds the probes took (0 when not measured).
+        empty_job_s: seconds of an empty round job (``job_s`` is a working round's fixed
+            cost, its wall time less its slowest task's compute, which is less: part of the
+            per-task work overlaps the other tasks' compute).
     """
 
     job_s: float
@@ -152,6 +158,7 @@ class SparkCosts:
     thread_efficiency: float = 0.9
     shared_cores: bool = False
     probe_s: float = 0.0
+    empty_job_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib", "driver_update_s_per_mib"):
@@ -281,14 +288,16 @@ class NetworkCosts:
         return self.local_steps_s(samples)
 
     @classmethod
-    def measure(cls, model: Any, batch_size: int, steps: int = 6, dtype: Any = None) -> "NetworkCosts":
+    def measure(cls, model: Any, batch_size: int, steps: int = 6, dtype: Any = None,
+                min_seconds: float = 0.0) -> "NetworkCosts":
         """Time real training steps of a copy of ``model`` (built) in this process, one BLAS
-        thread (see :func:`sparknet.cluster.probe.step_probe`)."""
+        thread: ``steps`` of them, more until ``min_seconds`` passed (see
+        :func:`sparknet.cluster.probe.step_probe`)."""
         from sparknet.cluster.probe import gemm_gflops, network_shape, step_probe
 
         net = _built(model, dtype)
         b = int(batch_size)
-        got = step_probe(net, b, steps=steps)
+        got = step_probe(net, b, steps=steps, min_seconds=min_seconds)
         flops, acts = network_shape(net)
         half = max(1, b // 2)
         # t(b) = fixed + b p, t(b/2) = fixed + (b/2) p
