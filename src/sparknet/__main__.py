@@ -32,13 +32,13 @@ def _demo_local(args: argparse.Namespace) -> float:
     Xtr, ytr, Xte, yte = load_digits(seed=args.seed)
     model = _digits_mlp(args.seed)
     model.fit(Xtr, ytr, epochs=args.epochs, batch_size=32, optimizer=RMSprop(lr=1e-3),
-              validation_data=(Xte, yte), verbose=0 if args.quiet else 1)
+              validation_data=(Xte, yte), verbose=0 if args.quiet else args.verbose)
     return model.evaluate(Xte, yte)["accuracy"]
 
 
 def _demo_spark(args: argparse.Namespace) -> float:
     from sparknet.cluster import demo as cluster_demo
-    return cluster_demo(epochs=args.epochs, seed=args.seed, verbose=not args.quiet)
+    return cluster_demo(epochs=args.epochs, seed=args.seed, verbose=0 if args.quiet else args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -132,7 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--epochs", type=int, default=40)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--local", action="store_true", help="train in one process instead of on local Spark")
-    d.add_argument("--quiet", action="store_true", help="no progress bars")
+    d.add_argument("--quiet", action="store_true", help="no progress output (as --verbose 0)")
+    d.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                   help="0 nothing, 1 one live progress bar (default), 2 one line per epoch")
+    d.add_argument("--log-level", default="WARNING", help="logging level of sparknet's diagnostics")
     d.set_defaults(func=cmd_demo)
     t = sub.add_parser("train", help="train an MLP on digits or MNIST and save it")
     t.add_argument("--data", choices=["digits", "mnist"], default="digits")
@@ -152,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("info", help="versions and BLAS")
     i.set_defaults(func=cmd_info)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    level = str(getattr(args, "log_level", "INFO")).upper()
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="%(asctime)s %(name)s: %(message)s")
     return int(args.func(args))
 
 

@@ -27,7 +27,7 @@ from sparknet.activations import grad as act_grad
 from sparknet.divergence import StepGuard
 from sparknet.history import History
 from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
-from sparknet.progress import progress_bar
+from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
 #: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``
@@ -315,8 +315,7 @@ class Sequential:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
         shuffle = check_bool(shuffle, "shuffle")
-        if isinstance(verbose, bool) or not isinstance(verbose, (int, np.integer)) or verbose < 0:
-            raise ValueError(f"verbose must be 0 (silent) or 1 (a progress bar per epoch), got {verbose!r}")
+        verbose = check_verbose(int(verbose) if isinstance(verbose, np.integer) else verbose)
         callbacks = check_callbacks(callbacks)
         lo = losses_mod.get(loss) if loss is not None else None
         was_built = self.built
@@ -337,6 +336,14 @@ class Sequential:
         self._loss = lo if loss is not None else self._loss
         guard = StepGuard(self.params, self.grads, opt)
         history = History()
+        with FitProgress(epochs, verbose, step_unit="batches") as progress:
+            self._epochs(X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt, guard, history,
+                         callbacks, progress)
+        return history
+
+    def _epochs(self, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, shuffle: bool, mask: Any,
+                sample_weight: Any, lo: losses_mod.Loss, val: Any, opt: optim_mod.Optimizer, guard: StepGuard,
+                history: History, callbacks: Sequence[Callback], progress: FitProgress) -> None:
         n = X.shape[0]
         n_batches = (n + batch_size - 1) // batch_size
         step = 0
@@ -344,28 +351,27 @@ class Sequential:
             t0 = time.perf_counter()
             order = self._rng.permutation(n) if shuffle else np.arange(n)
             tot_s = tot_w = tot_c = 0.0
-            with progress_bar(total=n_batches, desc=f"epoch {epoch + 1}/{epochs}", unit="batch",
-                              disable=not verbose) as bar:
-                for b in range(n_batches):
-                    idx = order[b * batch_size:(b + 1) * batch_size]
-                    xb, yb = X[idx], y[idx]
-                    mb = None if mask is None else mask[idx]
-                    swb = None if sample_weight is None else sample_weight[idx]
-                    s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
-                    step += 1
-                    guard.check_loss(s, epoch=epoch + 1, step=step)
-                    guard.before_step(epoch=epoch + 1, step=step)
-                    opt.step(self.params, self.grads)
-                    guard.after_step(epoch=epoch + 1, step=step)
-                    tot_s += s
-                    tot_w += w
-                    tot_c += c
-                    bar.update(1)
-                    if b % 10 == 0 or b == n_batches - 1:
-                        post = {"loss": f"{tot_s / max(tot_w, 1e-12):.4f}"}
-                        if lo.is_classification:
-                            post["acc"] = f"{tot_c / max(tot_w, 1e-12):.4f}"
-                        bar.set_postfix(post, refresh=False)
+            bar = progress.rounds(n_batches, f"epoch {epoch + 1}/{epochs}")
+            for b in range(n_batches):
+                idx = order[b * batch_size:(b + 1) * batch_size]
+                xb, yb = X[idx], y[idx]
+                mb = None if mask is None else mask[idx]
+                swb = None if sample_weight is None else sample_weight[idx]
+                s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
+                step += 1
+                guard.check_loss(s, epoch=epoch + 1, step=step)
+                guard.before_step(epoch=epoch + 1, step=step)
+                opt.step(self.params, self.grads)
+                guard.after_step(epoch=epoch + 1, step=step)
+                tot_s += s
+                tot_w += w
+                tot_c += c
+                bar.update(1)
+                if b % 10 == 0 or b == n_batches - 1:
+                    post = {"loss": f"{tot_s / max(tot_w, 1e-12):.4f}"}
+                    if lo.is_classification:
+                        post["acc"] = f"{tot_c / max(tot_w, 1e-12):.4f}"
+                    bar.set_postfix(post, refresh=False)
             logs = {"loss": tot_s / max(tot_w, 1e-12)}
             if lo.is_classification:
                 logs["accuracy"] = tot_c / max(tot_w, 1e-12)
@@ -374,12 +380,9 @@ class Sequential:
                 logs.update({f"val_{k}": v for k, v in ev.items()})
             logs["time"] = time.perf_counter() - t0
             history.append(epoch, **logs)
-            if verbose:
-                print(f"epoch {epoch + 1}/{epochs}: " + ", ".join(
-                    f"{k}={v:.4f}" for k, v in logs.items()), flush=True)
+            progress.epoch_end(epoch + 1, logs)
             if any(cb(epoch, dict(logs)) is True for cb in callbacks):
                 break
-        return history
 
     def _prepare_validation(self, validation_data: ValidationData | None, lo: losses_mod.Loss
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:

@@ -79,6 +79,7 @@ from sparknet.cluster.params import STATS, ParameterServer
 from sparknet.cluster.rounds import FitSpec
 from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
+from sparknet.progress import FitProgress, check_verbose
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -261,7 +262,9 @@ class DataParallelTrainer:
                 executors: a DataFrame (same columns), an RDD of pairs or ``(X, y)``.
             features_col: features column of DataFrames.
             label_col: label column of DataFrames.
-            verbose: 1 shows a progress bar on the driver (rounds, running loss); 0 none.
+            verbose: 1 (default) one live progress bar over the epochs (the round within
+                the epoch, running train figures, validation and Spark's share); 2 one
+                line per epoch; 0 nothing (:class:`~sparknet.progress.FitProgress`).
             reuse_data: keep the shards of a cached DataFrame (``df.cache()``) or a
                 persisted RDD on the executors after the fit, and reuse them in the next
                 fit (or :meth:`evaluate`) on the same data, columns and partitions: no
@@ -308,6 +311,7 @@ class DataParallelTrainer:
         """
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
+        verbose = check_verbose(verbose)
         store = trainer_state.open_store(self, resume)
         model = self.model
         classification = _is_classifier(model)
@@ -373,9 +377,11 @@ class DataParallelTrainer:
     def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
         """The epochs of the fit; ``KeyboardInterrupt`` cancels the fit's jobs (tagged
         ``tag``) and returns with the model as of the last applied round."""
-        assert ctx.history is not None
+        assert ctx.history is not None and ctx.state is not None
         try:
-            self._epochs(ctx, verbose)
+            with FitProgress(ctx.epochs, verbose) as ctx.progress:
+                ctx.progress.skip(ctx.state.start.epoch)
+                self._epochs(ctx, verbose)
         except KeyboardInterrupt:
             self.spark.sparkContext.cancelJobsWithTag(tag)
             ctx.history.interrupted = True
@@ -419,20 +425,18 @@ class DataParallelTrainer:
         """The rounds of epoch ``epoch`` (``span`` epochs for a multi-epoch round; from round
         ``start`` on, ``carry`` holding the rounds before it), under a progress bar:
         synchronous rounds, or the registered mode's epoch runner."""
-        from sparknet.progress import progress_bar
-
         epochs = ctx.epochs
         desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
-        with progress_bar(total=ctx.rounds, desc=desc, unit="round", disable=not verbose) as bar:
-            if self.mode == "sync":
-                rl = ctx.sync_epoch(epoch, bar, span, start, carry, t0)
-                ctx.resize(rl, span)
-                return rl
-            ctx.bar = bar
-            try:
-                return EPOCH_RUNNERS[self.mode](self, ctx, epoch)
-            finally:
-                ctx.bar = None
+        bar = ctx.progress.rounds(ctx.rounds, desc)
+        if self.mode == "sync":
+            rl = ctx.sync_epoch(epoch, bar, span, start, carry, t0)
+            ctx.resize(rl, span)
+            return rl
+        ctx.bar = bar
+        try:
+            return EPOCH_RUNNERS[self.mode](self, ctx, epoch)
+        finally:
+            ctx.bar = None
 
     def _record(self, ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_time: float,
                 val_logs: dict[str, float]) -> float:
@@ -462,7 +466,9 @@ class DataParallelTrainer:
             logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if last else 0.0)
             logs.update(shared)
             ctx.history.append(epoch + i, **logs)
-            log.info("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+            log.debug("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+            if ctx.progress is not None:
+                ctx.progress.epoch_end(epoch + i + 1, logs)
             loss = logs["loss"]
         return loss
 
@@ -518,7 +524,8 @@ def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, n
         epochs: passes over the training set (35 reach 97-98 %).
         seed: seeds the split, the initial weights and the shuffles.
         num_partitions: data shards.
-        verbose: show the progress bar (and log each epoch at INFO).
+        verbose: 0 nothing, 1 (default) one live progress bar, 2 one line per epoch
+            (test accuracy shown as ``val_acc``).
 
     Returns:
         test accuracy.
@@ -533,5 +540,5 @@ def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, n
     model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=seed)
     trainer = DataParallelTrainer(model, spark, num_partitions=num_partitions, sync="average",
                                   optimizer=optim_mod.RMSprop(lr=3e-3))
-    trainer.fit(X, y, epochs=epochs, batch_size=16, verbose=int(bool(verbose)))
+    trainer.fit(X, y, epochs=epochs, batch_size=16, validation_data=(Xt, yt), verbose=verbose)
     return float(model.evaluate(Xt, yt)["accuracy"])

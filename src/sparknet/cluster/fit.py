@@ -190,6 +190,7 @@ class FitContext:
     steps_per_round: int = 1
     epochs_per_round: int = 1
     bar: Any = None
+    progress: Any = None
     mode_state: Any = None
     state: FitState | None = None
     mode_resume: Any = None

@@ -128,6 +128,30 @@ class NoExecutorsLeft(ResidentStateLost):
 _OPEN: "set[Resident]" = set()
 
 
+#: the JVM logger of an anchor's RDD class (its unpersist warning is silenced, see _unpersist)
+_ANCHOR_LOGGER = "org.apache.spark.api.python.PythonRDD"
+
+
+def _unpersist(anchor: "RDD[Any]") -> None:
+    """Unpersist an anchor.  Spark warns that a locally checkpointed RDD "cannot be
+    recomputed after unpersisting": dropping it is what closing the state means, so
+    that warning is not logged (the level of that one logger is raised for the call)."""
+    jvm = getattr(anchor.context, "_jvm", None)
+    saved = None
+    try:
+        if jvm is not None:
+            log4j = jvm.org.apache.logging.log4j
+            saved = log4j.LogManager.getLogger(_ANCHOR_LOGGER).getLevel()
+            log4j.core.config.Configurator.setLevel(_ANCHOR_LOGGER, log4j.Level.ERROR)
+    except Exception:  # pragma: no cover - another logging backend: keep Spark's warning
+        saved = None
+    try:
+        anchor.unpersist()
+    finally:
+        if saved is not None:
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(_ANCHOR_LOGGER, saved)
+
+
 class Resident:
     """Per-partition numpy state built once and kept on the executors across Spark jobs.
 
@@ -270,7 +294,7 @@ class Resident:
         old, t0 = self.anchor, time.perf_counter()
         self._materialise(keep)
         if old is not None:
-            old.unpersist()
+            _unpersist(old)
         fresh = [i.index for i in self.infos if not i.reattached]
         kept = [i.index for i in self.infos if i.reattached]
         if lost:
@@ -316,7 +340,7 @@ class Resident:
                 log.debug("resident %s: executor cleanup failed: %s", key, exc)
         _drop_local(key, self.spill_dir)
         try:
-            anchor.unpersist()
+            _unpersist(anchor)
         except Exception:  # pragma: no cover - context stopped
             pass
         self.anchor = None

@@ -33,6 +33,9 @@ DEFAULT_CONF = {
     # before it forks the workers: a new worker then starts with them loaded instead of
     # importing them itself (a fit's first jobs start several workers at once)
     "spark.python.daemon.module": "sparknet.cluster.session",
+    # the trainers draw their own progress bar (sparknet.progress.FitProgress); Spark's
+    # stage bar would be written over it on the same console line
+    "spark.ui.showConsoleProgress": "false",
 }
 
 #: What the executors' Python daemon imports before forking workers (see

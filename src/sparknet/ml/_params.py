@@ -192,7 +192,8 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                           "sequence features: steps kept per row (longer sequences are "
                                           "cut, shorter ones padded); 0 uses the longest training sequence",
                                           typeConverter=_count("maxSequenceLength", positive=False))
-    verbose: Param[int] = Param(Params._dummy(), "verbose", "1 shows a progress bar on the driver (>= 0)",
+    verbose: Param[int] = Param(Params._dummy(), "verbose",
+                                "0 nothing, 1 one live progress bar on the driver, 2 one line per epoch",
                                 typeConverter=_count("verbose", positive=False))
 
     def __init__(self) -> None:

@@ -141,28 +141,36 @@ def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losse
 def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition, run: _Plan, *,
          checkpoint_every: int, verbose: int, max_steps: int | None) -> None:
     """Run epochs from ``pos`` (updated step by step) to the end, or to ``max_steps``."""
+    from sparknet.progress import FitProgress
+
     n = X.shape[0]
     starts = list(range(0, n, run.batch_size))
-    while pos.epoch < run.epochs:
-        rng = pos.generator()
-        order = rng.permutation(n) if run.shuffle else np.arange(n)
-        try:
-            _epoch(mp, X, y, lo, pos, order, starts, batch_size=run.batch_size, checkpoint_every=checkpoint_every,
-                   max_steps=max_steps, lookahead=run.lookahead)
-        except _Stop:
-            if pos.batch:
-                _close_epoch(pos, lo, rng)
-            return
-        _close_epoch(pos, lo, rng)
-        if verbose:
-            print(f"epoch {pos.epoch}/{run.epochs}: loss={pos.loss[-1]:.4f} acc={pos.accuracy[-1]:.4f} "
-                  f"bytes/step={mp.last_step_bytes}", flush=True)
+    with FitProgress(run.epochs, verbose, step_unit="steps") as progress:
+        progress.skip(pos.epoch)
+        while pos.epoch < run.epochs:
+            rng = pos.generator()
+            order = rng.permutation(n) if run.shuffle else np.arange(n)
+            bar = progress.rounds(len(starts), f"epoch {pos.epoch + 1}/{run.epochs}")
+            bar.update(pos.batch)
+            t0 = time.perf_counter()
+            try:
+                _epoch(mp, X, y, lo, pos, order, starts, batch_size=run.batch_size,
+                       checkpoint_every=checkpoint_every, max_steps=max_steps, lookahead=run.lookahead, bar=bar)
+            except _Stop:
+                if pos.batch:
+                    _close_epoch(pos, lo, rng)
+                return
+            _close_epoch(pos, lo, rng)
+            logs = {"loss": pos.loss[-1], "time": time.perf_counter() - t0}
+            if lo.is_classification:
+                logs["accuracy"] = pos.accuracy[-1]
+            progress.epoch_end(pos.epoch, logs)
 
 
 def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition,
            order: np.ndarray, starts: list[int], *, batch_size: int, checkpoint_every: int,
-           max_steps: int | None, lookahead: bool) -> None:
-    """The batches of one epoch from ``pos.batch`` on."""
+           max_steps: int | None, lookahead: bool, bar: Any = None) -> None:
+    """The batches of one epoch from ``pos.batch`` on (``bar``: the console's, updated per step)."""
     if pos.batch >= len(starts):
         return
     xb = X[order[starts[pos.batch]:starts[pos.batch] + batch_size]]
@@ -177,6 +185,9 @@ def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Los
         pos.tot = [pos.tot[0] + s, pos.tot[1] + w, pos.tot[2] + c]
         pos.batch, pos.done = bi + 1, pos.done + 1
         pos.step_time.append(mp.step_times[-1])
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix({"loss": f"{pos.tot[0] / max(pos.tot[1], 1e-12):.4f}"}, refresh=False)
         if checkpoint_every and mp.t % checkpoint_every == 0:
             mp._write_checkpoint(pos)
 
