@@ -33,6 +33,7 @@ row was taken, and the prediction's largest terms.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
 import json
 import os
@@ -189,7 +190,7 @@ def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None
             pred = predict(mode, net, sc, len(Xm), **settings)
             measured, compute = fit_epochs(spark, make, Xm, ym, mode, partitions, tau, batch, args.epochs)
             rows.append(row(name, master, pred, measured, st, compute=compute))
-            rows[-1]["spark_costs"] = sc.to_dict()
+            rows[-1]["spark_costs"] = dataclasses.asdict(sc)
             rows[-1]["net"] = {"sample_s": net.sample_s, "update_s": net.update_s, "step_fixed_s": net.step_fixed_s}
 
 

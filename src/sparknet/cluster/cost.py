@@ -1,62 +1,62 @@
 """Cost models of every training mode, fed by measured (or given) costs.
 
-The paper models ``K`` rounds as ``T = K [T_lat + N T_data]``: a fixed latency per
-round and a data term.  Here the fixed term is split into what Spark really pays per
-round and the data term into compute and bytes, for each mode as the code runs it.
-Inputs (:class:`SparkCosts`, :class:`NetworkCosts`; ``M`` the parameter MiB, ``b`` the
-batch size, ``P`` partitions, ``c`` task slots, ``t(r)`` one forward+backward of ``r``
-rows on one core, ``u`` one optimizer step, ``s`` the task speed under contention):
-
-``job(P) = job_s + task_s max(0, P - probe_tasks)``, the job of ``P`` tasks;
-``bytes(M, P) = M broadcast_s_per_mib + P_d M result_s_per_mib`` where ``P_d`` results reach
-the driver (``P``, or fewer once ``treeAggregate`` adds a shuffle level: :func:`tree_levels`);
-``net(M, P)``: between hosts ``M / bw`` out and ``P_d M / bw`` in (plus the shuffle level),
-zero when the per-MiB figures were measured across the same links.
+The paper models ``K`` rounds as ``T = K [T_lat + N T_data]``.  Here the fixed term is what
+Spark pays per round and the data term compute and bytes, for each mode as the code runs it
+(:class:`SparkCosts`, :class:`NetworkCosts`; ``M`` parameter MiB, ``b`` batch, ``P``
+partitions, ``c`` task slots, ``t(r)`` a forward+backward of ``r`` rows on one core, ``u``
+an optimizer step, ``s`` the task speed under contention, ``w = ceil(P / c)`` waves):
+``job(P) = job_s + task_s max(0, P - probe_tasks)``; ``bytes(M, P) = M broadcast_s_per_mib
++ P_d M result_s_per_mib``, ``P_d`` results reaching the driver (fewer than ``P`` once
+``treeAggregate`` adds a shuffle level, :func:`tree_levels`); ``net``: ``M / bw`` out and
+``P_d M / bw`` in between hosts, zero when the per-MiB figures crossed the same links.
 
 **sync gradient** (one job per global step, :mod:`~sparknet.cluster.fit`)::
 
-    T_round = job(P) + bytes(M, P) + net(M, P) + M driver_update_s_per_mib + w t(b / P) / s
-    T_epoch = ceil(N / b) T_round          (w = ceil(P / c) waves)
+    T_round = job(P) + bytes(M, P) + net + M driver_update_s_per_mib + w t(b / P) / s
+    T_epoch = ceil(N / b) T_round
 
-**sync average** (``tau`` local steps per partition, deltas back, one outer update)::
+**sync average** (``tau`` local steps per partition, deltas back, one update)::
 
     R = ceil(ceil(N / P b) / tau)           rounds per epoch (1/m for rounds of m epochs)
-    T_round = job(P) + bytes(M, P) + net(M, P) + M driver_delta_s_per_mib
-              + w [N/(P R) rows of t(b), ceil(N/(P R b)) u] / (s min speed)
+    T_round = job(P) + bytes(M, P) + net + M driver_delta_s_per_mib
+              + w [N / (P R) rows in steps of t(b) + u] / (s min speed)
     T_epoch = R T_round
 
-**async** (one single-task job per partition round, :mod:`~sparknet.cluster.async_ps`)::
+**async** (single-task jobs per partition, :mod:`~sparknet.cluster.async_ps`)::
 
-    T_p = single_job_s + M (broadcast + result + delta) + net(M, 1) + compute_p / (s speed_p)
-    X = sum_p rows_p / T_p              rows per second, every partition busy
-    T_epoch = max(N / X, (N / rows) M (delta + broadcast + result)) + (max T_p - min T_p) / 2
+    T_p = single_job_s + M (broadcast + result + delta) + net + compute_p / (s speed_p)
+    T_epoch = max(N / sum_p (rows / T_p), (N / rows) M (delta + broadcast + result),
+                  [shared cores] (N / rows) (compute + single_job_s) / c) + (max T_p - min T_p) / 2
 
-(the second term: the driver applies, re-broadcasts and receives every delta serially; the
-last: the epoch waits for the rounds in flight).
+(the driver applies, re-broadcasts and receives every delta serially; on the executors'
+own cores a job's fixed cost is CPU taken from compute; the epoch waits for the rounds in
+flight).
 
-**model parallel** (per step, ``K`` blocks of each blocked layer; ``S`` blocked stages, a
-pair of layers being one stage, :mod:`~sparknet.cluster.model_parallel`)::
+**model parallel** (per step, ``K`` blocks of each blocked layer, ``S`` blocked stages, a
+pair of layers one stage, :mod:`~sparknet.cluster.model_parallel`)::
 
     jobs = 2 S (- 1 with lookahead when the net starts blocked)
     T_step = sum_jobs [job(K) + bc_j broadcast + res_j result + net] + F_blocked b / (K s r)
              + driver layers + u_blocked / K
 
-with ``bc_j``/``res_j`` the activation MiB a job moves (a block returns its ``1/K`` of the
-output, a pair's block a full-width partial sum, so a pair halves the round trips but not
-every byte), ``F`` training flops per sample, ``r`` the network's measured flop rate.  With
-``D`` replicas (hybrid) every slot computes ``b / D`` rows and each stage's gradients
-(``L_s`` MiB per replica) cross the driver: ``D L_s`` collected and ``L_s`` broadcast in
-``ceil(D L_s / combine)`` extra jobs.  The paper's ``T = K [T_lat + N T_data]`` is the
-special case of ``K`` identical rounds whose fixed cost is ``T_lat = job + M (broadcast +
-result)`` and whose data term is ``N T_data = tau t(b)``.
+``bc_j``/``res_j``: the activation MiB a job moves (a block returns its ``1/K`` of the
+output, a pair's block a full-width partial sum: a pair halves the round trips, not every
+byte); ``F`` training flops per sample, ``r`` the net's measured flop rate.  With ``D``
+replicas (hybrid) a slot computes ``b / D`` rows and each stage's gradients (``L_s`` MiB)
+cross the driver, ``D L_s`` in and ``L_s`` out, in ``ceil(D L_s / combine)`` more jobs.
+The paper's ``T = K [T_lat + N T_data]`` is sync average with ``K`` equal rounds:
+``T_lat = job + M (broadcast + result + driver_delta)``, ``N T_data = tau (t(b) + u)``.
 
 :class:`RoundCostModel` is the trainers' own measured round model (used to size tau).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
+
+from sparknet.cluster import probe
+from sparknet.cluster.probe import dense_flops, dense_stages, tree_levels
 
 MIB = float(1 << 20)
 
@@ -161,17 +161,14 @@ class SparkCosts:
     empty_job_s: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib", "driver_update_s_per_mib"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"SparkCosts.{name} must be a non-negative number of seconds, got {v!r}")
-        for name in ("hosts", "cores_per_host", "blas_threads", "probe_tasks"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"SparkCosts.{name} must be >= 1, got {getattr(self, name)!r}")
-        if not self.bandwidth_bytes_s > 0:
-            raise ValueError(f"SparkCosts.bandwidth_bytes_s must be positive, got {self.bandwidth_bytes_s!r}")
-        if not 0 < self.task_speed <= 1.5:
-            raise ValueError(f"SparkCosts.task_speed must be in (0, 1.5], got {self.task_speed!r}")
+        bad = [n for n in ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib", "driver_update_s_per_mib")
+               if not (isinstance(getattr(self, n), (int, float)) and 0 <= getattr(self, n) < math.inf)]
+        bad += [n for n in ("hosts", "cores_per_host", "blas_threads", "probe_tasks") if int(getattr(self, n)) < 1]
+        bad += [n for n, ok in (("bandwidth_bytes_s", self.bandwidth_bytes_s > 0),
+                                ("task_speed", 0 < self.task_speed <= 1.5)) if not ok]
+        if bad:
+            raise ValueError("SparkCosts: " + ", ".join(f"{n}={getattr(self, n)!r}" for n in bad) + " out of range "
+                             "(seconds >= 0, counts >= 1, bandwidth > 0, task_speed in (0, 1.5])")
 
     @property
     def cores(self) -> int:
@@ -189,6 +186,12 @@ class SparkCosts:
         t = self.blas_threads
         return 1.0 if t <= 1 else t * self.thread_efficiency ** math.log2(t)
 
+    @property
+    def delta_s_per_mib(self) -> float:
+        """The driver's apply of a delta per MiB (``driver_update_s_per_mib`` when not given)."""
+        d = self.driver_delta_s_per_mib
+        return self.driver_update_s_per_mib if d is None else d
+
     def job(self, tasks: int) -> float:
         """Seconds of an empty job of ``tasks`` tasks."""
         return self.job_s + self.task_s * max(0, int(tasks) - self.probe_tasks)
@@ -197,9 +200,7 @@ class SparkCosts:
     def measure(cls, spark: Any, repeats: int = 3) -> "SparkCosts":
         """Measure the live session with short probe jobs (a few seconds in all; see
         :mod:`sparknet.cluster.probe`)."""
-        from sparknet.cluster.probe import spark_probe
-
-        got = spark_probe(spark, repeats=repeats)
+        got = probe.spark_probe(spark, repeats=repeats)
         return cls(**{k: v for k, v in got.items() if k in cls.__dataclass_fields__},
                    probe_tasks=int(got["hosts"] * got["cores_per_host"]), network_measured=True)
 
@@ -217,9 +218,6 @@ class SparkCosts:
         return replace(base, hosts=int(hosts), cores_per_host=int(cores_per_host),
                        bandwidth_bytes_s=bandwidth_gbit * 1e9 / 8, latency_s=latency_ms / 1e3,
                        network_measured=False, executors=int(hosts), shared_cores=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 #: Spark's costs on the project's reference machine (local[2], Unix socket to the Python
@@ -259,10 +257,9 @@ class NetworkCosts:
     n_params: int = 0
 
     def __post_init__(self) -> None:
-        if not (self.sample_s > 0 and math.isfinite(self.sample_s)):
-            raise ValueError(f"NetworkCosts.sample_s must be positive, got {self.sample_s!r}")
-        if int(self.batch_size) < 1:
-            raise ValueError(f"NetworkCosts.batch_size must be >= 1, got {self.batch_size!r}")
+        if not (self.sample_s > 0 and math.isfinite(self.sample_s)) or int(self.batch_size) < 1:
+            raise ValueError(f"NetworkCosts needs sample_s > 0 and batch_size >= 1, got {self.sample_s!r}, "
+                             f"{self.batch_size!r}")
 
     @property
     def param_mib(self) -> float:
@@ -293,19 +290,17 @@ class NetworkCosts:
         """Time real training steps of a copy of ``model`` (built) in this process, one BLAS
         thread: ``steps`` of them, more until ``min_seconds`` passed (see
         :func:`sparknet.cluster.probe.step_probe`)."""
-        from sparknet.cluster.probe import gemm_gflops, network_shape, step_probe
-
         net = _built(model, dtype)
         b = int(batch_size)
-        got = step_probe(net, b, steps=steps, min_seconds=min_seconds)
-        flops, acts = network_shape(net)
+        got = probe.step_probe(net, b, steps=steps, min_seconds=min_seconds)
+        flops, acts = probe.network_shape(net)
         half = max(1, b // 2)
         # t(b) = fixed + b p, t(b/2) = fixed + (b/2) p
         per = max(got["compute_s"] - got["half_s"], 0.0) / max(b - half, 1)
         fixed = max(got["compute_s"] - per * b, 0.0)
         return cls(sample_s=got["compute_s"] / b, eval_sample_s=got["eval_s"] / b,
                    param_bytes=int(net.params.nbytes), activation_bytes=acts, flops_per_sample=flops,
-                   gemm_gflops=gemm_gflops(), batch_size=b, update_s=got["update_s"], step_fixed_s=fixed,
+                   gemm_gflops=probe.gemm_gflops(), batch_size=b, update_s=got["update_s"], step_fixed_s=fixed,
                    n_params=int(net.n_params))
 
     @classmethod
@@ -313,12 +308,10 @@ class NetworkCosts:
                    update_bytes_s: float = 8e9) -> "NetworkCosts":
         """Costs from the network's flops at ``efficiency`` of the sgemm rate (and an
         optimizer step moving 16 bytes per parameter at ``update_bytes_s``), no timing."""
-        from sparknet.cluster.probe import network_shape
-
         if not gemm_gflops > 0:
             raise ValueError(f"gemm_gflops must be positive, got {gemm_gflops!r}")
         net = _built(model, None)
-        flops, acts = network_shape(net)
+        flops, acts = probe.network_shape(net)
         rate = gemm_gflops * 1e9 * efficiency
         fwd = flops / 3.0   # forward: a third of training (two GEMMs per layer backward)
         return cls(sample_s=max(flops / rate, 1e-9), eval_sample_s=max(fwd / rate, 1e-9),
@@ -372,20 +365,6 @@ class Prediction:
 
 
 # ------------------------------------------------------------------------ shared terms
-def tree_levels(partitions: int, depth: int = 2) -> tuple[int, int]:
-    """``(results reaching the driver, shuffle levels)`` of ``treeAggregate(depth)`` over
-    ``partitions`` partitions (PySpark's rule: add a level while
-    ``n > scale + n / scale``, ``scale = max(ceil(P^(1/depth)), 2)``)."""
-    n = max(1, int(partitions))
-    scale = max(int(math.ceil(n ** (1.0 / depth))), 2)
-    levels = 0
-    x = float(n)
-    while x > scale + x / scale:
-        x /= scale
-        levels += 1
-    return max(1, int(x)), levels
-
-
 def _net_s(sc: SparkCosts, mib_out: float, mib_in: float) -> float:
     """Seconds on the links between hosts (0 when measured, or on one host)."""
     if sc.network_measured or sc.hosts <= 1:
@@ -400,12 +379,10 @@ def _round_comm(sc: SparkCosts, mib: float, partitions: int) -> dict[str, float]
     if levels:  # each shuffle level: a stage, every reducer receiving P / P_d vectors
         fan = partitions / to_driver
         shuffle = levels * (0.5 * sc.job_s + fan * mib * sc.result_s_per_mib)
-    return {"job": sc.job_s, "tasks": sc.job(partitions) - sc.job_s,
-            "broadcast": mib * sc.broadcast_s_per_mib,
+    return {"job": sc.job_s, "tasks": sc.job(partitions) - sc.job_s, "broadcast": mib * sc.broadcast_s_per_mib,
             "results": to_driver * mib * sc.result_s_per_mib + shuffle,
-            "network": _net_s(sc, mib, to_driver * mib) + (levels * (partitions / to_driver) * mib * MIB
-                                                           / sc.bandwidth_bytes_s
-                                                           if not sc.network_measured and sc.hosts > 1 else 0.0)}
+            "network": _net_s(sc, mib, to_driver * mib) + max(0.0, _net_s(sc, 0, levels * partitions / to_driver * mib)
+                                                             - 2 * sc.latency_s)}
 
 
 def _speeds(speeds: Sequence[float] | None, partitions: int) -> list[float]:
@@ -417,11 +394,10 @@ def _speeds(speeds: Sequence[float] | None, partitions: int) -> list[float]:
     return out
 
 
-def _check(samples: int, partitions: int) -> None:
-    if int(samples) < 1:
-        raise ValueError(f"samples must be >= 1, got {samples!r}")
-    if int(partitions) < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions!r}")
+def _check(samples: int, partitions: int, tau: int = 1) -> None:
+    for name, v in (("samples", samples), ("partitions", partitions), ("tau", tau)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be >= 1, got {v!r}")
 
 
 def _per_epoch(per_round: dict[str, float], rounds: float) -> dict[str, float]:
@@ -465,9 +441,7 @@ def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: in
                          speeds: Sequence[float] | None = None, max_epochs_per_round: int = 4) -> Prediction:
     """``sync="average"``: rounds of ``tau`` local steps on every partition, the deltas
     averaged by the driver."""
-    _check(samples, partitions)
-    if int(tau) < 1:
-        raise ValueError(f"tau must be >= 1, got {tau!r}")
+    _check(samples, partitions, tau)
     sc, P = spark_costs, int(partitions)
     sp = _speeds(speeds, P)
     rounds, rows = _rounds_of(net, samples, P, int(tau), max_epochs_per_round)
@@ -475,8 +449,7 @@ def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: in
     nominal = waves * net.local_steps_s(rows) / (sc.task_speed * sc.thread_speedup)
     slowest = nominal / min(sp)
     per = _round_comm(sc, net.param_mib, P)
-    delta = sc.driver_delta_s_per_mib if sc.driver_delta_s_per_mib is not None else sc.driver_update_s_per_mib
-    per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * delta)
+    per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * sc.delta_s_per_mib)
     round_s = sum(per.values())
     return Prediction("average", {"partitions": P, "tau": int(tau), "threads": sc.blas_threads,
                                   "batch_size": net.batch_size, "rounds_per_epoch": rounds},
@@ -487,9 +460,7 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
                   speeds: Sequence[float] | None = None) -> Prediction:
     """``mode="async"``: every partition runs its own single-task jobs; the driver applies
     each delta as it arrives.  ``speeds``: relative speed per partition (1.0 nominal)."""
-    _check(samples, partitions)
-    if int(tau) < 1:
-        raise ValueError(f"tau must be >= 1, got {tau!r}")
+    _check(samples, partitions, tau)
     sc, P = spark_costs, int(partitions)
     sp = _speeds(speeds, P)
     n_p = math.ceil(samples / P)
@@ -497,7 +468,7 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
     rounds = max(1, math.ceil(steps_epoch / int(tau)))
     rows = n_p / rounds
     mib = net.param_mib
-    delta = sc.driver_delta_s_per_mib if sc.driver_delta_s_per_mib is not None else sc.driver_update_s_per_mib
+    delta = sc.delta_s_per_mib
     single = sc.single_job_s if sc.single_job_s is not None else sc.job_s
     share = max(1.0, P / sc.slots)      # partitions beyond the slots share them
     base = net.local_steps_s(rows) * share / (sc.task_speed * sc.thread_speedup)
@@ -516,39 +487,17 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
         cpu = updates * (per_round + single) / min(sc.slots, P)
     tail = 0.5 * (max(T) - min(T))
     epoch = max(busy, driver_serial, cpu) + tail
-    # per epoch: each update's costs, the compute at nominal speed, the rest waiting on stragglers
-    bd = {k: v * updates / P for k, v in comm.items()}
-    bd["compute"] = base * updates / P
-    bd["stragglers"] = max(epoch - sum(bd.values()), 0.0)
-    scale = epoch / sum(bd.values())
-    bd = {k: v * scale for k, v in bd.items()}
+    # per epoch, one partition's share of the rounds; contention: the driver's or the cores' bound
+    bd = {k: v * updates / P for k, v in {**comm, "compute": base}.items()}
+    bd["stragglers"] = tail + max(busy - sum(bd.values()), 0.0)
+    bd["contention"] = max(epoch - sum(bd.values()), 0.0)
+    bd = {k: v * epoch / sum(bd.values()) for k, v in bd.items()}
     return Prediction("async", {"partitions": P, "tau": int(tau), "threads": sc.blas_threads,
                                 "batch_size": net.batch_size, "speeds": list(sp)},
                       float(sum(T) / P), epoch, None, bd, net.one_process_epoch_s(samples))
 
 
 # -------------------------------------------------------------------- model parallel
-def _layer_flops(n_in: int, n_out: int, input_grad: bool) -> float:
-    """Training flops per sample of a dense layer: forward, weight gradient (and input gradient)."""
-    return 2.0 * n_in * n_out * (3.0 if input_grad else 2.0)
-
-
-def _stages(layer_sizes: Sequence[int], blocked: Sequence[int], paired: bool) -> list[tuple[int, ...]]:
-    """The blocked stages: tuples of one layer index (a block) or two (a pair)."""
-    out: list[tuple[int, ...]] = []
-    todo = sorted(set(int(i) for i in blocked))
-    i = 0
-    while i < len(todo):
-        a = todo[i]
-        if paired and i + 1 < len(todo) and todo[i + 1] == a + 1:
-            out.append((a, a + 1))
-            i += 2
-        else:
-            out.append((a,))
-            i += 1
-    return out
-
-
 def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: int, blocks: int,
                            paired: bool = False, replicas: int = 1, layer_sizes: Sequence[int] = (),
                            blocked: Sequence[int] | None = None, lookahead: bool = True,
@@ -577,8 +526,8 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
     if any(not 0 <= i < n_layers for i in blocked):
         raise ValueError(f"blocked layer indices must be in [0, {n_layers}), got {blocked!r}")
     sc, b = spark_costs, net.batch_size
-    stages = _stages(sizes, blocked, paired)
-    flops_all = sum(_layer_flops(sizes[i], sizes[i + 1], i > 0) for i in range(n_layers))
+    stages = dense_stages(blocked, paired)
+    flops_all = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in range(n_layers))
     rate = (net.flops_per_sample or flops_all) / net.sample_s          # flop/s of this net on one core
     params = [sizes[i] * sizes[i + 1] + sizes[i + 1] for i in range(n_layers)]
     upd_per_param = net.update_s / max(net.n_params or sum(params), 1)
@@ -608,19 +557,19 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
             job(b * n_in * mib, part * b * n_out * mib)             # forward
         job(b * n_out * mib + (b * n_in * mib if ahead else 0.0),   # backward (+ next batch's forward)
             (K * b * n_in * mib if need_dx else 0.0) + (part * b * n_out * mib if ahead else 0.0))
-        f = sum(_layer_flops(sizes[i], sizes[i + 1], i > 0) for i in st)
+        f = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in st)
         bd["compute"] += (f * b / (K * D) / rate + upd_per_param * sum(params[i] for i in st) / K) * share
         if D > 1:   # the partial gradients through the driver, in pieces
             L = sum(params[i] for i in st) * mib
             pieces = max(1, math.ceil(D * L * MIB / combine_bytes))
             for _ in range(pieces):
                 job(L / pieces, D * L / pieces)
-            bd["combine"] += D * L * (sc.driver_delta_s_per_mib or sc.driver_update_s_per_mib)
+            bd["combine"] += D * L * sc.delta_s_per_mib
     if D > 1 and stages:
         jobs -= 1          # the last apply rides in the next job
         bd["job"] -= sc.job_s
     driver_layers = [i for i in range(n_layers) if i not in set(blocked)]
-    bd["driver"] = sum(_layer_flops(sizes[i], sizes[i + 1], i > 0) for i in driver_layers) * b / rate \
+    bd["driver"] = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in driver_layers) * b / rate \
         + upd_per_param * sum(params[i] for i in driver_layers)
     step = sum(bd.values())
     steps = math.ceil(samples / b)

@@ -14,12 +14,13 @@ the median of ``repeats`` jobs after one untimed job.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 import statistics
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -31,6 +32,20 @@ if TYPE_CHECKING:
 MIB = float(1 << 20)
 #: the GEMM a compute probe repeats (float32, one thread): 2 * 192^3 flops each
 _GEMM_N = 192
+
+
+def tree_levels(partitions: int, depth: int = 2) -> tuple[int, int]:
+    """``(results reaching the driver, shuffle levels)`` of ``treeAggregate(depth)`` over
+    ``partitions`` partitions (PySpark's rule: add a level while
+    ``n > scale + n / scale``, ``scale = max(ceil(P^(1/depth)), 2)``)."""
+    n = max(1, int(partitions))
+    scale = max(int(math.ceil(n ** (1.0 / depth))), 2)
+    levels = 0
+    x = float(n)
+    while x > scale + x / scale:
+        x /= scale
+        levels += 1
+    return max(1, int(x)), levels
 
 
 def _median(xs: Iterable[float]) -> float:
@@ -305,6 +320,27 @@ def loopback_bandwidth(mib: int = 32) -> float:
 
 
 # ------------------------------------------------------------------------ the network
+def dense_flops(n_in: int, n_out: int, input_grad: bool) -> float:
+    """Training flops per sample of a dense layer: forward, weight gradient (and input gradient)."""
+    return 2.0 * n_in * n_out * (3.0 if input_grad else 2.0)
+
+
+def dense_stages(blocked: Sequence[int], paired: bool) -> list[tuple[int, ...]]:
+    """The blocked stages: tuples of one layer index (a block) or two (a pair)."""
+    out: list[tuple[int, ...]] = []
+    todo = sorted(set(int(i) for i in blocked))
+    i = 0
+    while i < len(todo):
+        a = todo[i]
+        if paired and i + 1 < len(todo) and todo[i + 1] == a + 1:
+            out.append((a, a + 1))
+            i += 2
+        else:
+            out.append((a,))
+            i += 1
+    return out
+
+
 def layer_flops(layer: Any) -> float:
     """Forward flops (2 per multiply-add) of one built layer for one sample."""
     name = type(layer).__name__
