@@ -135,7 +135,10 @@ class DataParallelTrainer:
         spark: a ``SparkSession`` (default: the active one, or a new ``local[*]`` one via
             :func:`sparknet.cluster.session.get_spark`).
         num_partitions: shards of the training data; default: the DataFrame's/RDD's
-            partitions, or ``defaultParallelism`` for numpy input.
+            partitions, or ``defaultParallelism`` for numpy input; ``"auto"``: the
+            planner's choice for this network, data and session at each ``fit``
+            (:func:`sparknet.cluster.planner.auto_partitions`: the session's costs
+            measured once, a few seconds).
         mode: ``"sync"`` (synchronous rounds) or ``"async"`` (asynchronous Downpour
             rounds, see :mod:`sparknet.cluster.async_ps`); other modes can be added
             with :func:`register_mode`.
@@ -198,7 +201,7 @@ class DataParallelTrainer:
     round_timeout: float | str | None
 
     def __init__(self, model: Sequential, spark: "SparkSession | None" = None,
-                 num_partitions: int | None = None, mode: str = "sync", sync: str = "average",
+                 num_partitions: int | str | None = None, mode: str = "sync", sync: str = "average",
                  local_steps: "int | str" = "auto", optimizer: "optim_mod.Optimizer | str | None" = None,
                  loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
@@ -217,7 +220,8 @@ class DataParallelTrainer:
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
         self.max_epochs_per_round = positive_int(max_epochs_per_round, "max_epochs_per_round")
-        self.num_partitions = None if num_partitions is None else positive_int(num_partitions, "num_partitions")
+        self.num_partitions = num_partitions if num_partitions in (None, "auto") else \
+            positive_int(num_partitions, "num_partitions", extra="or 'auto'")
         self.model = model
         self._spark = spark
         self.mode, self.sync, self.local_steps = mode, sync, local_steps
@@ -321,8 +325,9 @@ class DataParallelTrainer:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
+        parts = self._partitions_for(data, batch_size)
         with fit_data.resident_data(self, data, y, validation_data, (features_col, label_col),
-                                    classification, key, reuse_data) as (train, val):
+                                    classification, key, reuse_data, parts) as (train, val):
             ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
             tag = f"sparknet-fit-{key}"
             self.spark.sparkContext.addJobTag(tag)
@@ -342,6 +347,17 @@ class DataParallelTrainer:
                 ps.close()
         model.optimizer = self.optimizer
         return model, history
+
+    def _partitions_for(self, data: Any, batch_size: int) -> int | None:
+        """This fit's partitions: the given count, or the planner's for ``"auto"``."""
+        if self.num_partitions != "auto":
+            return None if self.num_partitions is None else int(self.num_partitions)
+        from sparknet.cluster.planner import auto_partitions
+
+        parts = auto_partitions(self.model, data, self.spark, batch_size=batch_size, mode=self.mode, sync=self.sync,
+                                local_steps=self.local_steps)
+        log.info("sparknet: num_partitions='auto' chose %d partitions", parts)
+        return parts
 
     def _spec(self, key: str, batch_size: int, classification: bool) -> FitSpec:
         """What every task of the fit (or evaluation) ``key`` needs; the model is built."""
@@ -487,7 +503,8 @@ class DataParallelTrainer:
             raise RuntimeError("the model is not built: fit it first")
         classification = model.loss.is_classification
         key = uuid.uuid4().hex[:12]
-        d = fit_data.load(self, data, y, (features_col, label_col), classification, self.num_partitions,
+        parts = None if self.num_partitions in (None, "auto") else int(self.num_partitions)
+        d = fit_data.load(self, data, y, (features_col, label_col), classification, parts,
                           "evaluation data", f"eval-{key}")
         ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
         try:

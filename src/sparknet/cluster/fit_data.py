@@ -60,10 +60,10 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
     return d
 
 
-def _partitions(trainer: "DataParallelTrainer", data: Any) -> int:
+def _partitions(trainer: "DataParallelTrainer", data: Any, num_partitions: int | None) -> int:
     """The training shards' count, known before they are built."""
-    if trainer.num_partitions is not None:
-        return int(trainer.num_partitions)
+    if num_partitions is not None:
+        return int(num_partitions)
     if _is_dataframe(data):
         return int(data.rdd.getNumPartitions())
     if _is_rdd(data):
@@ -73,16 +73,17 @@ def _partitions(trainer: "DataParallelTrainer", data: Any) -> int:
 
 @contextlib.contextmanager
 def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_data: Any,
-                  cols: tuple[str, str], classification: bool, key: str,
-                  reuse: bool) -> Iterator[tuple[ShardedData, ShardedData | None]]:
-    """The training (and validation) data on the executors for the ``with`` block;
-    their resident shards are deleted after it (or kept for reuse, see ``fit``)."""
+                  cols: tuple[str, str], classification: bool, key: str, reuse: bool,
+                  num_partitions: int | None) -> Iterator[tuple[ShardedData, ShardedData | None]]:
+    """The training (and validation) data on the executors for the ``with`` block, the
+    training data in ``num_partitions`` shards (None: the source's); their resident
+    shards are deleted after it (or kept for reuse, see ``fit``)."""
     from pyspark import InheritableThread
 
     sc = trainer.spark.sparkContext
     train = val = None
     vdata, vy = split_validation(validation_data) if validation_data is not None else (None, None)
-    parts = _partitions(trainer, data) if trainer.model.built else None
+    parts = _partitions(trainer, data, num_partitions) if trainer.model.built else None
     side: dict[str, Any] = {}
 
     def load_val(n: int | None) -> None:
@@ -101,7 +102,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
             thread.start()
         sc.setJobDescription("sparknet: loading training data onto the executors")
         try:
-            train = load(trainer, data, y, cols, classification, trainer.num_partitions, "training data",
+            train = load(trainer, data, y, cols, classification, num_partitions, "training data",
                          f"train-{key}", reuse)
         finally:
             if thread is not None:

@@ -55,7 +55,8 @@ class ModelParallel:
     Args:
         layers: the model's layers (a list, or an *unbuilt*
             :class:`~sparknet.model.Sequential` whose layers, dtype, seed and loss are used).
-        plan: a :class:`~sparknet.cluster.blocks.BlockPlan` or a ``{layer_index: K}`` dict.
+        plan: a :class:`~sparknet.cluster.blocks.BlockPlan`, a ``{layer_index: K}`` dict, or ``"auto"``
+            (the planner's K and pairing for ``spark``'s cluster: :func:`~sparknet.cluster.planner.auto_blocks`).
         input_shape: per-sample input shape.
         spark: a ``SparkSession`` or ``SparkContext``; ``None`` runs the blocks in this
             process (:class:`LocalBlocks`, the reference).
@@ -92,6 +93,11 @@ class ModelParallel:
                  name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
                  checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
+        if isinstance(plan, str) and plan == "auto":  # the planner's K and pairing for the cluster
+            from sparknet.cluster.planner import auto_blocks
+            if spark is None:
+                raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the blocks for its cluster")
+            plan = auto_blocks(layers, input_shape, spark, replicas=int(replicas))
         self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
                           replicas, combine_bytes)
         self.checkpoint_keep = positive_int(checkpoint_keep, "checkpoint_keep")
@@ -181,8 +187,8 @@ class ModelParallel:
         self._pieces: dict[tuple[int, ...], tuple[Piece, ...]] = {}
         self.t = 0
         self.generation = int(np.random.default_rng().integers(1, 2**62))
-        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark jobs,
-        #: and (replicas) the gradient bytes of the combine through the driver
+        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark jobs, and
+        #: (replicas) the gradient bytes of the combine through the driver
         self.last_step_bytes: dict[str, int] = {}
         self._bytes = {"broadcast": 0, "collected": 0, "moved": 0, "jobs": 0, "combined": 0}
         self._times = {"executor_read_s": 0.0, "executor_compute_s": 0.0}
@@ -485,7 +491,6 @@ class ModelParallel:
             res["accuracy"] = tot[2] / max(tot[1], 1e-12)
         return res
 
-    # ----------------------------------------------------------- weights & files
     def get_layer_weights(self, index: int, replica: int = 0) -> dict[str, np.ndarray]:
         """The whole ``kernel``/``bias`` of layer ``index``, gathered from its blocks (of one
         replica).  This assembles a blocked layer on the driver: meant for small models,
