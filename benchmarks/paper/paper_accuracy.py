@@ -57,6 +57,9 @@ def plot(rows: list[dict]) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, net in zip(axes, PAPER):
+        if not any(r["net"] == net for r in rows):
+            ax.set_visible(False)
+            continue
         for r in (r for r in rows if r["net"] == net):
             acc = [100 * a for a in r["per_epoch"]]
             ep = [i + 1 for i, a in enumerate(acc) if not math.isnan(a)]
@@ -82,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mnist", default=C.DEFAULT_MNIST)
     ap.add_argument("--fc-epochs", type=int, default=5)
     ap.add_argument("--cnn-epochs", type=int, default=6)
+    ap.add_argument("--nets", nargs="+", default=["fc", "cnn"], choices=["fc", "cnn"])
     args = ap.parse_args(argv)
     print(C.header("The paper's MNIST accuracies: FC 784-480-160-10 and its CNN, one process and local[2]"), flush=True)
     flat = C.mnist(args.mnist)
     img = C.mnist(args.mnist, images=True)
-    nets = [("FC 784-480-160-10", C.fc_model, flat, args.fc_epochs),
-            ("CNN c5x5x6-p-c5x5x12-p-c4x4x12", C.cnn_model, img, args.cnn_epochs)]
+    nets = [n for n, key in zip([("FC 784-480-160-10", C.fc_model, flat, args.fc_epochs),
+                                 ("CNN c5x5x6-p-c5x5x12-p-c4x4x12", C.cnn_model, img, args.cnn_epochs)], ("fc", "cnn"))
+            if key in args.nets]
     rows: list[dict] = []
     for net, make, (X, y, Xt, yt), epochs in nets:
         r = one_process(make, X, y, Xt, yt, epochs)
