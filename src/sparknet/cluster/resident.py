@@ -148,7 +148,7 @@ def _unpersist(anchor: "RDD[Any]") -> None:
     try:
         anchor.unpersist()
     finally:
-        if saved is not None:
+        if saved is not None and jvm is not None:
             jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(_ANCHOR_LOGGER, saved)
 
 

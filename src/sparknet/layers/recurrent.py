@@ -23,21 +23,18 @@ a token stream out that way.
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Iterable
 
 import numpy as np
 
 import sparknet._embedding as _embedding
+import sparknet._gru as _gru
 import sparknet._lstm as _lstm
 import sparknet._rnn as _rnn
 from sparknet import initializers, threads
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import activation_id, canonical_name
 from sparknet.layers.base import Layer, ParamSpec, register
-
-# the compiled GRU kernel, by name: pyproject.toml's mypy list of stub-less kernels lacks it
-_gru: Any = importlib.import_module("sparknet._gru")
 
 __all__ = ["SimpleRNN", "LSTM", "GRU", "Embedding", "reset_states"]
 
