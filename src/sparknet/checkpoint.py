@@ -292,13 +292,9 @@ class _Hadoop(_Local):
 
 
 def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover - another user's live process
-        return True
-    return True
+    from sparknet.cluster.spill import process_start  # the one liveness check (resident folders too)
+
+    return process_start(pid) is not None
 
 
 def _is_uri(directory: str) -> bool:
