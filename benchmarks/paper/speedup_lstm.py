@@ -3,8 +3,8 @@
 The net: a 32-wide character embedding, LSTM(200) over windows of ``--seq-len`` (50)
 characters, a softmax over the corpus's characters at every step (the next character);
 the paper reports 1.59x on 5 nodes.  One process (``Sequential.fit``, one BLAS thread)
-against sparknet's synchronous data-parallel rounds (``sync="average"``, tau half a
-partition's epoch of local steps, two rounds per epoch: what the trainer's
+against sparknet's synchronous data-parallel rounds (``sync="average"``, tau about half a
+partition's epoch of local steps, 2-3 rounds per epoch: what the trainer's
 ``local_steps="auto"`` makes for a net this slow) on ``local[1]``, ``local[2]`` and a
 standalone cluster of 2 one-core workers,
 on the first ``--chars`` characters of ``shakespeare.txt`` (default 400,000 of its
