@@ -182,7 +182,8 @@ def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None
         for mode, _rep in [(m, r) for r in range(args.repeats) for m in modes]:
             Xm, ym = (X[:grad_rows], y[:grad_rows]) if mode == "gradient" else (X, y)
             sc = SparkCosts.measure(spark)
-            net = NetworkCosts.measure(make(), batch, min_seconds=args.probe_seconds)
+            net = NetworkCosts.measure(make(), batch, min_seconds=args.probe_seconds,
+                                       spark=spark if args.net_in_tasks else None)
             st = state()
             settings: dict[str, Any] = {"partitions": partitions}
             if mode != "gradient":
@@ -192,6 +193,7 @@ def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None
             rows.append(row(name, master, pred, measured, st, compute=compute))
             rows[-1]["spark_costs"] = dataclasses.asdict(sc)
             rows[-1]["net"] = {"sample_s": net.sample_s, "update_s": net.update_s, "step_fixed_s": net.step_fixed_s}
+            _save(args, rows)
 
 
 def model_parallel(spark, master: str, args, rows: list) -> None:
@@ -203,41 +205,49 @@ def model_parallel(spark, master: str, args, rows: list) -> None:
     from sparknet.cluster.model_parallel import ModelParallel
 
     n_in, width, batch = 4096, 16384, 256
-    single = Single(n_in, width)
+    # the one-process costs from a narrower copy of the net (4096-4096-4096-10, 33.6M
+    # parameters; the 335.6M net in one process needs 4 GB more driver memory): its flop
+    # rate and its optimizer step per parameter carry over (GEMMs of the same 256 x 4096 rows)
+    proxy = Single(n_in, 4096)
     X, y = data(n_in, batch, args.mp_steps + 1)
     xs = [X[s * batch:(s + 1) * batch] for s in range(args.mp_steps + 1)]
     ys = [y[s * batch:(s + 1) * batch] for s in range(args.mp_steps + 1)]
-    single.step(xs[0], ys[0])                      # warm-up: the first step touches every page
-    upd = _update_s(single.model)
+    proxy.step(xs[0], ys[0])
+    sizes, proxy_sizes = [n_in, width, width, 10], [n_in, 4096, 4096, 10]
+
+    def flops(sz: list) -> float:
+        return sum(2.0 * a * b * (3.0 if i else 2.0) for i, (a, b) in enumerate(zip(sz, sz[1:])))
+
+    n_params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
     for pair in [True] + ([False] if args.mp_unpaired else []):
-        # the probes: two single-process steps and Spark's costs, then the prediction
-        one = [single.step(xs[s], ys[s]) for s in range(2)]
-        one_step = float(np.median(one))
-        net = NetworkCosts(sample_s=max(one_step - upd, 1e-3) / batch, eval_sample_s=one_step / batch / 3,
-                           param_bytes=int(single.model.params.nbytes), batch_size=batch,
-                           n_params=int(single.model.n_params), update_s=upd)
+        upd = _update_s(proxy.model) * n_params / proxy.model.n_params
+        one = float(np.median([proxy.step(xs[s], ys[s]) for s in range(3)]))
+        rate = flops(proxy_sizes) * batch / max(one - _update_s(proxy.model), 1e-3)
+        one_step = flops(sizes) * batch / rate + upd
+        net = NetworkCosts(sample_s=(one_step - upd) / batch, eval_sample_s=(one_step - upd) / batch / 3,
+                           param_bytes=4 * n_params, batch_size=batch, n_params=n_params, update_s=upd,
+                           flops_per_sample=flops(sizes))
         sc = SparkCosts.measure(spark)
         st = state()
-        pred = predict("model_parallel", net, sc, batch, blocks=2, paired=pair,
-                       layer_sizes=[n_in, width, width, 10])
+        pred = predict("model_parallel", net, sc, batch, blocks=2, paired=pair, layer_sizes=sizes)
         mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark,
                            seed=0, optimizer=RMSprop(lr=1e-4), name="bench-cost")
-        after = []
+        comp: list[float] = []
         try:
             for s in range(args.mp_steps):
                 mp.train_on_batch(xs[s], ys[s], next_x=xs[s + 1])
-                if s >= 1:   # single-process steps between them: how the machine's speed moved
-                    after.append(single.step(xs[s], ys[s]))
+                comp.append(mp.last_step_times["executor_compute_s"])
             times = mp.step_times[1:]
         finally:
             mp.close()
-        rows.append(row("mp" + ("-paired" if pair else ""), master, pred, times, st, unit="step"))
+        rows.append(row("mp" + ("-paired" if pair else ""), master, pred, times, st, unit="step",
+                        compute=comp[1:]))
         rows[-1]["one_process_step_s"] = one_step
-        rows[-1]["one_process_step_during_s"] = float(np.median(after)) if after else None
-        print(f"    one process: {one_step:.2f} s/step before, {rows[-1]['one_process_step_during_s']:.2f} "
-              f"between the K = 2 steps; measured speedup {float(np.median(after)) / float(np.median(times)):.2f}x, "
-              f"predicted {pred.one_process_epoch_s / pred.epoch_s:.2f}x", flush=True)
-    del single
+        print(f"    one process (from the 33.6M proxy's rate {rate / 1e9:.0f} GFLOP/s): {one_step:.2f} s/step; "
+              f"predicted speedup {pred.speedup:.2f}x, measured {one_step / float(np.median(times)):.2f}x",
+              flush=True)
+        _save(args, rows)
+    del proxy
 
 
 def _update_s(model) -> float:
@@ -252,6 +262,13 @@ def _update_s(model) -> float:
         t0 = time.perf_counter()
         opt.step(model.params, g)
         return time.perf_counter() - t0
+
+
+def _save(args, rows: list) -> None:
+    """Write the rows so far (a run killed midway keeps what it measured)."""
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1, default=str)
 
 
 def run_master(master: str, args, rows: list) -> None:
@@ -332,6 +349,9 @@ def main(argv=None) -> int:
                     help="probe, predict and fit this many times per row (medians reported)")
     ap.add_argument("--probe-seconds", type=float, default=1.5,
                     help="seconds of in-process training steps NetworkCosts.measure runs at least")
+    ap.add_argument("--net-in-tasks", action="store_true",
+                    help="time the network's steps inside Spark tasks (one per slot, at once) instead of in "
+                         "this process (then SparkCosts.task_speed is not applied)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     args.only = [w for w in args.only.split(",") if w]

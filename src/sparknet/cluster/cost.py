@@ -101,7 +101,6 @@ class RoundCostModel:
         return rounds * self.t_fixed + steps_per_epoch * self.t_step
 
 
-# ------------------------------------------------------------------------------ inputs
 @dataclass
 class SparkCosts:
     """What Spark and the cluster cost, measured on a live session or assumed.
@@ -176,8 +175,7 @@ class SparkCosts:
         return self.hosts * self.cores_per_host
 
     @property
-    def slots(self) -> int:
-        """Tasks that run at once: cores / BLAS threads per task."""
+    def slots(self) -> int:  # tasks that run at once
         return max(1, self.cores // self.blas_threads)
 
     @property
@@ -187,8 +185,7 @@ class SparkCosts:
         return 1.0 if t <= 1 else t * self.thread_efficiency ** math.log2(t)
 
     @property
-    def delta_s_per_mib(self) -> float:
-        """The driver's apply of a delta per MiB (``driver_update_s_per_mib`` when not given)."""
+    def delta_s_per_mib(self) -> float:  # the driver's apply of a delta per MiB
         d = self.driver_delta_s_per_mib
         return self.driver_update_s_per_mib if d is None else d
 
@@ -243,6 +240,8 @@ class NetworkCosts:
         step_fixed_s: seconds of a forward+backward that do not grow with its rows (how a
             smaller minibatch, e.g. a partition's slice of a global one, is extrapolated).
         n_params: parameters.
+        in_tasks: measured inside Spark tasks running at once (``SparkCosts.task_speed`` is
+            then already in the figures).
     """
 
     sample_s: float
@@ -255,15 +254,14 @@ class NetworkCosts:
     update_s: float = 0.0
     step_fixed_s: float = 0.0
     n_params: int = 0
+    in_tasks: bool = False
 
     def __post_init__(self) -> None:
         if not (self.sample_s > 0 and math.isfinite(self.sample_s)) or int(self.batch_size) < 1:
             raise ValueError(f"NetworkCosts needs sample_s > 0 and batch_size >= 1, got {self.sample_s!r}, "
                              f"{self.batch_size!r}")
 
-    @property
-    def param_mib(self) -> float:
-        return self.param_bytes / MIB
+    param_mib = property(lambda self: self.param_bytes / MIB)
 
     def compute_s(self, rows: float) -> float:
         """Seconds of one forward+backward of ``rows`` rows on one core."""
@@ -286,13 +284,16 @@ class NetworkCosts:
 
     @classmethod
     def measure(cls, model: Any, batch_size: int, steps: int = 6, dtype: Any = None,
-                min_seconds: float = 0.0) -> "NetworkCosts":
-        """Time real training steps of a copy of ``model`` (built) in this process, one BLAS
-        thread: ``steps`` of them, more until ``min_seconds`` passed (see
-        :func:`sparknet.cluster.probe.step_probe`)."""
+                min_seconds: float = 0.0, spark: Any = None) -> "NetworkCosts":
+        """Time real training steps of a copy of ``model`` (built), one BLAS thread: ``steps``
+        of them, more until ``min_seconds`` passed, in this process, or with ``spark`` in one
+        task per slot of that session at once (``in_tasks``: the executors' own speed, the
+        predictions then leave ``SparkCosts.task_speed`` out).  See
+        :func:`sparknet.cluster.probe.step_probe`."""
         net = _built(model, dtype)
         b = int(batch_size)
-        got = probe.step_probe(net, b, steps=steps, min_seconds=min_seconds)
+        got = (probe.step_probe(net, b, steps=steps, min_seconds=min_seconds) if spark is None else
+               probe.step_probe_in_tasks(spark, net, b, steps=steps, min_seconds=min_seconds))
         flops, acts = probe.network_shape(net)
         half = max(1, b // 2)
         # t(b) = fixed + b p, t(b/2) = fixed + (b/2) p
@@ -301,7 +302,7 @@ class NetworkCosts:
         return cls(sample_s=got["compute_s"] / b, eval_sample_s=got["eval_s"] / b,
                    param_bytes=int(net.params.nbytes), activation_bytes=acts, flops_per_sample=flops,
                    gemm_gflops=probe.gemm_gflops(), batch_size=b, update_s=got["update_s"], step_fixed_s=fixed,
-                   n_params=int(net.n_params))
+                   n_params=int(net.n_params), in_tasks=spark is not None)
 
     @classmethod
     def from_flops(cls, model: Any, batch_size: int, gemm_gflops: float, efficiency: float = 0.6,
@@ -327,7 +328,6 @@ def _built(model: Any, dtype: Any) -> Any:
     return net
 
 
-# ----------------------------------------------------------------------------- output
 @dataclass
 class Prediction:
     """A mode's predicted times.
@@ -364,7 +364,6 @@ class Prediction:
                 f"per epoch: {parts}")
 
 
-# ------------------------------------------------------------------------ shared terms
 def _net_s(sc: SparkCosts, mib_out: float, mib_in: float) -> float:
     """Seconds on the links between hosts (0 when measured, or on one host)."""
     if sc.network_measured or sc.hosts <= 1:
@@ -386,10 +385,8 @@ def _round_comm(sc: SparkCosts, mib: float, partitions: int) -> dict[str, float]
 
 
 def _speeds(speeds: Sequence[float] | None, partitions: int) -> list[float]:
-    if speeds is None:
-        return [1.0] * partitions
-    out = [float(s) for s in speeds]
-    if len(out) != partitions or not all(s > 0 and math.isfinite(s) for s in out):
+    out = [1.0] * partitions if speeds is None else [float(s) for s in speeds]
+    if len(out) != partitions or not all(0 < s < math.inf for s in out):
         raise ValueError(f"speeds must hold {partitions} positive numbers (one per partition), got {speeds!r}")
     return out
 
@@ -398,6 +395,11 @@ def _check(samples: int, partitions: int, tau: int = 1) -> None:
     for name, v in (("samples", samples), ("partitions", partitions), ("tau", tau)):
         if int(v) < 1:
             raise ValueError(f"{name} must be >= 1, got {v!r}")
+
+
+def _speed(sc: SparkCosts, net: NetworkCosts) -> float:
+    """A task's compute speed relative to the network's figures."""
+    return (1.0 if net.in_tasks else sc.task_speed) * sc.thread_speedup
 
 
 def _per_epoch(per_round: dict[str, float], rounds: float) -> dict[str, float]:
@@ -427,7 +429,7 @@ def predict_sync_gradient(net: NetworkCosts, spark_costs: SparkCosts, samples: i
     rounds = math.ceil(samples / net.batch_size)
     waves = math.ceil(P / sc.slots)
     rows = net.batch_size / P
-    nominal = waves * net.compute_s(rows) / (sc.task_speed * sc.thread_speedup)
+    nominal = waves * net.compute_s(rows) / _speed(sc, net)
     slowest = nominal / min(sp)
     per = _round_comm(sc, net.param_mib, P)
     per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * sc.driver_update_s_per_mib)
@@ -446,7 +448,7 @@ def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: in
     sp = _speeds(speeds, P)
     rounds, rows = _rounds_of(net, samples, P, int(tau), max_epochs_per_round)
     waves = math.ceil(P / sc.slots)
-    nominal = waves * net.local_steps_s(rows) / (sc.task_speed * sc.thread_speedup)
+    nominal = waves * net.local_steps_s(rows) / _speed(sc, net)
     slowest = nominal / min(sp)
     per = _round_comm(sc, net.param_mib, P)
     per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * sc.delta_s_per_mib)
@@ -471,7 +473,7 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
     delta = sc.delta_s_per_mib
     single = sc.single_job_s if sc.single_job_s is not None else sc.job_s
     share = max(1.0, P / sc.slots)      # partitions beyond the slots share them
-    base = net.local_steps_s(rows) * share / (sc.task_speed * sc.thread_speedup)
+    base = net.local_steps_s(rows) * share / _speed(sc, net)
     comm = {"job": single, "broadcast": mib * sc.broadcast_s_per_mib, "results": mib * sc.result_s_per_mib,
             "driver": mib * delta, "network": _net_s(sc, mib, mib)}
     fixed = sum(comm.values())
@@ -497,7 +499,6 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
                       float(sum(T) / P), epoch, None, bd, net.one_process_epoch_s(samples))
 
 
-# -------------------------------------------------------------------- model parallel
 def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: int, blocks: int,
                            paired: bool = False, replicas: int = 1, layer_sizes: Sequence[int] = (),
                            blocked: Sequence[int] | None = None, lookahead: bool = True,
@@ -533,7 +534,7 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
     upd_per_param = net.update_s / max(net.n_params or sum(params), 1)
     mib = float(itemsize) / MIB
     slots = K * D
-    share = max(1.0, slots / sc.slots) / (sc.task_speed * sc.thread_speedup)
+    share = max(1.0, slots / sc.slots) / _speed(sc, net)
     bd = dict.fromkeys(("job", "tasks", "broadcast", "results", "network", "compute", "driver", "combine"), 0.0)
     jobs = 0
 
@@ -580,7 +581,6 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
     return Prediction(mode, settings, step, step * steps, step, _per_epoch(bd, steps), one)
 
 
-# ------------------------------------------------------------------------- dispatch
 def predict(mode: str, net: NetworkCosts, spark_costs: SparkCosts, samples: int, **settings: Any) -> Prediction:
     """The prediction of ``mode`` (``"gradient"``, ``"average"``, ``"async"``,
     ``"model_parallel"``, ``"hybrid"``) with its settings as keyword arguments

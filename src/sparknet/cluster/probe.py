@@ -437,3 +437,37 @@ def step_probe(model: "Sequential", batch_size: int, steps: int = 6, warmup: int
             s += 1
     return {"compute_s": _median(comp), "half_s": _median(halves), "update_s": _median(upd),
             "eval_s": _median(ev)}
+
+
+class _StepsInTask:
+    """A task that rebuilds the network from its config and times its steps (:func:`step_probe`)."""
+
+    def __init__(self, config: dict, input_shape: tuple, params: np.ndarray, batch_size: int, steps: int,
+                 min_seconds: float) -> None:
+        self.config, self.input_shape, self.params = config, input_shape, params
+        self.batch_size, self.steps, self.min_seconds = batch_size, steps, min_seconds
+
+    def __call__(self, it: Iterable) -> Iterable:
+        from sparknet.model import Sequential
+
+        for _ in it:
+            pass
+        net = Sequential.from_config(self.config)
+        if not net.built:
+            net.build(self.input_shape)
+        net.set_params(self.params)
+        yield step_probe(net, self.batch_size, steps=self.steps, min_seconds=self.min_seconds)
+
+
+def step_probe_in_tasks(spark: Any, model: "Sequential", batch_size: int, steps: int = 6,
+                        min_seconds: float = 0.0) -> dict[str, float]:
+    """:func:`step_probe` run inside one Spark task per slot, all at once (so the figures hold
+    whatever the executors' compute suffers beside each other and on a shared machine);
+    the mean over the tasks of each figure."""
+    sc = getattr(spark, "sparkContext", spark)
+    c = max(1, int(sc.defaultParallelism))
+    assert model.input_shape is not None
+    task = _StepsInTask(model.get_config(), tuple(model.input_shape), np.asarray(model.params), int(batch_size),
+                        int(steps), float(min_seconds))
+    got = sc.parallelize(range(c), c).mapPartitions(task).collect()
+    return {k: float(np.mean([g[k] for g in got])) for k in got[0]}
