@@ -124,6 +124,22 @@ def test_setup_breakdown_adds_up_to_setup_time(spark, digits, no_kept_shards):
     assert {"plan (driver)", "worker start, imports", "convert to numpy", "spill"} <= set(h.setup_breakdown)
 
 
+def test_auto_round_sizing_of_a_per_step_sequence_classifier(spark, digits):
+    """local_steps="auto" sizes the first rounds from a step timed on the driver, on random
+    rows shaped as the fit's: per-step labels of a sequence output included."""
+    from sparknet.layers import LSTM
+
+    X, y, _, _ = digits
+    Xs = X.reshape(-1, 8, 8)
+    ys = np.repeat(y[:, None], 8, axis=1)  # every step labelled with the digit
+    model = Sequential([LSTM(16, return_sequences=True), Dense(10, activation="softmax")], seed=0,
+                       input_shape=(8, 8))
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=1e-2))
+    _, h = trainer.fit(Xs, ys, epochs=3, batch_size=32, verbose=0)
+    assert trainer.cost is not None and trainer.cost.t_step > 0
+    assert h["loss"][-1] < h["loss"][0]
+
+
 def _resident_dirs():
     return {p for p in os.listdir("/dev/shm") if p.startswith("sparknet-resident-")} if os.path.isdir("/dev/shm") else set()
 

@@ -271,7 +271,8 @@ class FitContext:
         x = np.zeros(shape, np.int64) if spec.int_input else rng.standard_normal(shape).astype(model.dtype)
         if spec.classification:
             from sparknet.cluster.fit_data import n_outputs
-            y: np.ndarray = rng.integers(0, n_outputs(model), size=b)
+            out = tuple(model.output_shape or ())  # per-step labels of a sequence output: (b, T)
+            y: np.ndarray = rng.integers(0, n_outputs(model), size=(b,) + out[:-1])
         else:
             y = rng.standard_normal((b,) + tuple(spec.y_shape)).astype(model.dtype)
         times: list[float] = []
