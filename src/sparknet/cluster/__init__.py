@@ -1,7 +1,9 @@
 """Training on Apache Spark: data parallelism (:mod:`~sparknet.cluster.data_parallel`),
 the parameter server (:mod:`~sparknet.cluster.params`), state resident on executors
 (:mod:`~sparknet.cluster.resident`), Spark-session helpers
-(:mod:`~sparknet.cluster.session`) and the round cost model (:mod:`~sparknet.cluster.cost`).
+(:mod:`~sparknet.cluster.session`), the cost model of every mode (:mod:`~sparknet.cluster.cost`),
+the planner (:mod:`~sparknet.cluster.planner`, ``plan``) and the cluster simulation
+(:mod:`~sparknet.cluster.simulate`).
 
 Names are imported lazily, so ``import sparknet.cluster`` does not start the JVM.
 """
@@ -16,7 +18,8 @@ _EXPORTS = {
     "ResidentStateLost": "resident",
     "DataParallelTrainer": "data_parallel", "demo": "data_parallel",
     "ParameterServer": "params",
-    "RoundCostModel": "cost",
+    "RoundCostModel": "cost", "SparkCosts": "cost", "NetworkCosts": "cost", "Prediction": "cost",
+    "predict": "cost", "plan": "planner", "Plan": "planner",
     "ModelParallel": "model_parallel", "BlockPlan": "blocks",
     "BlockStateLost": "model_parallel", "BlockMemoryError": "model_parallel",
 }
