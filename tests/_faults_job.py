@@ -38,7 +38,7 @@ class _Events(logging.Handler):
     """Collects the warnings sparknet logs, and prints ``KILL`` after the chosen epoch."""
 
     def __init__(self) -> None:
-        super().__init__(logging.INFO)
+        super().__init__(logging.DEBUG)  # the per-epoch lines are debug records
         self.fit: dict = {}
         self.warnings: list[str] = []
         self.placements: list[dict] = []
@@ -158,7 +158,7 @@ def main() -> int:
     sc.setLogLevel("ERROR")
     events = _Events()
     logging.getLogger("sparknet").addHandler(events)
-    logging.getLogger("sparknet").setLevel(logging.INFO)
+    logging.getLogger("sparknet").setLevel(logging.DEBUG)
     X, y, Xt, yt = _data(dataset)
     if len(sys.argv) > 4:
         X, y = X[:int(sys.argv[4])], y[:int(sys.argv[4])]

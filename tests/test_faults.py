@@ -121,7 +121,7 @@ def test_fits_that_end_fail_or_are_interrupted_leave_nothing(spark, digits):
     logger = logging.getLogger("sparknet.cluster.data_parallel")
     logger.addHandler(handler)
     level = logger.level
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG)  # the per-epoch lines are debug records
     try:
         try:  # Ctrl-C after epoch 1: the fit returns the model as it is, or lets it through
             _, history = fit()

@@ -104,7 +104,7 @@ PARAM_CASES = [
     ("clf", "network", 42), ("clf", "network", "{oops"), ("clf", "network", {"layers": []}),
     ("clf", "network", {"layers": [{"class": "NoSuchLayer", "config": {}}]}),
     ("clf", "network", {"layers": [{"class": "Dense", "config": {"units": -3}}]}),
-    ("clf", "mode", "fast"), ("clf", "syncMethod", "median"), ("clf", "optimizer", "adam"),
+    ("clf", "mode", "fast"), ("clf", "syncMethod", "median"), ("clf", "optimizer", "adagrad"),
     ("clf", "inferenceBatchSize", 0), ("clf", "inferenceEngine", "gpu"),
     ("clf", "thresholds", [-1.0] + [1.0] * 9), ("clf", "thresholds", [0.0, 0.0] + [1.0] * 8),
     ("clf", "thresholds", [0.5, 0.5, 0.5]),
