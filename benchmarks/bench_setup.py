@@ -79,7 +79,9 @@ class _Phases:
         self._undo: list = []
 
     def wrap(self, owner: Any, name: str, label: Any) -> None:
-        orig = getattr(owner, name)
+        orig = getattr(owner, name, None)
+        if orig is None:  # a sparknet without this step (it records its own breakdown)
+            return
         phases = self
 
         def timed(*a: Any, **kw: Any) -> Any:
