@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 
 import numpy as np
 
@@ -77,19 +76,9 @@ def sgemm_gflops(n: int = 1024, repeats: int = 7) -> tuple[float, float]:
     two ``n x n`` matrices, through the BLAS sparknet's kernels call.  Measured once per process."""
     global _rate
     if _rate is None:
-        from threadpoolctl import threadpool_limits
+        from sparknet.cluster.probe import gemm_times
 
-        from sparknet import _blas
-
-        A = np.random.default_rng(0).random((n, n), dtype=np.float32)
-        C = np.empty_like(A)
-        times = []
-        with threadpool_limits(1):
-            _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
-                times.append(time.perf_counter() - t0)
+        times = gemm_times(n, repeats)
         flops = 2.0 * n ** 3
         _rate = (flops / min(times) / 1e9, flops / float(np.median(times)) / 1e9)
     return _rate

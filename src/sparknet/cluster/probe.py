@@ -66,9 +66,9 @@ def _gemm_work(reps: int) -> float:
         return time.perf_counter() - t0
 
 
-def gemm_gflops(n: int = 512, repeats: int = 5) -> float:
-    """This process's one-thread float32 GEMM rate (GFLOP/s, median of ``repeats``) through
-    the BLAS sparknet's kernels call."""
+def gemm_times(n: int = 512, repeats: int = 5) -> list[float]:
+    """Seconds of each of ``repeats`` one-thread float32 ``n x n`` GEMMs through the BLAS
+    sparknet's kernels call (after one untimed)."""
     from threadpoolctl import threadpool_limits
 
     import sparknet._blas as _blas
@@ -82,7 +82,13 @@ def gemm_gflops(n: int = 512, repeats: int = 5) -> float:
             t0 = time.perf_counter()
             _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
             times.append(time.perf_counter() - t0)
-    return 2.0 * n ** 3 / _median(times) / 1e9
+    return times
+
+
+def gemm_gflops(n: int = 512, repeats: int = 5) -> float:
+    """This process's one-thread float32 GEMM rate (GFLOP/s, median of ``repeats``) through
+    the BLAS sparknet's kernels call."""
+    return 2.0 * n ** 3 / _median(gemm_times(n, repeats)) / 1e9
 
 
 def _slot(index: int, iterator: Iterable) -> tuple[dict, dict]:
