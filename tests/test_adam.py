@@ -162,8 +162,8 @@ def test_data_parallel_adam_gradient_mode_equals_one_process_and_average_mode_le
     assert rel <= 1e-10, f"distributed and single-process AdamW differ: {rel:.3e}"
 
     avg = Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=0)
-    DataParallelTrainer(avg, spark, num_partitions=2, optimizer=Adam(lr=2e-3), local_steps=10).fit(
-        X, y, epochs=12, batch_size=32, verbose=0)
+    DataParallelTrainer(avg, spark, num_partitions=2, optimizer=Adam(lr=3e-3), local_steps=11).fit(
+        X, y, epochs=8, batch_size=32, verbose=0)
     assert avg.evaluate(Xt, yt)["accuracy"] > 0.93
 
 
