@@ -171,6 +171,14 @@ class _Recurrent(Layer):
                 f"samples divisible by it, shuffle=False) or call reset_states() first")
         return self._state
 
+    def _end_forward(self, last: tuple[np.ndarray, ...], N: int, T: int, mask: Any) -> None:
+        """What every forward ends with: the final state(s) kept (a copy carried to a stateful
+        layer's next batch) and the record backward reads."""
+        self._last_state = last
+        if self.stateful:
+            self._state = tuple(s.copy() for s in last)
+        self._fwd = {"N": N, "T": T, "mask": mask}
+
     def _begin_backward(self, dy: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None]:
         """What every backward starts with: the last forward's record, ``dy`` checked against
         the output shape (C-contiguous, the layer's dtype), and room for ``dx`` (None when the
@@ -253,10 +261,7 @@ class SimpleRNN(_Recurrent):
             _rnn.rnn_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
                              self._act, b["xt"], b["zs"], b["hs"], y)
         hT = b["hs"][T].copy()
-        self._last_state = (hT,)
-        if self.stateful:
-            self._state = (hT.copy(),)
-        self._fwd = {"N": N, "T": T, "mask": m}
+        self._end_forward((hT,), N, T, m)
         return hT if y is None else y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
@@ -354,10 +359,7 @@ class LSTM(_Recurrent):
         with threads.capped():
             _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
                                m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
-        self._last_state = (b["hs"][T], b["cs"][T])
-        if self.stateful:
-            self._state = (b["hs"][T].copy(), b["cs"][T].copy())
-        self._fwd = {"N": N, "T": T, "mask": m}
+        self._end_forward((b["hs"][T], b["cs"][T]), N, T, m)
         if y is not None:
             return y
         if self.return_state:
@@ -440,10 +442,7 @@ class GRU(_Recurrent):
             _gru.gru_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
                              b["xt"], b["gates"], b["hs"], y)
         hT = b["hs"][T].copy()
-        self._last_state = (hT,)
-        if self.stateful:
-            self._state = (hT.copy(),)
-        self._fwd = {"N": N, "T": T, "mask": m}
+        self._end_forward((hT,), N, T, m)
         return hT if y is None else y
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
