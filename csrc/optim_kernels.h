@@ -1,7 +1,8 @@
 /* Fused optimizer updates over flat buffers (float and double).
  *
  * Each variant is its own loop with `restrict` pointers and no branches inside, so
- * the compiler vectorises it.  Formulas: torch.optim.RMSprop, SGD, Adam and AdamW.
+ * the compiler vectorises it.  Formulas: torch.optim.RMSprop, SGD, Adam and AdamW; gradient
+ * clipping as torch.nn.utils.clip_grad_value_ / clip_grad_norm_.
  */
 #ifndef SPARKNET_OPTIM_KERNELS_H
 #define SPARKNET_OPTIM_KERNELS_H
@@ -109,5 +110,51 @@ static void NAME(T *restrict p, const T *restrict g, T *restrict m, T *restrict 
 
 SPARKNET_ADAM(sparknet_adam_f, float, sqrtf)
 SPARKNET_ADAM(sparknet_adam_d, double, sqrt)
+
+/* Gradient clipping, torch.nn.utils.clip_grad_value_ and clip_grad_norm_:
+ * clamp: g = min(max(g, -v), v) (a NaN stays NaN); sumsq: sum g^2, accumulated in double
+ * (four partial sums, for float as for double); scale: g *= s. */
+#define SPARKNET_CLAMP(NAME, T)                                                           \
+static void NAME(T *restrict g, ptrdiff_t n, T v)                                         \
+{                                                                                         \
+    ptrdiff_t i;                                                                          \
+    for (i = 0; i < n; i++) {                                                             \
+        T x = g[i];                                                                       \
+        g[i] = x < -v ? -v : (x > v ? v : x);                                             \
+    }                                                                                     \
+}
+
+#define SPARKNET_SUMSQ(NAME, T)                                                           \
+static double NAME(const T *restrict g, ptrdiff_t n)                                      \
+{                                                                                         \
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;                                                \
+    ptrdiff_t i = 0;                                                                      \
+    for (; i + 4 <= n; i += 4) {                                                          \
+        double a = g[i], b = g[i + 1], c = g[i + 2], d = g[i + 3];                        \
+        s0 += a * a;                                                                      \
+        s1 += b * b;                                                                      \
+        s2 += c * c;                                                                      \
+        s3 += d * d;                                                                      \
+    }                                                                                     \
+    for (; i < n; i++) {                                                                  \
+        double a = g[i];                                                                  \
+        s0 += a * a;                                                                      \
+    }                                                                                     \
+    return (s0 + s1) + (s2 + s3);                                                         \
+}
+
+#define SPARKNET_SCALE(NAME, T)                                                           \
+static void NAME(T *restrict g, ptrdiff_t n, T s)                                         \
+{                                                                                         \
+    ptrdiff_t i;                                                                          \
+    for (i = 0; i < n; i++) g[i] *= s;                                                    \
+}
+
+SPARKNET_CLAMP(sparknet_clamp_f, float)
+SPARKNET_CLAMP(sparknet_clamp_d, double)
+SPARKNET_SUMSQ(sparknet_sumsq_f, float)
+SPARKNET_SUMSQ(sparknet_sumsq_d, double)
+SPARKNET_SCALE(sparknet_scale_f, float)
+SPARKNET_SCALE(sparknet_scale_d, double)
 
 #endif

@@ -2,7 +2,9 @@
 """Optimizer updates over one flat parameter buffer, one fused pass, GIL released.
 
 Formulas follow ``torch.optim.RMSprop``, ``SGD``, ``Adam`` and ``AdamW`` exactly
-(weight decay added to the gradient, ``eps`` added after the square root).  The
+(weight decay added to the gradient, ``eps`` added after the square root), and gradient
+clipping as ``torch.nn.utils.clip_grad_value_`` / ``clip_grad_norm_`` (clamp, sum of
+squares, scale: the norm is the caller's, so that it can span several buffers).  The
 loops are plain C (``csrc/optim_kernels.h``) so that they vectorise.
 """
 from cython cimport floating
@@ -23,6 +25,12 @@ cdef extern from "optim_kernels.h" nogil:
     void sparknet_adam_d(double* p, const double* g, double* m, double* v, double* vmax, Py_ssize_t n,
                          double lr, double beta1, double beta2, double eps, double wd, int decoupled,
                          double bc1, double bc2_sqrt)
+    void sparknet_clamp_f(float* g, Py_ssize_t n, float v)
+    void sparknet_clamp_d(double* g, Py_ssize_t n, double v)
+    double sparknet_sumsq_f(const float* g, Py_ssize_t n)
+    double sparknet_sumsq_d(const double* g, Py_ssize_t n)
+    void sparknet_scale_f(float* g, Py_ssize_t n, float s)
+    void sparknet_scale_d(double* g, Py_ssize_t n, double s)
 
 
 def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
@@ -119,3 +127,43 @@ def adam(floating[::1] p, const floating[::1] g, floating[::1] exp_avg, floating
         else:
             sparknet_adam_d(&p[0], &g[0], &exp_avg[0], &exp_avg_sq[0], vmax, n, lr, beta1, beta2, eps,
                             weight_decay, decoupled, bc1, bc2_sqrt)
+
+
+# ------------------------------------------------------------------------------ clipping
+def clamp(floating[::1] g, double value):
+    """In place: g = min(max(g, -value), value) (``torch.nn.utils.clip_grad_value_``)."""
+    cdef Py_ssize_t n = g.shape[0]
+    if n == 0:
+        return
+    with nogil:
+        if floating is float:
+            sparknet_clamp_f(&g[0], n, <float>value)
+        else:
+            sparknet_clamp_d(&g[0], n, value)
+
+
+def sumsq(const floating[::1] g):
+    """sum(g^2), accumulated in float64 for float32 too (the squared 2-norm)."""
+    cdef Py_ssize_t n = g.shape[0]
+    cdef double out = 0.0
+    if n == 0:
+        return 0.0
+    with nogil:
+        if floating is float:
+            out = sparknet_sumsq_f(&g[0], n)
+        else:
+            out = sparknet_sumsq_d(&g[0], n)
+    return out
+
+
+def scale(floating[::1] g, double factor):
+    """In place: g *= factor (the factor rounded to g's dtype first, as torch multiplies by a
+    tensor of the gradient's dtype)."""
+    cdef Py_ssize_t n = g.shape[0]
+    if n == 0:
+        return
+    with nogil:
+        if floating is float:
+            sparknet_scale_f(&g[0], n, <float>factor)
+        else:
+            sparknet_scale_d(&g[0], n, factor)
