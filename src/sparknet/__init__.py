@@ -2,8 +2,17 @@
 
 The single-process core: :class:`~sparknet.model.Sequential` over layers from
 :mod:`sparknet.layers`, losses in :mod:`sparknet.losses`, optimizers in
-:mod:`sparknet.optim`.  Distributed training lives in :mod:`sparknet.cluster`.
+:mod:`sparknet.optim`, callbacks in :mod:`sparknet.callbacks` and learning-rate
+schedules in :mod:`sparknet.schedules`.  Distributed training lives in :mod:`sparknet.cluster`.
 """
+from sparknet.callbacks import (
+    Callback,
+    EarlyStopping,
+    LambdaCallback,
+    LearningRateScheduler,
+    ModelCheckpoint,
+    ReduceLROnPlateau,
+)
 from sparknet.io import load_model, save_model
 from sparknet.layers import (
     GRU,
@@ -30,5 +39,6 @@ __all__ = [
     "Conv2D", "MaxPool2D", "AvgPool2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD", "Adam", "AdamW",
+    "Callback", "LambdaCallback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler", "ReduceLROnPlateau",
     "save_model", "load_model", "__version__",
 ]

@@ -83,12 +83,17 @@ def check_shape(value: Any, what: str) -> tuple[int, ...]:
 
 
 def check_callbacks(callbacks: Any) -> list[Any]:
-    """``callbacks`` as a list of callables (checked before training starts)."""
-    if callable(callbacks) or not isinstance(callbacks, (list, tuple)):
-        raise ValueError(f"callbacks must be a list of callables f(epoch, logs), got {callbacks!r}")
+    """``callbacks`` as a list of :class:`sparknet.callbacks.Callback` objects and plain
+    callables ``f(epoch, logs)`` (checked before training starts)."""
+    from sparknet.callbacks import Callback
+
+    if callable(callbacks) or isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
+        raise ValueError(f"callbacks must be a list of callables f(epoch, logs) or Callback objects, "
+                         f"got {callbacks!r}")
     for i, cb in enumerate(callbacks):
-        if not callable(cb):
-            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r}")
+        if not (callable(cb) or isinstance(cb, Callback)):
+            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r} (pass a "
+                             f"sparknet.callbacks.Callback or a function f(epoch, logs))")
     return list(callbacks)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Iterable, Sequence, cast
+from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from sparknet._validation import (
 )
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
+from sparknet.callbacks import CallbackList, FitControl
 from sparknet.divergence import StepGuard
 from sparknet.history import History
 from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
@@ -32,8 +33,9 @@ from sparknet.threads import blas_threads
 
 #: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``
 ValidationData = Sequence[Any]
-#: a callback of :meth:`Sequential.fit`: ``f(epoch, logs)``; returning True stops training
-Callback = Callable[[int, dict[str, float]], Any]
+#: a callback of :meth:`Sequential.fit`: a :class:`sparknet.callbacks.Callback`, or ``f(epoch, logs)``
+#: run after each epoch (returning True stops training)
+Callback = Any
 
 
 class Sequential:
@@ -288,14 +290,16 @@ class Sequential:
             mask: ``(N, T)`` mask of valid time steps for sequence input.
             sample_weight: ``(N,)`` per-sample weights.
             verbose: 0 silent, 1 a progress bar per epoch.
-            callbacks: callables ``f(epoch, logs)`` run after each epoch; one returning
-                ``True`` stops training.
+            callbacks: :class:`sparknet.callbacks.Callback` objects (``on_batch_end``
+                after every step; a per-step ``LearningRateScheduler`` sets every step's
+                rate) or callables ``f(epoch, logs)`` run after each epoch (one returning
+                ``True`` stops training).
             num_threads: BLAS threads while training (default: :func:`sparknet.threads.get_num_threads`,
                 one unless changed; ``None`` leaves BLAS alone).
 
         Returns:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
-            ``val_accuracy`` and ``time`` per epoch.
+            ``val_accuracy``, ``time`` and ``lr`` (the rate of the epoch's first step) per epoch.
 
         Raises:
             ValueError: for any bad argument or data (naming it), before the first step.
@@ -336,18 +340,24 @@ class Sequential:
         self._loss = lo if loss is not None else self._loss
         guard = StepGuard(self.params, self.grads, opt)
         history = History()
+        cbl = CallbackList(callbacks, self, self, FitControl(self, opt))
+        cbl.on_fit_begin()
         with FitProgress(epochs, verbose, step_unit="batches") as progress:
             self._epochs(X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt, guard, history,
-                         callbacks, progress)
+                         cbl, progress)
+        cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return history
 
     def _epochs(self, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, shuffle: bool, mask: Any,
                 sample_weight: Any, lo: losses_mod.Loss, val: Any, opt: optim_mod.Optimizer, guard: StepGuard,
-                history: History, callbacks: Sequence[Callback], progress: FitProgress) -> None:
+                history: History, cbl: CallbackList, progress: FitProgress) -> None:
         n = X.shape[0]
         n_batches = (n + batch_size - 1) // batch_size
         step = 0
+        schedule = cbl.step_schedule(n_batches)
         for epoch in range(epochs):
+            cbl.on_epoch_begin(epoch)
+            lr0 = opt.lr
             t0 = time.perf_counter()
             order = self._rng.permutation(n) if shuffle else np.arange(n)
             tot_s = tot_w = tot_c = 0.0
@@ -357,6 +367,10 @@ class Sequential:
                 xb, yb = X[idx], y[idx]
                 mb = None if mask is None else mask[idx]
                 swb = None if sample_weight is None else sample_weight[idx]
+                if schedule is not None:
+                    opt.lr = schedule.lr(epoch, b, n_batches)
+                    cbl.record_steps((opt.lr,))
+                    lr0 = opt.lr if b == 0 else lr0
                 s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
                 step += 1
                 guard.check_loss(s, epoch=epoch + 1, step=step)
@@ -366,6 +380,7 @@ class Sequential:
                 tot_s += s
                 tot_w += w
                 tot_c += c
+                cbl.on_batch_end(b, {"loss": s / max(w, 1e-12), "size": float(len(idx))})
                 bar.update(1)
                 if b % 10 == 0 or b == n_batches - 1:
                     post = {"loss": f"{tot_s / max(tot_w, 1e-12):.4f}"}
@@ -379,9 +394,11 @@ class Sequential:
                 ev = self.evaluate(val[0], val[1], mask=val[2], loss=lo, _validated=True)
                 logs.update({f"val_{k}": v for k, v in ev.items()})
             logs["time"] = time.perf_counter() - t0
+            logs["lr"] = lr0
             history.append(epoch, **logs)
             progress.epoch_end(epoch + 1, logs)
-            if any(cb(epoch, dict(logs)) is True for cb in callbacks):
+            cbl.on_epoch_end(epoch, logs)
+            if cbl.stop_training:
                 break
 
     def _prepare_validation(self, validation_data: ValidationData | None, lo: losses_mod.Loss

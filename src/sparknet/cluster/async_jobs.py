@@ -51,6 +51,7 @@ class Launch:
     chunk: int
     rows: int
     started: float = 0.0
+    lr: float | None = None      # the driver optimizer's rate at launch (the local steps')
 
 
 @dataclass
@@ -105,7 +106,7 @@ class PartitionThread:
                 return
             try:
                 task = make_task(run.ctx.spec, job.bc, TaskKind.AVERAGE, epoch=job.epoch, rnd=job.chunk,
-                                 rounds=run.rounds)
+                                 rounds=run.rounds, lr=job.lr, schedule=run.ctx.schedule)
                 rdd = run.resident.mapPartitions(task)
                 sc.setLocalProperty("spark.job.description",
                                     f"sparknet async: partition {self.index} pass {job.epoch + 1} "

@@ -122,6 +122,7 @@ from sparknet.cluster.async_jobs import Launch, PartitionThread, _AsyncLog, _Epo
 from sparknet.cluster.fit import FitContext, RoundEnd, round_hook
 from sparknet.cluster.params import STATS, RoundResult
 from sparknet.cluster.resident import ResidentStateLost, lost_reason
+from sparknet.cluster.rounds import chunk_lrs
 from sparknet.errors import RoundTimeout
 
 log = logging.getLogger(__name__)
@@ -301,7 +302,8 @@ class _AsyncRun:
         p = w.index
         e, c = self.cursor[p]
         rows = self._chunk_rows(p, c)
-        job = Launch(p, self.version, self._acquire(), e, c, rows, time.perf_counter())
+        job = Launch(p, self.version, self._acquire(), e, c, rows, time.perf_counter(),
+                     lr=float(self.trainer.optimizer.lr))
         c += 1
         if c >= self.rounds:
             e, c = e + 1, 0
@@ -416,6 +418,7 @@ class _AsyncRun:
         self.updates.append(rec)
         if self.opts.on_update is not None:  # before its relaunch: it sees this update's model
             self.opts.on_update(dict(rec))
+        self._callbacks(st, p, job, rec)
         state = self.ctx.state
         round_hook(RoundEnd(st.epoch, st.log.rounds - 1, 0, (state.rounds_done if state else 0) + st.log.rounds))
         if hold > 0:
@@ -427,6 +430,16 @@ class _AsyncRun:
             bar.update(1)
             w_sum = max(st.log.stats[1], 1e-12)
             bar.set_postfix({"loss": f"{st.log.stats[0] / w_sum:.4f}", "stale": staleness}, refresh=False)
+
+    def _callbacks(self, st: _Epoch, p: int, job: Launch, rec: dict) -> None:
+        """The fit's callbacks hear of the update; the rates its local steps ran at are recorded."""
+        cbl, schedule = self.ctx.callbacks, self.ctx.schedule
+        if cbl is None:
+            return
+        if schedule is not None:
+            cbl.record_steps(chunk_lrs(schedule, self.rows[p], self.ctx.batch_size, job.epoch, job.chunk,
+                                       self.rounds), partition=p)
+        cbl.on_round_end(st.log.rounds - 1, {k: float(v) for k, v in rec.items()})
 
     def _weigh(self, st: _Epoch, staleness: int) -> tuple[float, bool]:
         """(weight, whether to apply) of a delta ``staleness`` updates old."""

@@ -63,13 +63,14 @@ import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
+from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster import fit_data, trainer_state
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import release_shards
@@ -251,7 +252,8 @@ class DataParallelTrainer:
     # ----------------------------------------------------------------- fit
     def fit(self, data: Any, y: Any = None, epochs: int = 10, batch_size: int = 32,
             validation_data: Any = None, features_col: str = "features", label_col: str = "label",
-            verbose: int = 1, reuse_data: bool = True, resume: bool = False) -> tuple[Sequential, FitHistory]:
+            verbose: int = 1, reuse_data: bool = True, resume: bool = False,
+            callbacks: Sequence[Any] = ()) -> tuple[Sequential, FitHistory]:
         """Train for ``epochs`` passes over ``data``.
 
         Args:
@@ -283,12 +285,19 @@ class DataParallelTrainer:
                 until ``epochs`` epochs in all (``epochs`` is the total, not a count of
                 further ones).  Needs the same data, partitions, mode, sync, batch size
                 and seed as the fit that wrote it.
+            callbacks: :class:`sparknet.callbacks.Callback` objects or callables
+                ``f(epoch, logs)`` (:mod:`sparknet.callbacks`), run on the driver:
+                ``on_round_end`` after every round; a per-step ``LearningRateScheduler``
+                sets the driver's step (``sync="gradient"``) or travels with the tasks
+                to set each local step's rate (see :mod:`sparknet.schedules`); a rate
+                set by a callback reaches the local steps of the next rounds.
 
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
             place) and a :class:`~sparknet.cluster.fit.FitHistory` (a
             :class:`~sparknet.model.History`) with, per epoch, ``loss``,
-            ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``val_time``
+            ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``lr`` (the rate
+            of the epoch's first step), ``val_time``
             (seconds of the validation job), ``time`` (the epoch's seconds, validation
             included), ``rounds`` (rounds of the epoch; ``1/m`` for a round of ``m``
             epochs), ``local_steps`` (per partition per round) and ``spark_overhead``
@@ -316,6 +325,7 @@ class DataParallelTrainer:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
         verbose = check_verbose(verbose)
+        cbl = CallbackList(callbacks, self.model, self, FitControl(self.model, self.optimizer))
         store = trainer_state.open_store(self, resume)
         model = self.model
         classification = _is_classifier(model)
@@ -336,16 +346,19 @@ class DataParallelTrainer:
                                  epochs, batch_size, history=history,
                                  state=trainer_state.FitState(self, store, self.checkpoint_every))
                 assert ctx.state is not None
+                ctx.callbacks, ctx.schedule = cbl, cbl.step_schedule(math.ceil(train.total / batch_size))
                 if resume and trainer_state.resume(ctx.state, ctx):
                     history.setup_time = time.perf_counter() - t_fit
                 else:
                     trainer_state.fresh(ctx.state)
                     self._calibrate(ctx, t_fit)
+                cbl.on_fit_begin()
                 self._train(ctx, verbose, tag)
             finally:
                 self.spark.sparkContext.removeJobTag(tag)
                 ps.close()
         model.optimizer = self.optimizer
+        cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return model, history
 
     def _partitions_for(self, data: Any, batch_size: int) -> int | None:
@@ -408,7 +421,7 @@ class DataParallelTrainer:
         """The epochs of the fit (from a resumed position on), each validated, recorded in
         ``ctx.history`` and checkpointed when one is due."""
         state = ctx.state
-        assert state is not None and ctx.history is not None
+        assert state is not None and ctx.history is not None and ctx.callbacks is not None
         epochs, epoch = ctx.epochs, state.start.epoch
         start = state.start.round if self.mode == "sync" else 0
         while epoch < epochs:
@@ -416,6 +429,7 @@ class DataParallelTrainer:
             carry = trainer_state.epoch_carry(state.start, RoundLog) if start else None
             t0 -= float(state.start.partial.get("elapsed", 0.0)) if start else 0.0
             span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
+            lrs = self._epochs_begin(ctx, epoch, span)
             rl = self._run_epochs(ctx, epoch, span, verbose, start, carry, t0)
             start = 0
             stop = bool(getattr(rl, "stop", False))
@@ -426,7 +440,9 @@ class DataParallelTrainer:
                 tv = time.perf_counter()
                 val_logs = ctx.evaluate(ctx.val, f"sparknet epoch {epoch + span}/{epochs} validation")
                 val_logs["val_time"] = time.perf_counter() - tv
-            loss = self._record(ctx, epoch, span, rl, train_time, val_logs)
+            loss, logs = self._record(ctx, epoch, span, rl, train_time, val_logs, lrs)
+            for i, entry in enumerate(logs):
+                ctx.callbacks.on_epoch_end(epoch + i, entry)
             epoch += span
             if stop:
                 break
@@ -435,6 +451,18 @@ class DataParallelTrainer:
             step = state.epochs_end(ctx, epoch, rounds=0 if self.mode == "sync" else rl.rounds)
             round_hook(RoundEnd(epoch - span, max(rl.rounds - 1, 0), ctx.rounds if self.mode == "sync" else 0,
                                 state.rounds_done, epoch_end=True, checkpoint=step))
+            if ctx.callbacks.stop_training:
+                log.info("sparknet: a callback stopped the fit after epoch %d", epoch)
+                break
+
+    @staticmethod
+    def _epochs_begin(ctx: FitContext, epoch: int, span: int) -> list[float]:
+        """``on_epoch_begin`` of the epochs of the next round(s) (a round of several epochs runs at
+        the rate set when they all began); the rate of each one's first step."""
+        assert ctx.callbacks is not None
+        for i in range(span):
+            ctx.callbacks.on_epoch_begin(epoch + i)
+        return [ctx.epoch_lr(epoch + i) for i in range(span)]
 
     def _run_epochs(self, ctx: FitContext, epoch: int, span: int, verbose: int, start: int = 0,
                     carry: RoundLog | None = None, t0: float | None = None) -> RoundLog:
@@ -455,8 +483,9 @@ class DataParallelTrainer:
             ctx.bar = None
 
     def _record(self, ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_time: float,
-                val_logs: dict[str, float]) -> float:
-        """One history entry per epoch of the round(s) just run; returns the last one's loss.
+                val_logs: dict[str, float], lrs: list[float]) -> tuple[float, list[dict[str, float]]]:
+        """One history entry per epoch of the round(s) just run (``lrs``: each one's rate);
+        returns the last one's loss and the entries.
         The round's figures and training time are shared by its epochs; validation (run
         when the round ends) goes to the last, the others get ``NaN``."""
         assert ctx.history is not None
@@ -469,7 +498,7 @@ class DataParallelTrainer:
                             max(rl.rounds * max(1, ctx.train.num_partitions), 1)),
             "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
             **getattr(rl, "logs", {})}
-        loss = math.nan
+        loss, entries = math.nan, []
         for i in range(span):
             last = i == span - 1
             st = dict(zip(STATS, rows[i]))
@@ -481,12 +510,14 @@ class DataParallelTrainer:
                 logs.update(val_logs if last else dict.fromkeys(val_logs, math.nan))
             logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if last else 0.0)
             logs.update(shared)
+            logs["lr"] = lrs[i]
             ctx.history.append(epoch + i, **logs)
+            entries.append(logs)
             log.debug("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
             if ctx.progress is not None:
                 ctx.progress.epoch_end(epoch + i + 1, logs)
             loss = logs["loss"]
-        return loss
+        return loss, entries
 
     @staticmethod
     def release_shards() -> int:

@@ -20,12 +20,14 @@ from sparknet.cluster import guards
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData
 from sparknet.cluster.params import STATS, ParameterServer, RoundResult
-from sparknet.cluster.rounds import FitSpec, TaskKind, make_task
+from sparknet.cluster.rounds import FitSpec, TaskKind, chunk_lrs, make_task
 from sparknet.model import History, Sequential
+from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
+    from sparknet.callbacks import CallbackList
     from sparknet.cluster.data_parallel import DataParallelTrainer
     from sparknet.cluster.resident import Resident
     from sparknet.cluster.trainer_state import FitState
@@ -175,6 +177,9 @@ class FitContext:
         state: checkpoints, resident optimizer state and job times of the fit
             (:class:`~sparknet.cluster.trainer_state.FitState`; ``None`` for ``evaluate``).
         mode_resume: what a registered mode stored in the checkpoint the fit resumed from.
+        callbacks: the fit's :class:`~sparknet.callbacks.CallbackList` (``None`` for ``evaluate``).
+        schedule: the per-step learning-rate schedule of the fit, if any (set on the
+            driver's steps with ``sync="gradient"``, carried by the tasks otherwise).
     """
 
     trainer: DataParallelTrainer
@@ -194,6 +199,8 @@ class FitContext:
     mode_state: Any = None
     state: FitState | None = None
     mode_resume: Any = None
+    callbacks: CallbackList | None = None
+    schedule: ScheduledLR | None = None
 
     @property
     def model(self) -> Sequential:
@@ -393,10 +400,12 @@ class FitContext:
         for r in range(start, R):
             t0 = time.perf_counter()
             collect = self.state is not None and self.state.collects_after(r, R, epoch + span)
+            local = self._round_lr(epoch, r, R)
             task = make_task(self.spec, self.ps.broadcast(), self.trainer.sync, epoch=epoch, rnd=r,
-                             rounds=R, span=span, collect_state=collect)
+                             rounds=R, span=span, collect_state=collect, **local)
             res = self._run(self.train, task, f"sparknet {which} round {r + 1}/{R}")
             self._apply(res, epoch=epoch + 1, round=r + 1)
+            self._record_lrs(epoch, r, R, span)
             if self.state is not None:  # the partitions' state for the checkpoint after the round
                 self.state.stash = res.states if collect else None
             rl.wall += time.perf_counter() - t0
@@ -411,7 +420,40 @@ class FitContext:
             if r + 1 < R:  # the epoch's last round is reported at the epoch's end
                 round_hook(RoundEnd(epoch, r, R, self.state.rounds_done if self.state else 0,
                                     checkpoint=step))
+            if self.callbacks is not None:
+                run = np.atleast_2d(rl.stats).sum(axis=0)
+                self.callbacks.on_round_end(r, {"epoch": float(epoch), "rounds": float(R),
+                                                "loss": run[0] / max(run[1], 1e-12)})
         return rl
+
+    def _round_lr(self, epoch: int, r: int, R: int) -> dict[str, Any]:
+        """The learning rate of round ``r``: set on the driver's optimizer for its one step
+        (``sync="gradient"``, from the per-step schedule), or what the tasks carry for their
+        local steps (the driver optimizer's rate and the schedule)."""
+        opt = self.trainer.optimizer
+        if self.trainer.sync == "gradient":
+            if self.schedule is not None:
+                opt.lr = self.schedule.lr(epoch, r, R)
+            return {}
+        return {"lr": float(opt.lr), "schedule": self.schedule}
+
+    def _record_lrs(self, epoch: int, r: int, R: int, span: int) -> None:
+        """Record the per-step rates the round just applied (the same rule as the tasks')."""
+        if self.schedule is None or self.callbacks is None:
+            return
+        if self.trainer.sync == "gradient":
+            self.callbacks.record_steps((self.trainer.optimizer.lr,))
+            return
+        for p, n in enumerate(self.train.rows):
+            if n > 0:
+                self.callbacks.record_steps(chunk_lrs(self.schedule, n, self.batch_size, epoch, r, R, span),
+                                            partition=p)
+
+    def epoch_lr(self, epoch: int) -> float:
+        """The rate of epoch ``epoch``'s first step (``lr`` in the history)."""
+        if self.schedule is not None:
+            return self.schedule.lr(epoch, 0, self.schedule.steps_per_epoch)
+        return float(self.trainer.optimizer.lr)
 
     def _apply(self, res: RoundResult, **where: Any) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient

@@ -35,6 +35,7 @@ from sparknet import threads
 from sparknet.cluster import guards
 from sparknet.cluster.params import STATS, RoundResult
 from sparknet.model import Sequential
+from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
     from pyspark import Broadcast
@@ -98,6 +99,28 @@ def round_rows(n: int, seed: int, epoch: int, index: int, rnd: int, rounds: int)
     return perm[n * rnd // rounds: n * (rnd + 1) // rounds]
 
 
+def chunk_steps(n: int, rnd: int, rounds: int, batch_size: int) -> tuple[int, int]:
+    """``(steps before chunk rnd, steps of the whole pass)``: the local steps of ``batch_size``
+    rows that a partition of ``n`` rows runs over the chunks of one pass (each chunk in
+    whole minibatches, the last one short)."""
+    per = [math.ceil((n * (r + 1) // rounds - n * r // rounds) / batch_size) for r in range(rounds)]
+    return sum(per[:rnd]), sum(per)
+
+
+def chunk_lrs(schedule: ScheduledLR, n: int, batch_size: int, epoch: int, rnd: int, rounds: int,
+              span: int = 1) -> list[float]:
+    """The learning rates of the local steps of one ``AVERAGE`` task (chunk ``rnd`` of
+    ``rounds`` of pass ``epoch``, or ``span`` whole passes), in order: step ``j`` of the
+    ``T`` steps of a pass gets ``schedule.lr(pass, j, T)`` (see :mod:`sparknet.schedules`).
+    The tasks apply these; the driver records them from the same call."""
+    if span > 1:
+        total = math.ceil(n / batch_size)
+        return [schedule.lr(epoch + i, j, total) for i in range(span) for j in range(total)]
+    first, total = chunk_steps(n, rnd, rounds, batch_size)
+    mine = math.ceil((n * (rnd + 1) // rounds - n * rnd // rounds) / batch_size)
+    return [schedule.lr(epoch, first + j, total) for j in range(mine)]
+
+
 def _stat_row(s: float, w: float, c: float, rows: int, steps: int) -> tuple[float, ...]:
     """One :data:`~sparknet.cluster.params.STATS` row (an undefined accuracy counts 0)."""
     return (s, w, 0.0 if math.isnan(c) else c, float(rows), float(steps))
@@ -116,14 +139,20 @@ class RoundTask:
         span: whole epochs in one ``AVERAGE`` round (then ``rounds == 1``).
         collect_state: an ``AVERAGE`` task also returns the partition's optimizer state
             after its steps (:attr:`RoundResult.states`: a checkpoint follows the round).
+        lr: the learning rate of an ``AVERAGE`` task's local steps (the driver
+            optimizer's at the round's launch; ``None``: the fit's optimizer config's).
+        schedule: a per-step schedule that sets each local step's rate instead
+            (:func:`chunk_lrs`).
     """
 
     def __init__(self, spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str", epoch: int = 0,
-                 rnd: int = 0, rounds: int = 1, span: int = 1, collect_state: bool = False) -> None:
+                 rnd: int = 0, rounds: int = 1, span: int = 1, collect_state: bool = False,
+                 lr: float | None = None, schedule: ScheduledLR | None = None) -> None:
         self.spec, self.bc, self.kind = spec, bc, TaskKind(kind)
         self.epoch, self.rnd, self.rounds = epoch, rnd, rounds
         self.span = max(1, int(span))
         self.collect_state = bool(collect_state)
+        self.lr, self.schedule = lr, schedule
 
     def __call__(self, index: int, shard: "Shard") -> list[RoundResult]:
         from pyspark import TaskContext
@@ -176,6 +205,8 @@ class RoundTask:
         if sum(len(r) for r in segments) == 0:
             return RoundResult(None, np.zeros(len(STATS)))
         opt = optim_mod.from_config(*spec.optimizer)
+        if self.lr is not None:
+            opt.lr = float(self.lr)
         # this partition's optimizer state, resident next to its shard across the rounds
         # of this fit (the shard may outlive the fit: a later fit starts afresh)
         prefix = f"{STATE_PREFIX}{spec.key}-"
@@ -184,7 +215,9 @@ class RoundTask:
         resident = {name: shard.ensure(name, shape, dt)
                     for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype, prefix).items()}
         opt.load_state_arrays(resident, prefix, copy=False)
-        res = self._local_steps(shard, model, opt, segments)
+        lrs = None if self.schedule is None else chunk_lrs(self.schedule, n, spec.batch_size, self.epoch,
+                                                            self.rnd, self.rounds, self.span)
+        res = self._local_steps(shard, model, opt, segments, lrs)
         opt.write_step(resident, prefix)
         if self.collect_state:  # for the checkpoint after this round: no job of its own
             res.states = {index: {name[len(prefix):]: np.array(arr, copy=True) for name, arr in resident.items()}}
@@ -192,10 +225,11 @@ class RoundTask:
 
     # -- shared steps ---------------------------------------------------------
     def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
-                     segments: list[np.ndarray]) -> RoundResult:
-        """Optimizer steps of ``batch_size`` rows over each segment in turn; the result
-        holds the row-weighted delta (the driver divides the sum by all partitions' rows),
-        one stats row per segment (epoch) and the seconds of one step."""
+                     segments: list[np.ndarray], lrs: list[float] | None = None) -> RoundResult:
+        """Optimizer steps of ``batch_size`` rows over each segment in turn (step ``i`` at
+        rate ``lrs[i]`` when given); the result holds the row-weighted delta (the driver
+        divides the sum by all partitions' rows), one stats row per segment (epoch) and
+        the seconds of one step."""
         n_rows = sum(len(r) for r in segments)
         if n_rows == 0:
             return RoundResult(None, np.zeros(len(STATS)))
@@ -209,6 +243,8 @@ class RoundTask:
             for lo in range(0, len(rows), b):
                 xb, yb = self._batch(x, y, rows[lo:lo + b])
                 s, w, c = model.loss_and_grad(xb, yb, loss)
+                if lrs is not None:
+                    opt.lr = lrs[n_steps]
                 opt.step(model.params, model.grads)
                 per_epoch[e] += _stat_row(s, w, c, xb.shape[0], 1)
                 n_steps += 1
@@ -261,7 +297,7 @@ def set_task_wrapper(wrapper: TaskWrapper | None) -> TaskWrapper | None:
 def make_task(spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str",
               **where: Any) -> Callable[[int, "Shard"], list[RoundResult]]:
     """A :class:`RoundTask` (``where``: its ``epoch``, ``rnd``, ``rounds``,
-    ``span``, ``collect_state``), passed through the
+    ``span``, ``collect_state``, ``lr``, ``schedule``), passed through the
     installed task wrapper, if any."""
     task = RoundTask(spec, bc, kind, **where)
     wrapper = _WRAPPER

@@ -77,6 +77,9 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         resume: continue from the newest complete checkpoint in ``checkpointDir`` (a fresh
             fit when there is none); with ``syncMethod="gradient"`` and the same Params and
             data the resumed fit ends with the weights of an uninterrupted one.
+        callbacks: :mod:`sparknet.callbacks` run by every ``fit`` (early stopping,
+            schedules, ...): a constructor argument, not a Param (``setCallbacks``), so
+            copies share them and saved Estimators and Models leave them out.
 
     Example::
 
@@ -103,7 +106,7 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                  thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                  inferenceEngine: str | None = None, verbose: int | None = None,
                  checkpointInterval: int | None = None, checkpointDir: str | None = None,
-                 resume: bool | None = None) -> None:
+                 resume: bool | None = None, callbacks: Sequence[Any] | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -120,7 +123,7 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                   thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                   inferenceEngine: str | None = None, verbose: int | None = None,
                   checkpointInterval: int | None = None, checkpointDir: str | None = None,
-                  resume: bool | None = None) -> SparkNetClassifier:
+                  resume: bool | None = None, callbacks: Sequence[Any] | None = None) -> SparkNetClassifier:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -215,7 +218,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                  verbose: int | None = None, checkpointInterval: int | None = None,
-                 checkpointDir: str | None = None, resume: bool | None = None) -> None:
+                 checkpointDir: str | None = None, resume: bool | None = None,
+                 callbacks: Sequence[Any] | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -230,7 +234,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                   verbose: int | None = None, checkpointInterval: int | None = None,
-                  checkpointDir: str | None = None, resume: bool | None = None) -> SparkNetRegressor:
+                  checkpointDir: str | None = None, resume: bool | None = None,
+                  callbacks: Sequence[Any] | None = None) -> SparkNetRegressor:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 

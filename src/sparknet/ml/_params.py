@@ -328,7 +328,24 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
         return Sequential.from_config(self._network_config())
 
     def _set_all(self, kwargs: dict[str, Any]) -> Self:
+        kwargs = dict(kwargs)
+        if kwargs.get("callbacks") is not None:  # not a Param: kept on the object, never saved
+            self.setCallbacks(kwargs["callbacks"])
+        kwargs.pop("callbacks", None)
         return self._set(**{k: v for k, v in kwargs.items() if v is not None})
+
+    def setCallbacks(self, value: Sequence[Any]) -> Self:
+        """The callbacks of the next ``fit`` (:mod:`sparknet.callbacks`; ``callbacks`` of
+        :meth:`DataParallelTrainer.fit <sparknet.cluster.DataParallelTrainer.fit>`).  Not a
+        Param: copies of the Estimator share them, saved Estimators and Models leave them out."""
+        from sparknet._validation import check_callbacks
+
+        self._callbacks = check_callbacks(value)
+        return self
+
+    def getCallbacks(self) -> list[Any]:
+        """The callbacks set with :meth:`setCallbacks` (or the constructor)."""
+        return list(getattr(self, "_callbacks", []))
 
     def setNetwork(self, value: NetworkSpec) -> Self:
         return self._set(network=value)

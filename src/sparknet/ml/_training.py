@@ -144,7 +144,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         try:
             return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),
                                features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
-                               verbose=self.getVerbose(), **fit_options)
+                               verbose=self.getVerbose(), callbacks=self.getCallbacks(), **fit_options)
         except Exception as exc:
             if _columns.NULL_VECTOR in str(exc):
                 # Spark's vector_to_array fails on a null row (in the JVM, while the data load)

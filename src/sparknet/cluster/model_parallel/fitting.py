@@ -10,16 +10,29 @@ minibatches between the checkpoint and the loss are run again, in the same order
 fit runs exactly the steps it was asked for and ends with the weights an undisturbed fit
 would have.  ``fit(resume=True)`` starts from the newest checkpoint's position the same way
 (after the driver itself was lost).
+
+Callbacks (:mod:`sparknet.callbacks`) run on the driver: ``on_batch_end`` after every
+step, a per-step schedule sets every step's rate (on the blocks' optimizer, which the
+jobs carry, and the driver stages'), and ``EarlyStopping(restore_best_weights=True)``
+keeps the best epoch's weights as a :meth:`~sparknet.cluster.ModelParallel.save` folder
+and restores it (:class:`BlocksControl`).  A replay after a restore runs no callbacks.
 """
 from __future__ import annotations
 
+import copy
 import logging
+import math
+import os
+import shutil
+import tempfile
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
 from sparknet import losses as losses_mod
+from sparknet._validation import check_float, positive_int
+from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.recovery import FitPosition, check_resumable, data_settings
 from sparknet.cluster.model_parallel.stages import HalfStep
@@ -45,20 +58,105 @@ class _Plan(NamedTuple):
     batch_size: int
     shuffle: bool
     lookahead: bool
+    callbacks: CallbackList | None = None
+    lrs: dict[int, float] | None = None       # epoch -> the rate of its first step
 
 
-def run_fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, *, epochs: int,
-            batch_size: int, shuffle: bool, checkpoint_every: int, verbose: int, max_steps: int | None,
-            lookahead: bool, resume: bool) -> dict[str, Any]:
-    """The body of :meth:`ModelParallel.fit` (arguments checked there)."""
-    settings = data_settings(X, y, batch_size, shuffle)
+class BlocksControl(FitControl):
+    """The learning rate and weights of a :class:`~sparknet.cluster.ModelParallel` for its
+    callbacks: the rate goes to the optimizer the block jobs carry and to the driver
+    stages' ones; weights are snapshot as :meth:`save` folders in a temporary folder
+    (the executors must reach it: refused on a cluster that is not ``local``) and put
+    back with :meth:`restore`."""
+
+    def __init__(self, mp: "ModelParallel") -> None:
+        super().__init__(mp, mp.job_optimizer)
+        self.mp = mp
+        self._root: str | None = None
+        self._count = 0
+
+    def set_lr(self, lr: float) -> None:
+        lr = check_float(lr, "lr", 0.0, low_open=True)
+        if lr != self.mp.job_optimizer.lr:  # a new object: a job deferred into the next step keeps its rate
+            self.mp.job_optimizer = copy.copy(self.mp.job_optimizer)
+            self.mp.job_optimizer.lr = lr
+        self.optimizer = self.mp.job_optimizer
+        for stage in self.mp.stages:
+            opt = getattr(stage, "opt", None)
+            if opt is not None:
+                opt.lr = lr
+
+    def get_weights(self) -> str:
+        spark = getattr(self.mp, "_spark", None)
+        master = getattr(getattr(spark, "sparkContext", spark), "master", "local")
+        if spark is not None and not str(master).startswith("local"):
+            raise ValueError(f"restore_best_weights on a ModelParallel needs its weights saved where every "
+                             f"executor reads them; on master={master!r} use ModelCheckpoint(save_best_only=True) "
+                             f"with a shared folder and ModelParallel.load it instead")
+        if self._root is None:
+            self._root = tempfile.mkdtemp(prefix="sparknet-best-")
+        self._count += 1
+        folder = os.path.join(self._root, f"weights-{self._count}")
+        self.mp.save(folder)
+        old = os.path.join(self._root, f"weights-{self._count - 1}")
+        shutil.rmtree(old, ignore_errors=True)
+        return folder
+
+    def set_weights(self, weights: Any) -> None:
+        self.mp.restore(str(weights))
+
+    def close(self) -> None:
+        """Delete the snapshots."""
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
+
+
+def _checked(mp: "ModelParallel", epochs: Any, batch_size: Any, checkpoint_every: Any, max_steps: Any,
+             resume: bool) -> tuple[int, int, int, int | None]:
+    epochs, batch_size = positive_int(epochs, "epochs"), positive_int(batch_size, "batch_size")
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
+            or checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be a non-negative int (steps; 0: never), got {checkpoint_every!r}")
+    if max_steps is not None:
+        max_steps = positive_int(max_steps, "max_steps")
+    if (checkpoint_every or resume) and not mp.checkpoint_dir:
+        raise ValueError(f"{'checkpoint_every' if checkpoint_every else 'resume=True'} needs a checkpoint_dir")
+    return epochs, batch_size, int(checkpoint_every), max_steps
+
+
+def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int, shuffle: bool,
+            checkpoint_every: int, verbose: int, max_steps: int | None, lookahead: bool, resume: bool,
+            callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """The body of :meth:`ModelParallel.fit` (its arguments checked here)."""
+    epochs, batch_size, checkpoint_every, max_steps = _checked(mp, epochs, batch_size, checkpoint_every,
+                                                               max_steps, bool(resume))
+    resume, shuffle = bool(resume), bool(shuffle)
+    lo = mp.loss
+    X = mp._prepare_x(X)
+    y = mp._prepare_y(y, X.shape[0], lo)
+    control = BlocksControl(mp)
+    cbl = CallbackList(callbacks, mp, mp, control)
+    try:
+        hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}),
+                    checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps, resume=resume)
+        cbl.on_fit_end({k: v[-1] for k, v in hist.items() if isinstance(v, list) and v and k != "step_time"})
+    finally:
+        control.close()
+    return hist
+
+
+def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, run: _Plan, *,
+         checkpoint_every: int, verbose: int, max_steps: int | None, resume: bool) -> dict[str, Any]:
+    settings = data_settings(X, y, run.batch_size, run.shuffle)
     pos = _resumed(mp, settings) if resume else None
     if pos is None:
         pos = FitPosition.start(mp.seed, settings)
         if checkpoint_every:
             mp._write_checkpoint(pos)     # the fit's starting point: a loss before step N replays from here
     last: tuple[int, int] = (-1, 0)       # (step of the checkpoint last restored, times in a row)
-    run = _Plan(epochs, batch_size, shuffle, lookahead)
+    assert run.callbacks is not None and run.lrs is not None
+    run.callbacks.on_fit_begin()
     while True:
         try:
             _run(mp, X, y, lo, pos, run, checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps)
@@ -68,6 +166,7 @@ def run_fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Lo
         except HalfStep as exc:
             raise _back_to_finite(mp, X, y, lo, pos, exc, run) from None
     hist = pos.history()
+    hist["lr"] = [run.lrs.get(e, math.nan) for e in range(len(hist["loss"]))]
     hist["bytes_per_step"] = dict(mp.last_step_bytes)
     return hist
 
@@ -131,7 +230,7 @@ def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losse
     ckpt, restored = mp._restore(ckpt)
     assert restored is not None
     replayed = target - restored.done
-    _run(mp, X, y, lo, restored, run, checkpoint_every=0, verbose=0, max_steps=target)
+    _run(mp, X, y, lo, restored, run._replace(callbacks=None), checkpoint_every=0, verbose=0, max_steps=target)
     log.warning("training diverged at step %s; restored checkpoint %s (step %d) and replayed %d step(s): the model "
                 "holds the weights of step %d", exc.step, ckpt.path, ckpt.step, replayed, mp.t)
     return TrainingDiverged(f"{exc}; the model holds its last finite weights (step {mp.t}: checkpoint {ckpt.step} "
@@ -145,6 +244,8 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
 
     n = X.shape[0]
     starts = list(range(0, n, run.batch_size))
+    cbl = run.callbacks
+    schedule = None if cbl is None else cbl.step_schedule(len(starts))
     with FitProgress(run.epochs, verbose, step_unit="steps") as progress:
         progress.skip(pos.epoch)
         while pos.epoch < run.epochs:
@@ -153,24 +254,46 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
             bar = progress.rounds(len(starts), f"epoch {pos.epoch + 1}/{run.epochs}")
             bar.update(pos.batch)
             t0 = time.perf_counter()
+            if cbl is not None:
+                cbl.on_epoch_begin(pos.epoch)
+                assert run.lrs is not None
+                run.lrs[pos.epoch] = (cbl.control.get_lr() if schedule is None
+                                      else schedule.lr(pos.epoch, 0, len(starts)))
             try:
                 _epoch(mp, X, y, lo, pos, order, starts, batch_size=run.batch_size,
-                       checkpoint_every=checkpoint_every, max_steps=max_steps, lookahead=run.lookahead, bar=bar)
+                       checkpoint_every=checkpoint_every, max_steps=max_steps, lookahead=run.lookahead, bar=bar,
+                       callbacks=cbl, schedule=schedule)
             except _Stop:
                 if pos.batch:
                     _close_epoch(pos, lo, rng)
+                    _epoch_end(pos, lo, t0, run, progress)
                 return
             _close_epoch(pos, lo, rng)
-            logs = {"loss": pos.loss[-1], "time": time.perf_counter() - t0}
-            if lo.is_classification:
-                logs["accuracy"] = pos.accuracy[-1]
-            progress.epoch_end(pos.epoch, logs)
+            if _epoch_end(pos, lo, t0, run, progress):
+                log.info("a callback stopped the fit after epoch %d", pos.epoch)
+                return
+
+
+def _epoch_end(pos: FitPosition, lo: losses_mod.Loss, t0: float, run: _Plan, progress: Any) -> bool:
+    """The epoch just closed: the console's line, the callbacks; whether one stops the fit."""
+    logs = {"loss": pos.loss[-1], "time": time.perf_counter() - t0}
+    if lo.is_classification:
+        logs["accuracy"] = pos.accuracy[-1]
+    if run.lrs is not None and pos.epoch - 1 in run.lrs:
+        logs["lr"] = run.lrs[pos.epoch - 1]
+    progress.epoch_end(pos.epoch, logs)
+    if run.callbacks is None:
+        return False
+    run.callbacks.on_epoch_end(pos.epoch - 1, logs)
+    return run.callbacks.stop_training
 
 
 def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition,
            order: np.ndarray, starts: list[int], *, batch_size: int, checkpoint_every: int,
-           max_steps: int | None, lookahead: bool, bar: Any = None) -> None:
-    """The batches of one epoch from ``pos.batch`` on (``bar``: the console's, updated per step)."""
+           max_steps: int | None, lookahead: bool, bar: Any = None, callbacks: CallbackList | None = None,
+           schedule: Any = None) -> None:
+    """The batches of one epoch from ``pos.batch`` on (``bar``: the console's, updated per step;
+    ``schedule``: the per-step rate, set before each step)."""
     if pos.batch >= len(starts):
         return
     xb = X[order[starts[pos.batch]:starts[pos.batch] + batch_size]]
@@ -180,6 +303,10 @@ def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Los
         idx = order[starts[bi]:starts[bi] + batch_size]
         last = bi + 1 == len(starts) or (max_steps is not None and pos.done + 1 >= max_steps)
         following = None if last else X[order[starts[bi + 1]:starts[bi + 1] + batch_size]]
+        if schedule is not None and callbacks is not None:
+            lr = schedule.lr(pos.epoch, bi, len(starts))
+            callbacks.control.set_lr(lr)
+            callbacks.record_steps((lr,))
         s, w, c = mp._train_step(xb, y[idx], lo, following if lookahead else None, epoch=pos.epoch + 1)
         xb = following
         pos.tot = [pos.tot[0] + s, pos.tot[1] + w, pos.tot[2] + c]
@@ -188,6 +315,8 @@ def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Los
         if bar is not None:
             bar.update(1)
             bar.set_postfix({"loss": f"{pos.tot[0] / max(pos.tot[1], 1e-12):.4f}"}, refresh=False)
+        if callbacks is not None:
+            callbacks.on_batch_end(bi, {"loss": s / max(w, 1e-12), "size": float(len(idx))})
         if checkpoint_every and mp.t % checkpoint_every == 0:
             mp._write_checkpoint(pos)
 

@@ -408,7 +408,7 @@ class ModelParallel:
 
     def fit(self, X: Any, y: Any, epochs: int = 1, batch_size: int = 256, shuffle: bool = True,
             checkpoint_every: int = 0, verbose: int = 0, max_steps: int | None = None,
-            lookahead: bool = True, resume: bool = False) -> dict:
+            lookahead: bool = True, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict:
         """Minibatch training with distributed backpropagation.
 
         Args:
@@ -430,9 +430,11 @@ class ModelParallel:
             resume: continue the fit recorded in the newest complete checkpoint of
                 ``checkpoint_dir`` (same data and arguments); with no checkpoint there, a
                 fresh fit (logged).
+            callbacks: :class:`sparknet.callbacks.Callback` objects or ``f(epoch, logs)``
+                (``on_batch_end`` per step; the rate set on every optimizer: blocks' and driver's).
 
         Returns:
-            ``{"loss": [...], "accuracy": [...], "step_time": [...], "bytes_per_step": {...}}``
+            ``{"loss": [...], "accuracy": [...], "lr": [...], "step_time": [...], "bytes_per_step": {...}}``
             (a resumed fit's history includes the steps before the checkpoint).
 
         Raises:
@@ -443,20 +445,9 @@ class ModelParallel:
         """
         from sparknet.cluster.model_parallel.fitting import run_fit
 
-        epochs, batch_size = positive_int(epochs, "epochs"), positive_int(batch_size, "batch_size")
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
-                or checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be a non-negative int (steps; 0: never), got {checkpoint_every!r}")
-        if max_steps is not None:
-            max_steps = positive_int(max_steps, "max_steps")
-        if (checkpoint_every or resume) and not self.checkpoint_dir:
-            raise ValueError(f"{'checkpoint_every' if checkpoint_every else 'resume=True'} needs a checkpoint_dir")
-        lo = self.loss
-        X = self._prepare_x(X)
-        y = self._prepare_y(y, X.shape[0], lo)
-        return run_fit(self, X, y, lo, epochs=epochs, batch_size=batch_size, shuffle=bool(shuffle),
-                       checkpoint_every=int(checkpoint_every), verbose=verbose, max_steps=max_steps,
-                       lookahead=lookahead, resume=bool(resume))
+        return run_fit(self, X, y, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
+                       checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps,
+                       lookahead=lookahead, resume=resume, callbacks=callbacks)
 
     # ----------------------------------------------------------------- inference
     def predict_output(self, X: Any, batch_size: int = 512) -> np.ndarray:
