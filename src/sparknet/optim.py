@@ -13,6 +13,17 @@ Nothing outside this module knows an optimizer's state keys: callers ask
 :meth:`Optimizer.state_keys`, and state is serialised one way,
 :meth:`Optimizer.state_arrays` / :meth:`Optimizer.load_state_arrays` (named arrays:
 ``<prefix>t`` and ``<prefix><key>``).
+
+Every optimizer clips its gradient before the step when asked (Keras' names, PyTorch's
+maths): ``clipvalue=v`` clamps each element to ``[-v, v]``
+(``torch.nn.utils.clip_grad_value_``), then ``clipnorm=c`` scales the whole flat gradient
+by ``c / (norm + 1e-6)`` when that is below 1 (``torch.nn.utils.clip_grad_norm_``, the norm
+being the 2-norm of the *whole* gradient).  :meth:`Optimizer.step` clips ``grads`` **in
+place**, as PyTorch clips ``.grad``; weight decay comes after (it is part of the step).
+Where a gradient is spread over several buffers (model-parallel blocks and driver layers)
+the parts are clipped by value and summed as squares with :meth:`Optimizer.clip_part`,
+the global factor comes from :meth:`Optimizer.clip_scale`, and each part is scaled
+(:func:`scale`) and stepped with ``step(..., clipped=True)`` or :meth:`Optimizer.apply`.
 """
 from __future__ import annotations
 
@@ -25,6 +36,9 @@ import sparknet._optim as _optim
 from sparknet._validation import check_bool, check_float, non_negative_int
 
 State = Mapping[str, np.ndarray]
+
+#: added to the gradient's norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does
+CLIP_EPS = 1e-6
 
 
 # --------------------------------------------------------------------------- functional steps
@@ -59,15 +73,45 @@ def adam(params: np.ndarray, grads: np.ndarray, exp_avg: np.ndarray, exp_avg_sq:
                 weight_decay, decoupled, step)
 
 
+# --------------------------------------------------------------------------- clipping
+def clip_by_value(grads: np.ndarray, clipvalue: float) -> None:
+    """Clamp the flat ``grads`` to ``[-clipvalue, clipvalue]`` in place (a NaN stays NaN)."""
+    _optim.clamp(grads, float(clipvalue))
+
+
+def sum_of_squares(grads: np.ndarray) -> float:
+    """``sum(grads ** 2)`` of a flat buffer, accumulated in float64 (for float32 too)."""
+    return float(_optim.sumsq(grads))
+
+
+def norm_scale(sumsq: float, clipnorm: float) -> float:
+    """The factor ``torch.nn.utils.clip_grad_norm_`` multiplies by, for a gradient of squared
+    2-norm ``sumsq``: ``clipnorm / (norm + 1e-6)`` when below 1, else 1 (a non-finite norm
+    gives 0 or NaN, as in PyTorch)."""
+    coef = float(clipnorm) / (float(np.sqrt(sumsq)) + CLIP_EPS)
+    return coef if not coef >= 1.0 else 1.0
+
+
+def scale(grads: np.ndarray, factor: float) -> None:
+    """Multiply the flat ``grads`` by ``factor`` in place (nothing to do for 1)."""
+    if factor != 1.0:
+        _optim.scale(grads, float(factor))
+
+
 # --------------------------------------------------------------------------- classes
 class Optimizer:
-    """Base class.  ``lr`` is the learning rate; ``state`` holds flat arrays; ``t`` counts steps."""
+    """Base class.  ``lr`` is the learning rate; ``state`` holds flat arrays; ``t`` counts steps;
+    ``clipnorm`` and ``clipvalue`` (``None``: off) clip the gradient before each step."""
 
     name = "optimizer"
     _loaded = False
 
-    def __init__(self, lr: float) -> None:
+    def __init__(self, lr: float, clipnorm: float | None = None, clipvalue: float | None = None) -> None:
         self.lr = check_float(lr, "learning rate", 0.0, low_open=True)
+        what = type(self).__name__
+        self.clipnorm = None if clipnorm is None else check_float(clipnorm, f"{what} clipnorm", 0.0, low_open=True)
+        self.clipvalue = None if clipvalue is None else check_float(clipvalue, f"{what} clipvalue", 0.0,
+                                                                    low_open=True)
         self.t = 0
         self.state: dict[str, np.ndarray] = {}
         #: True while ``state`` came from a load and no step has checked it against the parameters
@@ -97,14 +141,49 @@ class Optimizer:
             if cur is None or cur.shape != (n,) or cur.dtype != dtype:
                 self.state[key] = np.zeros(n, dtype=dtype)
 
-    def step(self, params: np.ndarray, grads: np.ndarray) -> None:
-        """Update ``params`` in place from ``grads`` (both flat, same length and dtype)."""
+    def step(self, params: np.ndarray, grads: np.ndarray, clipped: bool = False) -> None:
+        """Update ``params`` in place from ``grads`` (both flat, same length and dtype).
+
+        ``grads`` is clipped first, in place (:meth:`clip`), unless ``clipped``: the caller
+        clipped it already, against a norm over more than this buffer."""
         if params.ndim != 1 or grads.shape != params.shape or grads.dtype != params.dtype:
             raise ValueError(f"optimizer step needs flat params and grads of one shape and dtype, "
                              f"got {params.shape}/{params.dtype} and {grads.shape}/{grads.dtype}")
+        if not clipped:
+            self.clip(grads)
         self.init_state(params.shape[0], params.dtype)
         self.t += 1
         self.apply(params, grads, self.state, self.t)
+
+    # -- clipping --------------------------------------------------------
+    @property
+    def clips(self) -> bool:
+        """Whether this optimizer clips its gradient (``clipnorm`` or ``clipvalue`` set)."""
+        return self.clipnorm is not None or self.clipvalue is not None
+
+    def clip(self, grads: np.ndarray) -> None:
+        """Clip the whole flat gradient ``grads`` in place: clamp to ``[-clipvalue, clipvalue]``,
+        then scale to ``clipnorm`` (``torch.nn.utils.clip_grad_value_`` then ``clip_grad_norm_``)."""
+        scale(grads, self.clip_scale(self.clip_part(grads)))
+
+    def clip_part(self, grads: np.ndarray) -> float:
+        """Clamp a flat *part* of the gradient by value (in place) and return its share of the
+        squared global norm (0 without ``clipnorm``): the parts' sum goes to :meth:`clip_scale`."""
+        if self.clipvalue is not None:
+            clip_by_value(grads, self.clipvalue)
+        return 0.0 if self.clipnorm is None else sum_of_squares(grads)
+
+    def clip_scale(self, sumsq: float) -> float:
+        """The factor that clips a gradient of squared norm ``sumsq`` to ``clipnorm`` (1 without)."""
+        return 1.0 if self.clipnorm is None else norm_scale(sumsq, self.clipnorm)
+
+    def _clipped_norm(self, grad_norm: float, n: int) -> float:
+        """A bound on the clipped gradient's 2-norm, from one on the gradient's."""
+        if self.clipvalue is not None:
+            grad_norm = min(grad_norm, self.clipvalue * float(np.sqrt(n)))
+        if self.clipnorm is not None:
+            grad_norm = min(grad_norm, self.clipnorm)
+        return grad_norm
 
     def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
         """The functional step: update flat ``params`` in place from ``grads`` with the given
@@ -118,11 +197,20 @@ class Optimizer:
         gradient's and the parameters' 2-norms, for ``n`` parameters.  ``carry`` is the bound
         this returned for the momentum buffer at the last step (its true norm at the start).
         Returns ``(bound, carry)``; the bound is ``inf`` when this optimizer cannot give one.
-        :class:`sparknet.divergence.StepGuard` backs a step up only when the bound is large."""
+        :class:`sparknet.divergence.StepGuard` backs a step up only when the bound is large.
+        Clipping shrinks the gradient's bound first (to ``clipnorm``, ``clipvalue * sqrt(n)``)."""
+        return self._step_bound(self._clipped_norm(grad_norm, n), param_norm, n, carry)
+
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+        """:meth:`step_bound` for the gradient once clipped (bound ``grad_norm``)."""
         return float("inf"), carry
 
     # -- state, for checkpoints and the parameter server ----------------
     def get_config(self) -> dict:
+        """The constructor's arguments (JSON-able), clipping included: ``from_config`` rebuilds it."""
+        return {**self._config(), "clipnorm": self.clipnorm, "clipvalue": self.clipvalue}
+
+    def _config(self) -> dict:
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -217,13 +305,16 @@ class RMSprop(Optimizer):
         weight_decay: L2 penalty added to the gradient.
         momentum: momentum factor (0 disables).
         centered: normalise by the estimated gradient variance instead of the second moment.
+        clipnorm: clip the gradient to this 2-norm before the step (``None``: off).
+        clipvalue: clamp each gradient element to ``[-clipvalue, clipvalue]`` first (``None``: off).
     """
 
     name = "rmsprop"
 
     def __init__(self, lr: float = 1e-3, alpha: float = 0.99, eps: float = 1e-8,
-                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False) -> None:
-        super().__init__(lr)
+                 weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False,
+                 clipnorm: float | None = None, clipvalue: float | None = None) -> None:
+        super().__init__(lr, clipnorm, clipvalue)
         self.alpha = check_float(alpha, "RMSprop alpha", 0.0, 1.0, high_open=True)
         self.eps = check_float(eps, "RMSprop eps", 0.0, low_open=True)
         self.weight_decay = check_float(weight_decay, "RMSprop weight_decay", 0.0)
@@ -243,7 +334,7 @@ class RMSprop(Optimizer):
                 lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay,
                 momentum=self.momentum)
 
-    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
         # g' = g + wd p; v' = alpha v + (1 - alpha) g'^2 >= (1 - alpha) g'^2, so each ratio
         # |g'_i| / (sqrt(v'_i) + eps) <= 1 / sqrt(1 - alpha): the ratios' norm <= sqrt(n / (1 - alpha)).
         # Centered, the denominator sqrt(v' - a'^2) has no such floor: no bound.
@@ -256,7 +347,7 @@ class RMSprop(Optimizer):
             return max(decayed, carry, self.lr * carry), carry
         return max(decayed, self.lr * ratios), 0.0
 
-    def get_config(self) -> dict:
+    def _config(self) -> dict:
         return {"lr": self.lr, "alpha": self.alpha, "eps": self.eps,
                 "weight_decay": self.weight_decay, "momentum": self.momentum,
                 "centered": self.centered}
@@ -271,13 +362,16 @@ class SGD(Optimizer):
         dampening: dampening for momentum.
         weight_decay: L2 penalty added to the gradient.
         nesterov: Nesterov momentum (needs ``momentum > 0`` and ``dampening == 0``).
+        clipnorm: clip the gradient to this 2-norm before the step (``None``: off).
+        clipvalue: clamp each gradient element to ``[-clipvalue, clipvalue]`` first (``None``: off).
     """
 
     name = "sgd"
 
     def __init__(self, lr: float = 0.01, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
-        super().__init__(lr)
+                 weight_decay: float = 0.0, nesterov: bool = False, clipnorm: float | None = None,
+                 clipvalue: float | None = None) -> None:
+        super().__init__(lr, clipnorm, clipvalue)
         self.momentum = check_float(momentum, "SGD momentum", 0.0, 1.0, high_open=True)
         self.dampening = check_float(dampening, "SGD dampening", 0.0, 1.0)
         self.weight_decay = check_float(weight_decay, "SGD weight_decay", 0.0)
@@ -293,7 +387,7 @@ class SGD(Optimizer):
             dampening=self.dampening, weight_decay=self.weight_decay, nesterov=self.nesterov,
             first_step=t == 1)
 
-    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
         decayed = grad_norm + self.weight_decay * param_norm  # g' = g + wd p
         if self.momentum == 0:
             return max(decayed, self.lr * decayed), 0.0
@@ -301,7 +395,7 @@ class SGD(Optimizer):
         change = self.lr * (decayed + self.momentum * carry if self.nesterov else carry)
         return max(decayed, carry, change), carry
 
-    def get_config(self) -> dict:
+    def _config(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
@@ -316,14 +410,17 @@ class Adam(Optimizer):
         eps: added to the denominator after the square root (default 1e-8).
         weight_decay: L2 penalty added to the gradient (:class:`AdamW` decouples it).
         amsgrad: divide by the largest second moment seen so far (Reddi et al., 2018).
+        clipnorm: clip the gradient to this 2-norm before the step (``None``: off).
+        clipvalue: clamp each gradient element to ``[-clipvalue, clipvalue]`` first (``None``: off).
     """
 
     name = "adam"
     _decoupled = False
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False) -> None:
-        super().__init__(lr)
+                 weight_decay: float = 0.0, amsgrad: bool = False, clipnorm: float | None = None,
+                 clipvalue: float | None = None) -> None:
+        super().__init__(lr, clipnorm, clipvalue)
         what = type(self).__name__
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise ValueError(f"{what} betas must be a pair (beta1, beta2), got {betas!r}")
@@ -345,7 +442,7 @@ class Adam(Optimizer):
              lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
              decoupled=self._decoupled, step=t)
 
-    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
         # m_t = (1 - b1) sum_k b1^(t-k) g'_k and v_t = (1 - b2) sum_k b2^(t-k) g'_k^2, so by
         # Cauchy-Schwarz |m_t| <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)) sqrt(v_t) when
         # b1^2 < b2; the bias corrections multiply the ratio by sqrt(1 - b2^t) / (1 - b1^t)
@@ -361,7 +458,7 @@ class Adam(Optimizer):
             change += self.lr * self.weight_decay * param_norm
         return max(decayed, carry, change), carry
 
-    def get_config(self) -> dict:
+    def _config(self) -> dict:
         return {"lr": self.lr, "betas": [self.beta1, self.beta2], "eps": self.eps,
                 "weight_decay": self.weight_decay, "amsgrad": self.amsgrad}
 
@@ -376,14 +473,17 @@ class AdamW(Adam):
         weight_decay: the parameters shrink by ``lr * weight_decay`` each step before the
             Adam step (default 1e-2, PyTorch's).
         amsgrad: divide by the largest second moment seen so far.
+        clipnorm: clip the gradient to this 2-norm before the step (``None``: off).
+        clipvalue: clamp each gradient element to ``[-clipvalue, clipvalue]`` first (``None``: off).
     """
 
     name = "adamw"
     _decoupled = True
 
     def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False) -> None:
-        super().__init__(lr, betas, eps, weight_decay, amsgrad)
+                 weight_decay: float = 1e-2, amsgrad: bool = False, clipnorm: float | None = None,
+                 clipvalue: float | None = None) -> None:
+        super().__init__(lr, betas, eps, weight_decay, amsgrad, clipnorm, clipvalue)
 
 
 _BY_NAME: dict[str, Any] = {"rmsprop": RMSprop, "sgd": SGD, "adam": Adam, "adamw": AdamW}
