@@ -1,0 +1,181 @@
+"""MLflow integration (sparknet.mlflow) against a local file store, on real data and local Spark."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+mlflow = pytest.importorskip("mlflow", reason="sparknet.mlflow needs MLflow: pip install 'sparknet[mlflow]'")
+
+import pandas as pd  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+import sparknet.mlflow as snm  # noqa: E402
+from sparknet import Dense, RMSprop, Sequential  # noqa: E402
+
+COLUMNS = [f"f{i}" for i in range(64)]
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch):
+    """A tracking store in ``tmp_path`` (MLflow's file store: it needs no database)."""
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    yield MlflowClient(uri)
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+
+
+@pytest.fixture(scope="module")
+def trained(digits):
+    """A small classifier fitted on the digits (a fraction of a second)."""
+    X_train, y_train, _, _ = digits
+    model = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=0)
+    model.fit(X_train, y_train, epochs=3, verbose=0, optimizer=RMSprop(lr=3e-3))
+    return model
+
+
+def _by_step(client, run_id, key):
+    """A metric's values by step (MLflow 3 writes a run's latest metrics again when a
+    model is logged to it, so steps may repeat, with the same values)."""
+    out: dict[int, float] = {}
+    for m in client.get_metric_history(run_id, key):
+        assert out.setdefault(m.step, m.value) == m.value
+    return out
+
+
+def test_logger_records_params_metrics_and_model_of_a_fit(client, digits):
+    X_train, y_train, X_test, y_test = digits
+    model = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=1)
+    logger = snm.MLflowLogger(run_name="digits-mlp", tags={"data": "digits"})
+    history = model.fit(X_train, y_train, epochs=3, verbose=0, validation_data=(X_test, y_test),
+                        optimizer=RMSprop(lr=2e-3), callbacks=[logger])
+
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and mlflow.active_run() is None  # the logger ended the run it started
+    assert run.info.run_name == "digits-mlp" and run.data.tags["data"] == "digits"
+    params = run.data.params
+    assert params["optimizer.name"] == "RMSprop" and float(params["optimizer.lr"]) == 2e-3
+    assert params["model.layers.0.class"] == "Dense" and params["model.layers.0.config.units"] == "16"
+    assert params["model.n_params"] == str(model.n_params) and params["trainer.class"] == "Sequential.fit"
+    for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+        assert _by_step(client, logger.run_id, key) == pytest.approx(dict(enumerate(history.history[key])))
+
+    assert "model.npz" in [a.path for a in client.list_artifacts(logger.run_id)]
+    local = mlflow.artifacts.download_artifacts(run_id=logger.run_id, artifact_path="model.npz")
+    np.testing.assert_array_equal(Sequential.load(local).params, model.params)
+    np.testing.assert_array_equal(snm.load_model(logger.model_info.model_uri).params, model.params)
+
+
+def test_logger_writes_to_the_active_run_and_leaves_it_open(client, trained, digits):
+    X_train, y_train, _, _ = digits
+    model = trained.clone()
+    logger = snm.MLflowLogger(log_model=False)
+    with mlflow.start_run() as run:
+        model.fit(X_train, y_train, epochs=2, verbose=0, callbacks=[logger])
+        assert logger.run_id == run.info.run_id and mlflow.active_run().info.run_id == run.info.run_id
+    assert logger.model_info is None
+    assert sorted(_by_step(client, run.info.run_id, "loss")) == [0, 1]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["model.npz"]
+    assert client.search_logged_models([run.info.experiment_id]) == []
+
+
+def test_logger_logs_a_data_parallel_fit(client, spark, digits):
+    from sparknet.cluster import DataParallelTrainer
+
+    X_train, y_train, _, _ = digits
+    model = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=2)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, sync="average", local_steps=21)
+    logger = snm.MLflowLogger(log_model=False)
+    _, history = trainer.fit(X_train, y_train, epochs=2, batch_size=32, verbose=0, callbacks=[logger])
+    params = client.get_run(logger.run_id).data.params
+    assert params["trainer.class"] == "DataParallelTrainer"
+    assert (params["trainer.sync"], params["trainer.local_steps"], params["trainer.num_partitions"]) == ("average", "21", "2")
+    assert _by_step(client, logger.run_id, "loss") == pytest.approx(dict(enumerate(history.history["loss"])))
+
+
+def test_pyfunc_predicts_as_the_model(client, trained, digits, tmp_path):
+    _, _, X_test, _ = digits
+    frame = pd.DataFrame(X_test.astype(np.float64), columns=COLUMNS)
+    with mlflow.start_run():
+        info = snm.log_model(trained, "model", input_example=X_test[:3])
+        tensor = snm.log_model(trained, "tensor", input_schema="tensor", output="proba")
+    loaded = mlflow.pyfunc.load_model(info.model_uri)
+    assert loaded.metadata.signature.inputs.input_names() == COLUMNS
+    np.testing.assert_array_equal(loaded.predict(frame), trained.predict(X_test))
+    np.testing.assert_allclose(mlflow.pyfunc.load_model(tensor.model_uri).predict(X_test),
+                               trained.predict_proba(X_test), rtol=1e-6)
+    override = mlflow.pyfunc.load_model(info.model_uri, model_config={"output": "proba"})
+    np.testing.assert_allclose(override.predict(frame), trained.predict_proba(X_test), rtol=1e-6)
+
+    path = tmp_path / "saved"
+    snm.save_model(trained, path, input_schema="array", output="proba")
+    assert (path / "data" / "model.npz").is_file() and not list(path.rglob("*.pkl"))
+    reqs = (path / "requirements.txt").read_text()
+    assert "sparknet==" in reqs and "numpy==" in reqs
+    arrays = pd.DataFrame({"features": list(X_test.astype(np.float64))})
+    np.testing.assert_allclose(mlflow.pyfunc.load_model(str(path)).predict(arrays), trained.predict_proba(X_test),
+                               rtol=1e-6)
+
+
+def test_spark_udf_scores_a_dataframe_as_the_model(client, spark, trained, digits):
+    from pyspark.sql import functions as F
+
+    _, _, X_test, _ = digits
+    with mlflow.start_run():
+        info = snm.log_model(trained, "model")
+    df = spark.createDataFrame(pd.DataFrame(X_test.astype(np.float64), columns=COLUMNS)).repartition(2)
+    udf = mlflow.pyfunc.spark_udf(spark, info.model_uri)
+    scored = df.select(F.monotonically_increasing_id().alias("i"), *COLUMNS).withColumn("p", udf(*COLUMNS))
+    rows = scored.select("i", "p").toPandas()
+    expected = trained.predict(df.select(*COLUMNS).toPandas().to_numpy(np.float32))
+    assert len(rows) == len(X_test)
+    np.testing.assert_array_equal(rows.sort_values("i")["p"].to_numpy(), expected)
+
+
+def test_spark_ml_model_is_logged_through_its_network(client, spark, digits):
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet.ml import SparkNetClassifier
+
+    X_train, y_train, X_test, _ = digits
+    df = spark.createDataFrame([(Vectors.dense(x.tolist()), float(t)) for x, t in zip(X_train, y_train)],
+                               ["features", "label"])
+    clf = SparkNetClassifier(network=Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")]),
+                             epochs=1, numPartitions=2, localSteps=64, batchSize=32)
+    with pytest.raises(TypeError, match="SparkNetClassifier.*fit it first"):
+        snm.save_model(clf, "unused")
+    fitted = clf.fit(df)
+    with mlflow.start_run():
+        info = snm.log_model(fitted, "model")
+    frame = pd.DataFrame(X_test.astype(np.float64), columns=COLUMNS)
+    np.testing.assert_array_equal(mlflow.pyfunc.load_model(info.model_uri).predict(frame),
+                                  fitted.network.predict(X_test))
+
+
+def test_non_sparknet_models_and_bad_options_fail_clearly(client, trained, tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    with pytest.raises(TypeError, match="sparknet Sequential .*got sklearn.linear_model.*LogisticRegression"):
+        snm.log_model(LogisticRegression(), "model")
+    with pytest.raises(ValueError, match="not built"):
+        snm.save_model(Sequential([Dense(3)]), tmp_path / "a")
+    with pytest.raises(ValueError, match="output=.*'probs'"):
+        snm.save_model(trained, tmp_path / "b", output="probs")
+    with pytest.raises(ValueError, match="feature_names has 2 names, the network reads 64"):
+        snm.save_model(trained, tmp_path / "c", feature_names=["a", "b"])
+    regression = Sequential([Dense(1)], input_shape=(4,), loss="mse")
+    with pytest.raises(ValueError, match="output='proba' needs a classifier"):
+        snm.save_model(regression, tmp_path / "d", output="proba")
+    snm.save_model(trained, tmp_path / "e")
+    pyfunc = mlflow.pyfunc.load_model(str(tmp_path / "e"))
+    with pytest.raises(Exception, match="f63"):  # MLflow's schema check names the missing column
+        pyfunc.predict(pd.DataFrame(np.zeros((2, 63)), columns=COLUMNS[:63]))
+    with pytest.raises(ValueError, match="model_input has shape \\(2, 5\\)"):
+        snm.features_array(np.zeros((2, 5)), trained)
+    with pytest.raises(ValueError, match="artifact_path"):
+        snm.MLflowLogger(artifact_path="a/b")
+    assert not os.path.exists(tmp_path / "b")
