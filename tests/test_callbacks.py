@@ -197,7 +197,7 @@ def test_per_step_rates_one_process_equal_spark_sync_gradient_and_average(spark,
     _, ha = tr.fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[avg])
     assert ha["lr"] == h1["lr"]
     assert sorted(avg.partition_lrs) == [0, 1]
-    for p, lrs in avg.partition_lrs.items():
+    for lrs in avg.partition_lrs.values():
         T = len(lrs) // epochs                    # the partition's local steps per pass
         assert len(lrs) == epochs * T and T >= 2
         # step j of T in pass e is at e*S + j*S/T: the same fraction of the epoch as one process's
@@ -275,14 +275,17 @@ def test_model_parallel_schedule_and_early_stopping(digits):
 
 
 def test_estimator_takes_callbacks_that_are_not_saved(spark, digits, tmp_path):
+    import pandas as pd
+    import pyspark.sql.types as T
     from pyspark.ml.functions import array_to_vector
 
     from sparknet.ml import SparkNetClassifier
 
     X, y, _, _ = digits
-    import pandas as pd
-    df = spark.createDataFrame(pd.DataFrame({"features": list(X[:400]), "label": y[:400].astype(float)}))
-    df = df.select(array_to_vector("features").alias("features"), "label")
+    schema = T.StructType([T.StructField("features", T.ArrayType(T.DoubleType()), False),
+                           T.StructField("label", T.DoubleType(), False)])
+    pdf = pd.DataFrame({"features": list(X[:400].astype(np.float64)), "label": y[:400].astype(np.float64)})
+    df = spark.createDataFrame(pdf, schema).select(array_to_vector("features").alias("features"), "label")
     sched = LearningRateScheduler(StepDecay(3e-3, 1, 0.5), per="epoch")
     stop = LambdaCallback(on_epoch_end=lambda e, logs: setattr(stop, "stop_training", e == 2))
     clf = SparkNetClassifier(network=_mlp(), epochs=6, numPartitions=2, localSteps=4, batchSize=50,
