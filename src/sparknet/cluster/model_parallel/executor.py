@@ -7,7 +7,8 @@ or a :class:`MemStore` for the in-process backend) under the names
 * ``"<layer>.<param>.<key>"``: its optimizer state, one array per
   :meth:`~sparknet.optim.Optimizer.state_keys` entry, shaped like the parameter;
 * ``"grad.<layer>.<param>"``: with replicas, the partial gradient of the replica's shard,
-  kept until the driver has combined it over the replicas;
+  kept until the driver has combined it over the replicas; with ``clipnorm``, the gradient
+  (combined, clamped by value) kept until the driver knows the norm over all blocks;
 * ``"<layer>.state"``: int64 ``[generation, step, busy]``;
 * ``"cache.<layer>.x.<rows>"``, ``"cache.<layer>.y.<rows>"``: the forward activations the
   backward pass needs.
@@ -15,6 +16,9 @@ or a :class:`MemStore` for the in-process backend) under the names
 Parameters are updated through the optimizer's functional step
 (:meth:`~sparknet.optim.Optimizer.apply`) row chunk by row chunk, so a block never needs a
 gradient buffer of its own size, and the replicas' combined gradient can arrive in pieces.
+Clipping by value is elementwise and happens in every row chunk; clipping by the global norm
+keeps the block's gradient resident (:class:`KeepForClip`) until the driver sends the
+factor (:func:`apply_kept`), so it costs one gradient buffer per block.
 """
 from __future__ import annotations
 
@@ -150,24 +154,30 @@ def fill_kernel(out: np.ndarray, layer: BlockedLayer, seed: int, k: int) -> None
         out[r0:r1] = tmp
 
 
+def keeps_grad(opt: Optimizer, replicas: int) -> bool:
+    """Whether blocks keep a resident gradient buffer: replicas' partials, or the gradient
+    waiting for the global norm (``clipnorm``)."""
+    return replicas > 1 or opt.clipnorm is not None
+
+
 def held_bytes(layers: Sequence[BlockedLayer], k: int, dtype: np.dtype, opt: Optimizer, replicas: int) -> int:
     """Bytes block ``k`` of ``layers`` keeps resident: parameters, optimizer state and (with
-    replicas) the partial gradient."""
-    copies = 1 + len(opt.state_keys()) + (1 if replicas > 1 else 0)
+    replicas or ``clipnorm``) the gradient."""
+    copies = 1 + len(opt.state_keys()) + (1 if keeps_grad(opt, replicas) else 0)
     return sum(int(np.prod(s)) for layer in layers if k < layer.blocks
                for s in layer.param_shapes(k).values()) * dtype.itemsize * copies
 
 
 def allocate_block(store: Store, layer: BlockedLayer, k: int, dtype: np.dtype, opt: Optimizer,
                    replicas: int) -> None:
-    """Zero-filled parameters, optimizer state and (with replicas) partial gradients of
-    block ``k``, created directly as mapped files (no in-memory copy)."""
+    """Zero-filled parameters, optimizer state and (with replicas or ``clipnorm``) gradients
+    of block ``k``, created directly as mapped files (no in-memory copy)."""
     i = layer.index
     for pname, shape in layer.param_shapes(k).items():
         store.allocate(f"{i}.{pname}", shape, dtype)
         for key in opt.state_keys():
             store.allocate(f"{i}.{pname}.{key}", shape, dtype)
-        if replicas > 1:
+        if keeps_grad(opt, replicas):
             store.allocate(f"grad.{i}.{pname}", shape, dtype)
 
 
@@ -179,14 +189,21 @@ def write_state(store: Store, layer: BlockedLayer, gen: int, step: int) -> None:
 
 
 # --------------------------------------------------------------------------- optimizer
-def apply_rows(arrays: Arrays, key: str, r0: int, r1: int, g: np.ndarray, opt: Optimizer, t: int) -> None:
+def apply_rows(arrays: Arrays, key: str, r0: int, r1: int, g: np.ndarray, opt: Optimizer, t: int,
+               clipped: bool = False) -> None:
     """``opt.apply`` to rows ``r0:r1`` of parameter ``key`` (2-D, or 1-D seen as a column)
-    with the matching rows of its resident optimizer state; ``g`` holds those rows' gradient.
-    The optimizers are elementwise, so updating row chunk by row chunk equals one update."""
+    with the matching rows of its resident optimizer state; ``g`` holds those rows' gradient,
+    clamped here by ``opt.clipvalue`` (in place) unless ``clipped``.  The optimizers and the
+    clamp are elementwise, so updating row chunk by row chunk equals one update."""
     p = arrays[key]
     p2 = p.reshape(p.shape[0], -1)
     state = {s: arrays[f"{key}.{s}"].reshape(p2.shape)[r0:r1].reshape(-1) for s in opt.state_keys()}
-    opt.apply(p2[r0:r1].reshape(-1), np.ascontiguousarray(g).reshape(-1), state, t)
+    flat = np.ascontiguousarray(g).reshape(-1)
+    if not clipped and opt.clipvalue is not None:
+        if not flat.flags.writeable:
+            flat = flat.copy()
+        opt.clip_part(flat)
+    opt.apply(p2[r0:r1].reshape(-1), flat, state, t)
 
 
 def update_in_chunks(arrays: Arrays, key: str, grad_rows: GradRows, opt: Optimizer, t: int) -> bool:
@@ -228,6 +245,39 @@ def keep_partial(arrays: Arrays, key: str, grad_rows: GradRows) -> None:
     """Replicas: write this shard's gradient into the resident ``grad.<key>`` buffer."""
     g = arrays[f"grad.{key}"]
     grad_rows(0, g.shape[0], g.reshape(g.shape[0], -1))
+
+
+class KeepForClip:
+    """``clipnorm`` with one replica: keep the block's gradient resident, clamped by value,
+    and add up its squares (:attr:`sumsq`, this block's share of the squared global norm);
+    :func:`apply_kept` applies it once the driver knows the factor."""
+
+    def __init__(self, opt: Optimizer) -> None:
+        self.opt = opt
+        self.sumsq = 0.0
+
+    def __call__(self, arrays: Arrays, key: str, grad_rows: GradRows) -> None:
+        keep_partial(arrays, key, grad_rows)
+        self.sumsq += self.opt.clip_part(arrays[f"grad.{key}"].reshape(-1))
+
+
+def apply_kept(arrays: Arrays, key: str, opt: Optimizer, t: int, factor: float) -> bool:
+    """Apply the kept gradient ``grad.<key>`` times ``factor`` (the global norm's clip) to
+    parameter ``key``, row chunk by row chunk; returns whether the updated rows are finite."""
+    from sparknet.optim import scale
+
+    p, g = arrays[key], arrays[f"grad.{key}"]
+    rows = p.shape[0]
+    g2 = g.reshape(rows, -1)
+    step = max(1, CHUNK_ELEMS // max(g2.shape[1], 1))
+    finite = True
+    for r0 in range(0, rows, step):
+        r1 = min(rows, r0 + step)
+        chunk = g2[r0:r1].reshape(-1)
+        scale(chunk, factor)
+        apply_rows(arrays, key, r0, r1, chunk, opt, t, clipped=True)
+        finite = finite and bool(np.isfinite(p.reshape(rows, -1)[r0:r1]).all())
+    return finite
 
 
 # ------------------------------------------------------------------------- block maths
@@ -346,6 +396,13 @@ def partial_rows(store: Store, key: str, r0: int, r1: int) -> np.ndarray:
 def apply_summed(store: Store, key: str, r0: int, r1: int, g: np.ndarray, opt: Optimizer, t: int) -> None:
     """Apply the replicas' summed gradient of rows ``r0:r1`` of parameter ``key``."""
     apply_rows(Arrays(store), key, r0, r1, g, opt, t)
+
+
+def store_summed(store: Store, key: str, r0: int, r1: int, g: np.ndarray) -> None:
+    """``clipnorm`` with replicas: keep the replicas' summed (clamped) gradient of rows
+    ``r0:r1`` of parameter ``key`` in ``grad.<key>``, for :func:`apply_kept`."""
+    buf = Arrays(store)[f"grad.{key}"]
+    buf.reshape(buf.shape[0], -1)[r0:r1] = np.asarray(g).reshape(r1 - r0, -1)
 
 
 def all_finite(arr: np.ndarray) -> bool:

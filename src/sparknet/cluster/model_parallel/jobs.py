@@ -11,6 +11,13 @@ Slots are laid out by :class:`Layout`: with ``D`` replicas of ``K`` blocks, slot
 a backward job keeps each slot's *partial* gradient resident; the driver then combines
 the partials over the replicas :class:`Piece` by piece (:func:`plan_pieces`,
 :func:`sum_piece`) and :class:`ApplyJob` applies each summed piece.
+
+Clipping by the global norm (``clipnorm``) needs every block's gradient before any block
+is updated: the backward job (``keep=True``) keeps each block's gradient resident and
+returns its squared norm (with replicas the combine stores the summed pieces instead of
+applying them, ``store=True``, and the driver adds up their squares), and after the whole
+backward pass one :class:`ScaledApplyJob` per stage, chained in one Spark job, applies the
+kept gradients times the factor the driver computed.
 """
 from __future__ import annotations
 
@@ -278,6 +285,8 @@ class BackwardResult(NamedTuple):
     piece: Optional[tuple]
     #: whether the block's updated parameters are all finite (one replica; replicas: ``True``)
     finite: bool = True
+    #: ``keep``: this slot's share of the squared gradient norm (clamped by value)
+    sumsq: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -285,7 +294,9 @@ class BackwardJob(_StageJob):
     """Backward of the stage for this slot's block from ``data["dy"]``.
 
     One replica: the block is updated in place (``opt.apply`` row chunk by row chunk) and
-    ``prefetch`` runs the forward of ``data["x_next"]`` with the new weights.  Replicas:
+    ``prefetch`` runs the forward of ``data["x_next"]`` with the new weights; with ``keep``
+    (``clipnorm``) the gradient is kept resident instead, clamped by value, and its squared
+    norm returned (the block's record then says busy 1, as with replicas).  Replicas:
     the partial gradient of the replica's shard is kept resident and the first piece to
     combine (``gather``) is returned at once.
     """
@@ -295,6 +306,7 @@ class BackwardJob(_StageJob):
     t: int = 0
     prefetch: bool = False
     gather: Optional[Piece] = None
+    keep: bool = False
 
     def run(self, store: ex.Store, slot: int, data: Data) -> Any:
         assert self.opt is not None
@@ -303,8 +315,9 @@ class BackwardJob(_StageJob):
         dy = self.rows(slot, data["dy"])
         alone = self.layout.replicas == 1
         now = ex.ApplyNow(self.opt, self.t)
-        sink: ex.Sink = now if alone else ex.keep_partial
-        done = (self.step + 1, 0) if alone else (self.step, 1)
+        kept = ex.KeepForClip(self.opt)
+        sink: ex.Sink = (kept if self.keep else now) if alone else ex.keep_partial
+        done = (self.step + 1, 0) if alone and not self.keep else (self.step, 1)
         g, step = self.generation, self.step
         if len(self.layers) == 1:
             lo, hi = self.layers[0].span(self.layout.block(slot))
@@ -314,7 +327,7 @@ class BackwardJob(_StageJob):
             dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done)
         ahead = self.forward(store, slot, data["x_next"], step + 1, True) if self.prefetch else None
         piece = _gather_piece(store, self.layout.block(slot), self.gather) if self.gather else None
-        return BackwardResult(dx, ahead, piece, now.finite)
+        return BackwardResult(dx, ahead, piece, now.finite, kept.sumsq)
 
 
 @dataclass(frozen=True)
@@ -326,7 +339,9 @@ class ApplyJob(_StageJob):
 
     The ``busy`` field of each block's record counts the pieces applied (``1 + number``
     before, ``-1`` while applying), so a piece applied twice or skipped is caught; after
-    the ``last`` piece the block is at ``step + 1``.
+    the ``last`` piece the block is at ``step + 1``.  With ``store`` (``clipnorm``) the
+    pieces are stored in the blocks' gradient buffers instead of applied, and after the
+    last the block waits (busy ``2 + number``) for :class:`ScaledApplyJob`.
     """
 
     opt: Optional[Optimizer] = None
@@ -336,6 +351,7 @@ class ApplyJob(_StageJob):
     last: bool = True
     gather: Optional[Piece] = None
     prefetch: bool = False
+    store: bool = False
 
     def run(self, store: ex.Store, slot: int, data: Data) -> Any:
         assert self.opt is not None
@@ -347,13 +363,58 @@ class ApplyJob(_StageJob):
         for st in records:
             st[2] = -1
         for seg, g in zip(self.piece, data["g"]):
-            if seg.block == k:
+            if seg.block == k and self.store:
+                ex.store_summed(store, seg.key, seg.r0, seg.r1, g)
+            elif seg.block == k:
                 ex.apply_summed(store, seg.key, seg.r0, seg.r1, g, self.opt, self.t)
         for st in records:
-            if self.last:
+            if self.last and not self.store:
                 st[1], st[2] = self.step + 1, 0
             else:
                 st[2] = 2 + self.number
         if self.last and self.prefetch:
             return self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True)
         return _gather_piece(store, k, self.gather) if self.gather else None
+
+
+class ScaledResult(NamedTuple):
+    """A slot's answer to :class:`ScaledApplyJob`."""
+
+    #: whether the block's updated parameters are all finite
+    finite: bool
+    #: the next batch's forward output (``prefetch``), or ``None``
+    ahead: Optional[np.ndarray] = None
+
+
+@dataclass(frozen=True)
+class ScaledApplyJob(_StageJob):
+    """``clipnorm``: apply each block's kept gradient times ``factor`` (the clip of the norm
+    over every block and driver layer), after checking the record says busy ``busy`` (the
+    gradient kept: 1, or ``1 + pieces`` after a replicas' combine); the block then is at
+    ``step + 1``.  ``prefetch`` runs the forward of the replica's shard of
+    ``data["x_next"]`` with the new weights (lookahead)."""
+
+    opt: Optional[Optimizer] = None
+    t: int = 0
+    factor: float = 1.0
+    busy: int = 1
+    prefetch: bool = False
+
+    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+        assert self.opt is not None
+        if not self.holds(slot):
+            return None
+        arrays, k = ex.Arrays(store), self.layout.block(slot)
+        records = [ex.check_state(arrays, slot, layer, self.generation, self.step, busy=self.busy)
+                   for layer in self.layers]
+        for st in records:
+            st[2] = -1
+        finite = True
+        for layer in self.layers:
+            for pname in layer.param_shapes(k):
+                finite = ex.apply_kept(arrays, f"{layer.index}.{pname}", self.opt, self.t, self.factor) and finite
+        for st in records:
+            st[1], st[2] = self.step + 1, 0
+        ahead = self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True) \
+            if self.prefetch else None
+        return ScaledResult(finite, ahead)

@@ -5,6 +5,14 @@ With ``D`` replicas a blocked stage's jobs give slot ``(r, k)`` the replica's sh
 the batch; the driver assembles the full-batch activation and input delta, and after
 the backward job combines each block's partial gradients over the replicas through the
 driver, piece by piece (:func:`combine`).
+
+With ``clipnorm`` the norm spans every stage, so no stage updates during the backward pass:
+each records its gradient's squared norm with :class:`NormClip` (driver layers keep their
+gradient buffers, blocks keep theirs resident), and when the first stage's backward ends,
+:meth:`NormClip.finish` scales and steps the driver layers and runs one Spark job in which
+every block applies its kept gradient times the factor (the first stage's lookahead forward
+rides in it).  That is one Spark job more per step.  ``clipvalue`` alone is elementwise and
+changes nothing here.
 """
 from __future__ import annotations
 
@@ -15,7 +23,15 @@ import numpy as np
 import sparknet._activations as _activations
 from sparknet import optim as optim_mod
 from sparknet.cluster.blocks import BlockedLayer
-from sparknet.cluster.model_parallel.jobs import ApplyJob, BackwardJob, ForwardJob, sum_piece
+from sparknet.cluster.model_parallel.jobs import (
+    ApplyJob,
+    BackwardJob,
+    BlockJob,
+    ChainJob,
+    ForwardJob,
+    ScaledApplyJob,
+    sum_piece,
+)
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 
@@ -70,10 +86,80 @@ def nbytes(a: Any) -> int:
     return int(a.nbytes) if isinstance(a, np.ndarray) else 0
 
 
+class NormClip:
+    """Clipping by the norm of the step's whole gradient, over every stage (``clipnorm``).
+
+    During the backward pass each stage adds its gradient's squared norm (after the clamp
+    by value) and says what to update: driver parameters with their gradient buffer
+    (:meth:`add_driver`), blocked stages whose blocks keep their gradient resident
+    (:meth:`add_blocked`).  :meth:`finish`, at the end of the first stage's backward,
+    computes the factor (``torch.nn.utils.clip_grad_norm_``'s) and applies everything.
+    """
+
+    def __init__(self, owner: "ModelParallel") -> None:
+        self.owner = owner
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the step so far (the last stage's backward starts a step)."""
+        self.sumsq = 0.0
+        self.driver: list[tuple[optim_mod.Optimizer, np.ndarray, np.ndarray]] = []
+        self.blocked: list[tuple[_Blocked, int, int]] = []
+
+    def add_driver(self, opt: optim_mod.Optimizer, params: np.ndarray, grads: np.ndarray) -> None:
+        """Driver parameters and their gradient (clamped here by value, in place)."""
+        self.sumsq += opt.clip_part(grads)
+        self.driver.append((opt, params, grads))
+
+    def add_blocked(self, stage: "_Blocked", step: int, busy: int, sumsq: float) -> None:
+        """A blocked stage whose blocks keep their gradient at record ``(step, busy)``."""
+        self.sumsq += sumsq
+        self.blocked.append((stage, step, busy))
+
+    def finish(self, first: "_Blocked | None", next_x: np.ndarray | None) -> list:
+        """Scale and apply every gradient of the step; with ``next_x``, the ``first``
+        stage's forward of it runs in the same job (its per-slot outputs are returned)."""
+        o = self.owner
+        factor = o.job_optimizer.clip_scale(self.sumsq)
+        for opt, params, grads in self.driver:
+            optim_mod.scale(grads, factor)
+            opt.step(params, grads, clipped=True)
+        jobs: list[BlockJob] = []
+        data: dict[str, Any] = {}
+        at = -1
+        for stage, step, busy in self.blocked:
+            ahead = stage is first and next_x is not None
+            shards = None
+            if ahead and first is not None and next_x is not None:
+                x2 = np.ascontiguousarray(next_x.reshape(-1, first.layers[0].in_features), dtype=o.dtype)
+                data[str(len(jobs))], shards, at = {"x_next": x2}, o.shards(x2.shape[0]), len(jobs)
+            jobs.append(ScaledApplyJob(o.layout, stage.layers, generation=o.generation, step=step, shards=shards,
+                                       opt=o.job_optimizer, t=o.t, factor=factor, busy=busy, prefetch=ahead))
+        self.reset()
+        if not jobs:
+            return []
+        out = o.run_job(ChainJob(o.layout, (), jobs=tuple(jobs)), data, o.n_slots)   # per slot, per job
+        if not all(r is None or r.finite for per_job in out for r in per_job):
+            raise NonFinite("parameters", "blocked layers (clipped step)")
+        return [None if per_job[at] is None else per_job[at].ahead for per_job in out] if at >= 0 else []
+
+
+def _starts_step(stage: Any) -> None:
+    """The last stage's backward begins a step: forget what a failed one left in the clip."""
+    if stage.clip is not None and stage.owner.stages[-1] is stage:
+        stage.clip.reset()
+
+
+def _is_first(stage: Any) -> bool:
+    return bool(stage.owner.stages[0] is stage)
+
+
 class DriverStage:
     """A run of unblocked layers on the driver: a Sequential segment and its optimizer."""
 
     kind = "driver"
+    #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
+    clip: NormClip | None = None
 
     def __init__(self, owner: "ModelParallel", first: int, layers: list[Layer], in_shape: Sequence[int]) -> None:
         from sparknet.model import Sequential
@@ -96,10 +182,16 @@ class DriverStage:
         return self.seq.forward(x, training=training)
 
     def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
+        _starts_step(self)
         dx = self.seq.backward(g, input_grad=need_dx)
         if self.seq.n_params:
             check_finite(self.seq.grads, "gradient", f"driver layers {self.first}..{self.first + len(self.seq.layers) - 1}")
-            self.opt.step(self.seq.params, self.seq.grads)
+            if self.clip is not None:
+                self.clip.add_driver(self.opt, self.seq.params, self.seq.grads)
+            else:
+                self.opt.step(self.seq.params, self.seq.grads)
+        if self.clip is not None and _is_first(self):
+            self.clip.finish(None, None)
         return dx
 
 
@@ -124,7 +216,7 @@ def _sum(parts: list) -> np.ndarray:
 
 
 def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int, gathered: list,
-            x_next: np.ndarray | None = None) -> list | None:
+            x_next: np.ndarray | None = None, clip: NormClip | None = None) -> list | None:
     """Sum each block's partial gradients over the replicas and apply them, piece by piece.
 
     ``gathered`` holds the slots' partial rows of the first piece (from the backward job)
@@ -133,13 +225,17 @@ def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int,
     the same job.  With ``x_next`` the last apply job also runs the stage's forward of the
     next batch (returned per slot), with the new weights; without, the last apply is
     deferred into the step's next job (the next stage's backward job, or a job of its own
-    at the end of the step).
+    at the end of the step).  With ``clip`` the summed pieces are clamped by value, their
+    squares added to the clip's norm, and stored in the blocks (applied by
+    :meth:`NormClip.finish`).
     """
     o = owner
     pieces = o.pieces(layers)
     readers = layers[0].blocks * o.layout.replicas
     for n, piece in enumerate(pieces):
         summed = sum_piece(piece, gathered, o.layout)
+        if clip is not None:
+            clip.sumsq += sum(o.job_optimizer.clip_part(g.reshape(-1)) for g in summed)
         o.count_combined(nbytes(gathered))
         gathered.clear()
         nxt = pieces[n + 1] if n + 1 < len(pieces) else None
@@ -149,7 +245,8 @@ def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int,
         if ahead and x_next is not None:
             data["x_next"], shards = x_next, o.shards(x_next.shape[0])
         job = ApplyJob(o.layout, layers, generation=o.generation, step=step, shards=shards, opt=o.job_optimizer,
-                       t=o.t, piece=piece, number=n, last=nxt is None, gather=nxt, prefetch=ahead)
+                       t=o.t, piece=piece, number=n, last=nxt is None, gather=nxt, prefetch=ahead,
+                       store=clip is not None)
         o.count_combined(nbytes(summed))
         out = o.run_job(job, data, readers, defer=nxt is None and not ahead)
         del summed
@@ -164,6 +261,8 @@ class _Blocked:
 
     kind = "blocked"
     layers: tuple[BlockedLayer, ...]
+    #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
+    clip: NormClip | None = None
 
     def __init__(self, owner: "ModelParallel") -> None:
         self.owner = owner
@@ -191,7 +290,8 @@ class _Blocked:
         o = self.owner
         step = o.step_of(self.layers[0])
         hybrid = o.layout.replicas > 1
-        x_next = (None if next_x is None else
+        clip = self.clip
+        x_next = (None if next_x is None or clip is not None else
                   np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features), dtype=o.dtype))
         data = {"dy": dy}
         if x_next is not None and not hybrid:
@@ -199,20 +299,30 @@ class _Blocked:
         job = BackwardJob(o.layout, self.layers, generation=o.generation, step=step,
                           shards=o.shards(dy.shape[0]), need_dx=bool(need_dx), opt=o.job_optimizer, t=o.t,
                           prefetch=x_next is not None and not hybrid,
-                          gather=o.pieces(self.layers)[0] if hybrid else None)
+                          gather=o.pieces(self.layers)[0] if hybrid else None, keep=clip is not None and not hybrid)
         out = o.run_job(job, data, self.blocks * o.layout.replicas)
         dxs = [None if r is None else r.dx for r in out]
         finite = all(r is None or r.finite for r in out)
         ahead: list | None = [None if r is None else r.ahead for r in out]
+        sumsq = sum(r.sumsq for r in out if r is not None)
         if hybrid:
             gathered = [None if r is None else r.piece for r in out]
             del out
-            ahead = combine(o, self.layers, step, gathered, x_next)
+            ahead = combine(o, self.layers, step, gathered, x_next, clip)
+        if clip is not None:    # the blocks wait for the factor, busy 1 (1 + pieces after a combine)
+            clip.add_blocked(self, step, 1 + (len(o.pieces(self.layers)) if hybrid else 0), sumsq)
         for layer in self.layers:
             o.advance(layer)
         if not finite:
             raise NonFinite("parameters", f"blocked layer(s) {', '.join(str(s.index) for s in self.layers)}")
         return dxs, ahead or []
+
+    def _end_backward(self, next_x: np.ndarray | None, ahead: list) -> list:
+        """With a clip, the first stage's backward ends the step (:meth:`NormClip.finish`)
+        and the lookahead's outputs come from there."""
+        if self.clip is not None and _is_first(self):
+            return self.clip.finish(self, next_x)
+        return ahead
 
     def _input_delta(self, dxs: list, lead: tuple, need_dx: bool) -> np.ndarray | None:
         if not need_dx:
@@ -244,8 +354,10 @@ class BlockStage(_Blocked):
     def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
         s = self.spec
         lead = g.shape[:-1]
+        _starts_step(self)
         g2 = np.ascontiguousarray(g.reshape(-1, s.units), dtype=self.owner.dtype)
         dxs, ahead = self._backward_job(g2, need_dx, next_x)
+        ahead = self._end_backward(next_x, ahead)
         if next_x is not None:
             y = _per_replica(self.owner, ahead, s.blocks, _concat)
             self._pre = (next_x, y.reshape(next_x.shape[:-1] + (s.units,)))
@@ -283,13 +395,17 @@ class PairStage(_Blocked):
     def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
         b = self.b
         lead = g.shape[:-1]
+        _starts_step(self)
         dz = np.array(g.reshape(-1, b.units), dtype=self.owner.dtype, order="C")
         if b.kernel_activation:
             assert self._y is not None
             _activations.backward(b.kernel_activation, self._y, dz)
         dxs, ahead = self._backward_job(dz, need_dx, next_x)
-        if self.bias is not None:
+        if self.bias is not None and self.clip is not None:
+            self.clip.add_driver(self.opt, self.bias, dz.sum(axis=0, dtype=self.owner.dtype))
+        elif self.bias is not None:
             self.opt.step(self.bias, dz.sum(axis=0, dtype=self.owner.dtype))
+        ahead = self._end_backward(next_x, ahead)
         if next_x is not None:      # bias and activation are added when it is used
             self._pre = (next_x, _per_replica(self.owner, ahead, b.blocks, _sum))
         return self._input_delta(dxs, lead, need_dx)
@@ -302,7 +418,7 @@ def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> lis
 
     layers = owner.layers
     by_idx = {s.index: s for s in owner.blocked}
-    stages: list[Stage] = []
+    stages: list[DriverStage | _Blocked] = []
     i, n = 0, len(layers)
     while i < n:
         if i in by_idx:
@@ -322,7 +438,11 @@ def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> lis
     head = layers[-1]
     if n - 1 in by_idx and isinstance(head, Dense) and head.activation == "softmax":
         head.emit_logits = True          # the softmax is fused with the loss on the driver
-    return stages
+    if owner.job_optimizer.clipnorm is not None:
+        clip = NormClip(owner)
+        for st in stages:
+            st.clip = clip
+    return list(stages)
 
 
 def driver_arrays(stages: Sequence[Stage]) -> dict[str, np.ndarray]:
