@@ -418,7 +418,7 @@ def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> lis
 
     layers = owner.layers
     by_idx = {s.index: s for s in owner.blocked}
-    stages: list[DriverStage | _Blocked] = []
+    stages: list[DriverStage | BlockStage | PairStage] = []
     i, n = 0, len(layers)
     while i < n:
         if i in by_idx:
@@ -442,7 +442,8 @@ def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> lis
         clip = NormClip(owner)
         for st in stages:
             st.clip = clip
-    return list(stages)
+    out: list[Stage] = list(stages)
+    return out
 
 
 def driver_arrays(stages: Sequence[Stage]) -> dict[str, np.ndarray]:
