@@ -114,7 +114,7 @@ def test_pyfunc_predicts_as_the_model(client, trained, digits, tmp_path):
     np.testing.assert_allclose(override.predict(frame), trained.predict_proba(X_test), rtol=1e-6)
 
     path = tmp_path / "saved"
-    snm.save_model(trained, path, input_schema="array", output="proba")
+    snm.save_model(trained, path, input_schema="array", output="proba", input_example=X_test[:2])
     assert (path / "data" / "model.npz").is_file() and not list(path.rglob("*.pkl"))
     reqs = (path / "requirements.txt").read_text()
     assert "sparknet==" in reqs and "numpy==" in reqs
@@ -169,3 +169,23 @@ def test_non_sparknet_models_and_bad_options_fail_clearly(client, trained, tmp_p
     with pytest.raises(ValueError, match="artifact_path"):
         snm.MLflowLogger(artifact_path="a/b")
     assert not os.path.exists(tmp_path / "b") and not os.path.exists(tmp_path / "f")
+
+
+def test_a_run_left_by_a_failed_fit_is_ended_as_failed_by_the_next_fit(client, trained, digits):
+    from sparknet.callbacks import LambdaCallback
+
+    X_train, y_train, _, _ = digits
+    model = trained.clone()
+    logger = snm.MLflowLogger(log_model=False)
+
+    def fail(epoch, logs):
+        raise RuntimeError("stop here")
+
+    with pytest.raises(RuntimeError, match="stop here"):
+        model.fit(X_train, y_train, epochs=2, verbose=0, callbacks=[logger, LambdaCallback(on_epoch_end=fail)])
+    first = logger.run_id
+    assert mlflow.active_run().info.run_id == first and sorted(_by_step(client, first, "loss")) == [0]
+    model.fit(X_train, y_train, epochs=1, verbose=0, callbacks=[logger])
+    assert client.get_run(first).info.status == "FAILED"
+    assert logger.run_id != first and client.get_run(logger.run_id).info.status == "FINISHED"
+    assert mlflow.active_run() is None

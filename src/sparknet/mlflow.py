@@ -10,20 +10,22 @@ The flavour (:func:`save_model`, :func:`log_model`, :func:`load_model`):
   :meth:`sparknet.Sequential.save`: flat weights and the JSON architecture, read back
   without pickle) and an ``MLmodel`` file with two flavours: ``python_function``
   (``loader_module: sparknet.mlflow``) and ``sparknet``.  No Python object is pickled;
-- ``mlflow.pyfunc.load_model(uri).predict(X)`` takes a numpy array ``(N, *input_shape)``
-  (or ``(N, features)``, reshaped), a pandas DataFrame of one numeric column per
-  feature, or a DataFrame of one column holding a feature array per row;
+- ``mlflow.pyfunc.load_model(uri).predict(...)`` takes what the signature describes
+  (MLflow checks it first): with ``input_schema="columns"`` (the default) a pandas
+  DataFrame of one numeric column per feature, named ``f0``, ``f1``, ... (or
+  ``feature_names``); with ``"array"`` a DataFrame of one column (``features_col``,
+  default ``"features"``) holding a feature array per row; with ``"tensor"`` a numpy
+  array ``(N, *input_shape)`` of the network's dtype;
 - it returns, with ``output="predict"`` (the default), what
   :meth:`~sparknet.Sequential.predict` returns: class ids (int64) for a classifier, the
   network's outputs for a regression; with ``output="proba"``, the class
   probabilities of :meth:`~sparknet.Sequential.predict_proba`, ``(N, classes)``;
-- the signature: inputs one ``double`` column per feature, named ``f0``, ``f1``, ...
-  (or ``feature_names``); or, with ``input_schema="array"``, one column of double arrays
-  (``features_col``, default ``"features"``).  Outputs: one ``long`` column for class
-  ids, an array column for probabilities or multi-output regression, one column of
-  the network's float type for a single-output regression.  From it
-  ``mlflow.pyfunc.spark_udf(spark, uri)`` takes its Spark result type, so the UDF
-  scores a DataFrame's feature columns (``udf(*columns)``) or its array column;
+- the signature's outputs: one ``long`` column for class ids, an array column for
+  probabilities or a multi-output regression, one column of the network's float type
+  for a single-output regression.  ``mlflow.pyfunc.spark_udf(spark, uri)`` takes its
+  Spark result type from them (``long``, ``array<float>``, ...), so the UDF scores a
+  DataFrame's feature columns (``udf(*columns)``, ``"columns"``) or its array column
+  (``udf("features")``, ``"array"``) with no ``result_type`` to give;
 - pip requirements: ``sparknet`` and ``numpy`` at the versions saving the model (MLflow
   adds itself).
 
@@ -32,22 +34,38 @@ A fitted Spark ML model (:class:`sparknet.ml.SparkNetClassificationModel` or
 
 :class:`MLflowLogger` is a training callback: at the start of a fit it logs the
 trainer's and optimizer's settings and the model's architecture as parameters
-(flattened: ``model.layers.0.units``), after every epoch the epoch's numeric logs as
-metrics (step = epoch; values that are not finite are skipped: a ``NaN`` ``val_loss``
+(flattened: ``model.layers.0.config.units``), after every epoch the epoch's numeric logs
+as metrics (step = the 0-based epoch; values that are not finite are skipped: a ``NaN`` ``val_loss``
 of an epoch inside a round of several epochs), and at the end the model file as an
 artifact and, with ``log_model=True``, the model in this flavour.  It uses the active
-run, or starts one (and ends it) when none is active.
+run, or starts one (and ends it) when none is active.  A fit that raises calls no
+``on_fit_end``: a run the logger started then stays active until the logger's next fit
+begins (which ends it as ``FAILED``) or ``mlflow.end_run()``.
+
+Tracking stores: ``mlflow-skinny`` writes to a tracking server (``http://...``) or to
+MLflow's file store (``file:/path/mlruns``; MLflow 3 keeps it in maintenance mode and
+asks for ``MLFLOW_ALLOW_FILE_STORE=true``); a ``sqlite:`` store needs the full ``mlflow``
+package (its database drivers).  MLflow 3 links a logged model to its run's metrics by
+writing the run's latest values again, so a metric's history can hold a step twice
+(with the same value).
 
 Example::
 
     import mlflow
+    import pandas as pd
     import sparknet.mlflow as snm
 
-    model.fit(X, y, epochs=10, callbacks=[snm.MLflowLogger(run_name="digits")])
-    info = snm.log_model(model, "model", input_example=X[:5])
-    mlflow.pyfunc.load_model(info.model_uri).predict(X_test)      # == model.predict(X_test)
-    udf = mlflow.pyfunc.spark_udf(spark, info.model_uri)
-    df.withColumn("prediction", udf(*[f"f{i}" for i in range(64)]))
+    logger = snm.MLflowLogger(run_name="digits")      # a run with params, metrics, the model
+    model.fit(X, y, epochs=10, callbacks=[logger])
+    uri = logger.model_info.model_uri
+
+    cols = [f"f{i}" for i in range(64)]                # the default "columns" signature
+    mlflow.pyfunc.load_model(uri).predict(pd.DataFrame(X_test, columns=cols))  # == model.predict(X_test)
+    udf = mlflow.pyfunc.spark_udf(spark, uri)         # result type long, from the signature
+    df.withColumn("prediction", udf(*cols))
+
+    with mlflow.start_run():                           # probabilities, from numpy input
+        info = snm.log_model(model, "proba", output="proba", input_schema="tensor")
 """
 from __future__ import annotations
 
@@ -225,8 +243,8 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
     import sparknet
     mlflow_model.add_flavor(FLAVOR_NAME, sparknet_version=sparknet.__version__, data=MODEL_FILE,
                             output=output, dtype=net.dtype.name)
-    if input_example is not None and input_schema == "columns":
-        input_example = _example_frame(input_example, signature)
+    if input_example is not None and input_schema != "tensor":
+        input_example = _example_frame(input_example, signature, input_schema == "array")
     reqs = list(pip_requirements) if pip_requirements is not None else default_pip_requirements()
     with tempfile.TemporaryDirectory(prefix="sparknet-mlflow-") as tmp:
         data = os.path.join(tmp, MODEL_FILE)
@@ -237,13 +255,17 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
                           metadata=None if metadata is None else dict(metadata), model_config={"output": output})
 
 
-def _example_frame(example: Any, signature: Any) -> Any:
-    """A numpy input example as the DataFrame of the ``"columns"`` signature."""
+def _example_frame(example: Any, signature: Any, arrays: bool) -> Any:
+    """A numpy input example as a DataFrame of the signature: one column per feature,
+    or (``arrays``) one column of feature arrays."""
     if not isinstance(example, np.ndarray):
         return example
     import pandas as pd
     names = signature.inputs.input_names()
-    return pd.DataFrame(example.reshape(example.shape[0], -1).astype(np.float64), columns=names)
+    rows = example.reshape(example.shape[0], -1).astype(np.float64)
+    if arrays:
+        return pd.DataFrame({names[0]: list(rows)})
+    return pd.DataFrame(rows, columns=names)
 
 
 def log_model(model: Any, artifact_path: str = "model", **kwargs: Any) -> Any:
