@@ -206,16 +206,19 @@ def _mp_against_one_process(mp, X, y, make_opt):
     return np.linalg.norm(got - ref.params) / norm, np.linalg.norm(plain.params - ref.params) / norm
 
 
-@pytest.mark.parametrize("K,pair", [(2, False), (3, True)], ids=["K2-blocks", "K3-paired"])
-def test_model_parallel_global_norm_spans_every_block_on_spark(spark, digits_xy, K, pair):
+@pytest.mark.parametrize("K,pair,on_spark", [(2, False, True), (3, True, False)],
+                         ids=["K2-blocks-spark", "K3-paired-in-process"])
+def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pair, on_spark):
     """Every layer cut into K blocks (paired: a Megatron pair, its second bias on the
-    driver); the norm is summed over all blocks and the driver's parameters, then one job
-    applies the factor (with the lookahead forward in it): weights equal one process's
-    Sequential with the same clipnorm to 1e-10 (float64)."""
+    driver), on Spark and with the same executor code in this process; the norm is summed
+    over all blocks and the driver's parameters, then one job applies the factor (with the
+    lookahead forward in it): weights equal one process's Sequential with the same
+    clipnorm to 1e-10 (float64)."""
     from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
 
     X, y = digits_xy
+    spark = request.getfixturevalue("spark") if on_spark else None
 
     def make_opt():
         return RMSprop(lr=3e-3, clipnorm=0.4)
