@@ -386,12 +386,21 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 def trainer_settings(trainer: Any) -> dict[str, Any]:
-    """A trainer's public settings: its attributes that are numbers, strings, booleans
-    or ``None`` (the model, the session and state objects are left out)."""
+    """A trainer's public settings: its attributes that are numbers, strings or booleans,
+    and the ``get_config()`` of those that have one (an outer optimizer); the model, the
+    optimizer (logged on its own), the session, state objects and unset (``None``)
+    attributes are left out."""
     if trainer is None:
         return {}
-    return {k: v for k, v in sorted(vars(trainer).items())
-            if not k.startswith("_") and (v is None or isinstance(v, (str, bool, numbers.Number)))}
+    out: dict[str, Any] = {}
+    for k, v in sorted(vars(trainer).items()):
+        if k.startswith("_") or k in ("model", "optimizer") or v is None:
+            continue
+        if isinstance(v, (str, bool, numbers.Number)):
+            out[k] = v
+        elif callable(getattr(v, "get_config", None)):
+            out[k] = {"name": type(v).__name__, **v.get_config()}
+    return out
 
 
 def _optimizer_settings(optimizer: Any) -> dict[str, Any]:
