@@ -135,7 +135,8 @@ def test_spark_udf_scores_a_dataframe_as_the_model(client, spark, trained, digit
     ml_model._set_network(trained)  # what fit does with the trained network
     with mlflow.start_run():
         info = snm.log_model(ml_model, "model")
-    df = spark.createDataFrame(pd.DataFrame(X_test.astype(np.float64), columns=COLUMNS)).repartition(2)
+    # one task: each Python worker that runs the UDF imports MLflow and loads the model (seconds of CPU)
+    df = spark.createDataFrame(pd.DataFrame(X_test.astype(np.float64), columns=COLUMNS)).coalesce(1)
     udf = mlflow.pyfunc.spark_udf(spark, info.model_uri)
     rows = df.withColumn("i", F.monotonically_increasing_id()).withColumn("udf", udf(*COLUMNS)).toPandas()
     assert len(rows) == len(X_test) and rows["udf"].dtype == np.int64
