@@ -162,6 +162,8 @@ def test_non_sparknet_models_and_bad_options_fail_clearly(client, trained, tmp_p
     with pytest.raises(ValueError, match="output='proba' needs a classifier"):
         snm.save_model(regression, tmp_path / "d", output="proba")
     snm.save_model(trained, tmp_path / "e")
+    with pytest.raises(ValueError, match="path=.* exists"):
+        snm.save_model(trained, tmp_path / "e")
     pyfunc = mlflow.pyfunc.load_model(str(tmp_path / "e"))
     with pytest.raises(Exception, match="f63"):  # MLflow's schema check names the missing column
         pyfunc.predict(pd.DataFrame(np.zeros((2, 63)), columns=COLUMNS[:63]))

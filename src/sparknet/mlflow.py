@@ -115,7 +115,7 @@ def as_network(model: Any) -> Sequential:
         ValueError: the network is not built (not fitted, no input shape).
     """
     net = model
-    if not isinstance(model, Sequential) and type(model).__module__.startswith("sparknet.ml"):
+    if not isinstance(model, Sequential) and type(model).__module__.startswith("sparknet.ml."):
         net = getattr(model, "network", None)
     if not isinstance(net, Sequential):
         hint = " (fit it first: log the Model its fit returns)" if type(model).__name__.startswith("SparkNet") else ""
@@ -153,8 +153,9 @@ def model_signature(model: Any, output: str = "predict", input_schema: str = "co
         model: a built :class:`~sparknet.Sequential` or a fitted :mod:`sparknet.ml` Model.
         output: ``"predict"`` (class ids, or regression outputs) or ``"proba"`` (class
             probabilities; classifiers only).
-        input_schema: ``"columns"`` (one ``double`` column per feature) or ``"array"``
-            (one column ``features_col`` of double arrays).
+        input_schema: ``"columns"`` (one ``double`` column per feature), ``"array"``
+            (one column ``features_col`` of double arrays) or ``"tensor"`` (one tensor
+            ``(-1, *input_shape)`` of the network's dtype: numpy input).
         feature_names: the column names for ``"columns"`` (default ``f0`` ... ``f{n-1}``).
         features_col: the array column's name for ``"array"``.
 
@@ -218,8 +219,8 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
             outputs for a regression) or ``"proba"`` (class probabilities).  Stored as the
             pyfunc ``model_config``; ``mlflow.pyfunc.load_model(uri, model_config=
             {"output": "proba"})`` overrides it (the signature stays the saved one).
-        input_schema: the signature's inputs: ``"columns"`` or ``"array"`` (see
-            :func:`model_signature`).
+        input_schema: the signature's inputs: ``"columns"``, ``"array"`` or ``"tensor"``
+            (see :func:`model_signature`).
         feature_names: column names of the ``"columns"`` signature.
         features_col: column name of the ``"array"`` signature.
         input_example: a few rows of input (numpy or pandas), saved with the model.
@@ -231,11 +232,14 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
 
     Raises:
         TypeError: ``model`` is not a sparknet model (see :func:`as_network`).
-        ValueError: a bad ``output``, ``input_schema`` or ``feature_names``.
+        ValueError: a bad ``output``, ``input_schema`` or ``feature_names``, or ``path``
+            exists.
         ImportError: MLflow is not installed.
     """
     net = as_network(model)
     signature = model_signature(net, output, input_schema, feature_names, features_col)
+    if os.path.exists(path):
+        raise ValueError(f"path={os.fspath(path)!r} exists: save_model writes a new directory")
     pyfunc = _import("mlflow.pyfunc")
     models = _import("mlflow.models")
     if mlflow_model is None:
