@@ -154,6 +154,23 @@ class StandaloneCluster:
                 raise TimeoutError(f"worker {i} not back after {timeout:.0f} s; logs in {self.dir}")
             time.sleep(0.5)
 
+    def ensure_workers(self, timeout: float = 90.0) -> "StandaloneCluster":
+        """Start again every worker a test killed (a cluster shared by several tests:
+        each one starts with all ``workers`` workers alive) and wait until the master
+        lists them all alive."""
+        for i in range(self.n_workers):
+            proc = self.workers.get(i)
+            if proc is not None and proc.poll() is not None:
+                self.workers.pop(i)
+            if i not in self.workers:
+                self.restart_worker(i, timeout=timeout)
+        deadline = time.time() + timeout
+        while self.alive_workers() < self.n_workers:
+            if time.time() > deadline:
+                raise TimeoutError(f"{self.n_workers} workers not alive after {timeout:.0f} s; logs in {self.dir}")
+            time.sleep(0.5)
+        return self
+
     def _check(self, deadline: float, what: str) -> None:
         for p in self.procs:
             if p.poll() is not None:

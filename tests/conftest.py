@@ -38,6 +38,29 @@ def spark():
 
 
 @pytest.fixture(scope="session")
+def _standalone():
+    """One standalone cluster (master + 2 one-core workers on 127.0.0.1) for the whole run;
+    started by the first test that asks for it, stopped at the end."""
+    import shutil
+
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java found: a standalone Spark cluster cannot start")
+    sys.path.insert(0, HERE)
+    from _standalone_cluster import StandaloneCluster
+
+    cluster = StandaloneCluster(workers=2, cores=1, memory="3g")
+    with cluster:
+        yield cluster
+
+
+@pytest.fixture
+def standalone_cluster(_standalone):
+    """The shared standalone cluster with both workers alive (a worker an earlier test
+    killed is started again first)."""
+    return _standalone.ensure_workers()
+
+
+@pytest.fixture(scope="session")
 def mnist_dir():
     """The MNIST folder, or a skip that says what to pass."""
     if not os.path.isdir(MNIST_DIR):

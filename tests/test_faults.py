@@ -174,25 +174,22 @@ def test_folders_of_killed_drivers_are_swept_and_live_ones_kept(spark):
 
 # --------------------------------------------------------------- standalone cluster
 @pytest.fixture(scope="module")
-def faults(mnist_dir):
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java found: a standalone Spark cluster cannot start")
+def faults(mnist_dir, _standalone):
     sys.path.insert(0, HERE)
     from _faults_job import FaultDriver
-    from _standalone_cluster import StandaloneCluster
 
-    with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
-        driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)
-        state = {"cluster": cluster, "driver": driver, "apps": set(), "keys": set()}
-        try:
-            yield state
-        finally:
-            driver.close()
-        bases = [spill.SHM, cluster.dir]
-        left = [f for app in state["apps"] for f in _owned_folders(app, bases)]
-        left += [os.path.join(b, spill.PREFIX + k) for b in bases for k in state["keys"]
-                 if os.path.exists(os.path.join(b, spill.PREFIX + k))]
-        assert left == [], f"left behind: {left}"
+    cluster = _standalone.ensure_workers()  # the run's shared cluster (conftest.py)
+    driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)
+    state = {"cluster": cluster, "driver": driver, "apps": set(), "keys": set()}
+    try:
+        yield state
+    finally:
+        driver.close()
+    bases = [spill.SHM, cluster.dir]
+    left = [f for app in state["apps"] for f in _owned_folders(app, bases)]
+    left += [os.path.join(b, spill.PREFIX + k) for b in bases for k in state["keys"]
+             if os.path.exists(os.path.join(b, spill.PREFIX + k))]
+    assert left == [], f"left behind: {left}"
 
 
 def _lose_worker(cluster, restart: bool = True):

@@ -249,7 +249,7 @@ def test_sparse_vectors_on_the_jvm(spark, digits_frames):
     np.testing.assert_array_equal(raw_s, raw_d)
 
 
-def test_jvm_engine_on_a_standalone_cluster():
+def test_jvm_engine_on_a_standalone_cluster(standalone_cluster):
     """Executors in their own JVMs (a master and 2 one-core workers on 127.0.0.1) fetch the
     jar the driver added and score as the Arrow engine does."""
     import json
@@ -259,20 +259,17 @@ def test_jvm_engine_on_a_standalone_cluster():
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, here)
-    from _standalone_cluster import StandaloneCluster
-
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
-        proc = subprocess.Popen([sys.executable, os.path.join(here, "_ml_jvm_standalone_job.py"),
-                                 cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env, start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
+    proc = subprocess.Popen([sys.executable, os.path.join(here, "_ml_jvm_standalone_job.py"),
+                             cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(lines[-1][len("RESULT "):])

@@ -267,27 +267,22 @@ def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy,
 
 
 # ------------------------------------------------- a model larger than one executor
-def test_standalone_two_blocks_fit_where_one_does_not():
+def test_standalone_two_blocks_fit_where_one_does_not(standalone_cluster):
     """Master + 2 one-core workers on 127.0.0.1; Python workers limited to 960 MiB of address
     space; a 1 GiB dense layer trains in 2 blocks and fails clearly in 1."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java found: a standalone Spark cluster cannot start")
-    sys.path.insert(0, HERE)
-    from _standalone_cluster import StandaloneCluster
-
     n_in, units, limit_mib, steps = 4096, 65536, 960, 3
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    with StandaloneCluster(workers=2, cores=1, memory="3g") as cluster:
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_standalone_job.py"), cluster.url,
-                                 str(n_in), str(units), str(limit_mib), str(steps)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
-        try:
-            stdout, stderr = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:           # timed out: kill the driver and its JVM
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_standalone_job.py"), cluster.url,
+                             str(n_in), str(units), str(limit_mib), str(steps)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:           # timed out: kill the driver and its JVM
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(lines[-1][len("RESULT "):])

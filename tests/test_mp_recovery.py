@@ -269,35 +269,30 @@ def _worker_of_executor(cluster, executor_id):
 
 
 @pytest.mark.standalone
-def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path):
+def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path, standalone_cluster):
     """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 29 (checkpoints every 5)
     the worker holding block 0 and its executor are killed with SIGKILL: the fit restores
     step 10 onto the surviving executor, replays 11..12 and ends with the weights of an
     undisturbed fit, saying in one log line what was lost and what was restored."""
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
-        pytest.skip("no Java found: a standalone Spark cluster cannot start")
-    sys.path.insert(0, HERE)
-    from _standalone_cluster import StandaloneCluster
-
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    with StandaloneCluster(workers=2, cores=1, memory="2g") as cluster:
-        proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_executor_loss_job.py"), cluster.url,
-                                 str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        try:
+    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_executor_loss_job.py"), cluster.url,
+                             str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith("PAUSED"):
             line = proc.stdout.readline()
-            while line and not line.startswith("PAUSED"):
-                line = proc.stdout.readline()
-            assert line.startswith("PAUSED"), proc.stderr.read()[-4000:]
-            killed = cluster.kill_worker(_worker_of_executor(cluster, line.split()[1]))
-            assert killed
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            stdout, stderr = proc.communicate(timeout=180)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
+        assert line.startswith("PAUSED"), proc.stderr.read()[-4000:]
+        killed = cluster.kill_worker(_worker_of_executor(cluster, line.split()[1]))
+        assert killed
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        stdout, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     results = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert results, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(results[-1][len("RESULT "):])
