@@ -179,8 +179,8 @@ def test_per_step_rates_one_process_equal_spark_sync_gradient_and_average(spark,
     from sparknet.cluster import DataParallelTrainer
 
     X, y, _, _ = digits
-    X, y = X[:400], y[:400]
-    b, epochs, S = 50, 2, 8                  # 8 steps per epoch in one process
+    X, y = X[:200], y[:200]
+    b, epochs, S = 50, 2, 4                  # 4 steps per epoch in one process
     one = LearningRateScheduler(_schedule())
     h1 = _mlp().fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[one])
     assert one.lrs == [_schedule()(t) for t in range(epochs * S)]
@@ -199,7 +199,7 @@ def test_per_step_rates_one_process_equal_spark_sync_gradient_and_average(spark,
     assert sorted(avg.partition_lrs) == [0, 1]
     for lrs in avg.partition_lrs.values():
         T = len(lrs) // epochs                    # the partition's local steps per pass
-        assert len(lrs) == epochs * T and T >= 2
+        assert len(lrs) == epochs * T and 2 <= T < S
         # step j of T in pass e is at e*S + j*S/T: the same fraction of the epoch as one process's
         assert lrs == [_schedule()(e * S + j * S / T) for e in range(epochs) for j in range(T)]
         assert lrs[::T] == one.lrs[::S]           # each epoch starts at one process's rate
@@ -211,7 +211,7 @@ def test_average_mode_executors_apply_the_rates(spark, digits):
     from sparknet.cluster import DataParallelTrainer
 
     X, y, _, _ = digits
-    X, y = X[:400], y[:400]
+    X, y = X[:200], y[:200]
 
     def fit(callbacks):
         tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, sync="average", local_steps=2,
@@ -219,7 +219,7 @@ def test_average_mode_executors_apply_the_rates(spark, digits):
         model, h = tr.fit(X, y, epochs=3, batch_size=50, verbose=0, callbacks=callbacks)
         return model.params.copy(), h
 
-    steps_per_epoch = 8
+    steps_per_epoch = 4
     per_step, hs = fit([LearningRateScheduler(StepDecay(4e-3, steps_per_epoch, 0.3))])
     per_epoch, he = fit([LearningRateScheduler(StepDecay(4e-3, 1, 0.3), per="epoch")])
     constant, _ = fit([])
