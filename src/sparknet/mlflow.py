@@ -115,7 +115,8 @@ def as_network(model: Any) -> Sequential:
         ValueError: the network is not built (not fitted, no input shape).
     """
     net = model
-    if not isinstance(model, Sequential) and type(model).__module__.startswith("sparknet.ml."):
+    package = type(model).__module__
+    if not isinstance(model, Sequential) and (package == "sparknet.ml" or package.startswith("sparknet.ml.")):
         net = getattr(model, "network", None)
     if not isinstance(net, Sequential):
         hint = " (fit it first: log the Model its fit returns)" if type(model).__name__.startswith("SparkNet") else ""
