@@ -12,13 +12,14 @@ except ImportError:  # pragma: no cover
 project = "sparknet"
 author = "sparknet developers"
 release = sparknet.__version__
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ext"))
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode", "mdinclude"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_default_options = {"members": True, "show-inheritance": True}
 nitpicky = False
-exclude_patterns = ["_build"]
-html_theme = "alabaster"
+exclude_patterns = ["_build", "_ext"]
+html_theme = "furo"
 suppress_warnings = ["ref.python"]
