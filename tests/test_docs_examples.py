@@ -108,11 +108,16 @@ def test_page_examples_run(page, spark, tmp_path, monkeypatch):
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     blocks = [b for b in parse_blocks(os.path.join(DOCS, page))[0] if b.lang == "python"]
     namespace: dict = {"__name__": "__docs__"}
+    environ = dict(os.environ)
     t0 = time.perf_counter()
-    for b in blocks:
-        try:
-            exec(compile(b.code, f"docs/{page}:{b.line}", "exec"), namespace)
-        except Exception:
-            pytest.fail(f"docs/{page}, the code block at line {b.line} failed:\n{traceback.format_exc()}",
-                        pytrace=False)
+    try:
+        for b in blocks:
+            try:
+                exec(compile(b.code, f"docs/{page}:{b.line}", "exec"), namespace)
+            except Exception:
+                pytest.fail(f"docs/{page}, the code block at line {b.line} failed:\n{traceback.format_exc()}",
+                            pytrace=False)
+    finally:                                   # what a page sets in the environment stays on that page
+        os.environ.clear()
+        os.environ.update(environ)
     print(f"{page}: {len(blocks)} blocks in {time.perf_counter() - t0:.1f} s")
