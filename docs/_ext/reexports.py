@@ -12,7 +12,6 @@ import importlib
 import inspect
 from typing import Any
 
-
 #: module aliases the package's own imports use (``from sparknet import optim as optim_mod``)
 ALIASES = {"optim_mod": "sparknet.optim", "losses_mod": "sparknet.losses"}
 
