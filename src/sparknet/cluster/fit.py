@@ -46,9 +46,9 @@ _MEASURED: dict[tuple, RoundCostModel] = {}
 MIN_FIXED_S = 0.08
 FIXED_S_PER_MIB = 0.01
 
-#: Rounds per epoch ``local_steps="auto"`` makes when Spark's share of a round stays at
-#: most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
-MIN_ROUNDS = 2
+#: Rounds per epoch ``local_steps="auto"`` makes, the most first, when Spark's share of a
+#: round stays at most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
+MIN_ROUNDS = (4, 2)
 
 
 class FitHistory(History):
@@ -335,15 +335,16 @@ class FitContext:
 
     def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed: the fewest
-        steps keeping the share at most ``max_overhead``, cut to :data:`MIN_ROUNDS` rounds
-        per epoch when that keeps it at most twice that (rounds of a whole epoch or
-        more average the partitions' models too rarely to learn as much per epoch as
-        one process: ``benchmarks/README.md``, "The outer optimizer")."""
+        steps keeping the share at most ``max_overhead``, cut to 4 (else 2,
+        :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (rounds
+        of half an epoch or more average the partitions' models too rarely to learn as
+        much per epoch as one process: ``benchmarks/README.md``, "Rounds per epoch")."""
         tr = self.trainer
         tau = cost.steps_for(tr.max_overhead)
-        short = max(1, steps_epoch // MIN_ROUNDS)
-        if tau > short and cost.overhead(short) <= 2 * tr.max_overhead:
-            return short, 2 * tr.max_overhead
+        for rounds in MIN_ROUNDS:
+            short = max(1, steps_epoch // rounds)
+            if tau > short and cost.overhead(short) <= 2 * tr.max_overhead:
+                return short, 2 * tr.max_overhead
         return tau, tr.max_overhead
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
