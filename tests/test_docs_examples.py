@@ -101,6 +101,15 @@ def test_every_block_names_a_language_that_runs_or_is_shown():
     assert n_python >= 30, f"only {n_python} python blocks found under {DOCS}: is the parser broken?"
 
 
+def test_parser_finds_blocks_in_order_and_bare_literals(tmp_path):
+    page = tmp_path / "page.rst"
+    page.write_text("Title\n=====\n\n.. code-block:: python\n   :caption: one\n\n   x = 1\n\n   y = x + 1\n\n"
+                    "Text::\n\n    shown, not run\n\n  .. code-block:: bash\n\n     ls\n\nEnd.\n", encoding="utf-8")
+    blocks, bare = parse_blocks(str(page))
+    assert [(b.line, b.lang, b.code) for b in blocks] == [(4, "python", "x = 1\n\ny = x + 1"), (15, "bash", "ls")]
+    assert bare == [11]
+
+
 @pytest.mark.parametrize("page", [p for p in PAGES if any(b.lang == "python"
                                                           for b in parse_blocks(os.path.join(DOCS, p))[0])])
 def test_page_examples_run(page, spark, tmp_path, monkeypatch):
