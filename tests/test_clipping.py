@@ -259,3 +259,30 @@ def test_model_parallel_clipping_in_process_blocks(digits_xy, case):
     diff, moved = _mp_against_one_process(mp, X[:256], y[:256], make_opt)
     assert diff <= 1e-10, f"{case}: model-parallel clipping differs from one process: {diff:.3e}"
     assert moved > 1e-3
+
+
+# ------------------------------------------------------------- Spark ML Estimators
+def test_estimator_clip_params_reach_the_optimizer_and_the_fit(spark, digits):
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet.ml import SparkNetClassifier
+
+    X, y, _, _ = digits
+    df = spark.createDataFrame([(Vectors.dense(x), int(t)) for x, t in zip(X[:400], y[:400])],
+                               ["features", "label"]).repartition(2)
+
+    def fit(**clip):
+        net = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=0)
+        clf = SparkNetClassifier(network=net, epochs=2, batchSize=32, syncMethod="gradient", numPartitions=2,
+                                 optimizer="sgd", learningRate=0.5, seed=0, **clip)
+        return clf, clf.fit(df).network.params.copy()
+
+    clf, clipped = fit(clipNorm=0.05, clipValue=0.01)
+    opt = clf._make_optimizer()
+    assert (opt.clipnorm, opt.clipvalue) == (0.05, 0.01)
+    assert (clf.getClipNorm(), clf.getClipValue()) == (0.05, 0.01)
+    off, plain = fit()
+    assert (off._make_optimizer().clipnorm, off._make_optimizer().clipvalue) == (None, None)
+    assert np.abs(clipped - plain).max() > 1e-3     # the clip changed the steps taken
+    with pytest.raises(TypeError, match="clipNorm must be a finite number >= 0, got -1.0"):  # Spark ML's error type
+        SparkNetClassifier(clipNorm=-1.0)

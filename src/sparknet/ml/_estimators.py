@@ -56,6 +56,9 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         momentum: momentum (0).
         rho: RMSprop's smoothing constant (0.99).
         weightDecay: L2 penalty (0).
+        clipNorm: clip each step's gradient to this global L2 norm (0: off), as
+            ``torch.nn.utils.clip_grad_norm_`` (the optimizer's ``clipnorm``).
+        clipValue: clamp each gradient element to ``[-clipValue, clipValue]`` (0: off).
         numPartitions: data shards; 0 keeps the DataFrame's partitions.
         mode: ``"sync"`` or ``"async"``.
         syncMethod: ``"average"`` (local steps then average, default) or ``"gradient"``.
@@ -100,7 +103,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                  inputShape: Sequence[int] | None = None, epochs: int | None = None,
                  batchSize: int | None = None, learningRate: float | None = None,
                  optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                 weightDecay: float | None = None, numPartitions: int | None = None,
+                 weightDecay: float | None = None, clipNorm: float | None = None,
+                 clipValue: float | None = None, numPartitions: int | None = None,
                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
@@ -117,7 +121,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                   inputShape: Sequence[int] | None = None, epochs: int | None = None,
                   batchSize: int | None = None, learningRate: float | None = None,
                   optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                  weightDecay: float | None = None, numPartitions: int | None = None,
+                  weightDecay: float | None = None, clipNorm: float | None = None,
+                  clipValue: float | None = None, numPartitions: int | None = None,
                   mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
@@ -213,7 +218,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                  inputShape: Sequence[int] | None = None, epochs: int | None = None,
                  batchSize: int | None = None, learningRate: float | None = None,
                  optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                 weightDecay: float | None = None, numPartitions: int | None = None,
+                 weightDecay: float | None = None, clipNorm: float | None = None,
+                 clipValue: float | None = None, numPartitions: int | None = None,
                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
@@ -229,7 +235,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                   inputShape: Sequence[int] | None = None, epochs: int | None = None,
                   batchSize: int | None = None, learningRate: float | None = None,
                   optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                  weightDecay: float | None = None, numPartitions: int | None = None,
+                  weightDecay: float | None = None, clipNorm: float | None = None,
+                  clipValue: float | None = None, numPartitions: int | None = None,
                   mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,

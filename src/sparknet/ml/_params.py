@@ -176,6 +176,12 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
     weightDecay: Param[float] = Param(Params._dummy(), "weightDecay",
                                       "L2 penalty added to the gradient (>= 0)",
                                       typeConverter=_amount("weightDecay"))
+    clipNorm: Param[float] = Param(Params._dummy(), "clipNorm",
+                                   "clip the gradient to this global L2 norm before each step (>= 0; 0: no clipping)",
+                                   typeConverter=_amount("clipNorm"))
+    clipValue: Param[float] = Param(Params._dummy(), "clipValue",
+                                    "clamp each gradient element to [-clipValue, clipValue] before each step "
+                                    "(>= 0; 0: no clamping)", typeConverter=_amount("clipValue"))
     numPartitions: Param[int] = Param(Params._dummy(), "numPartitions",
                                       "data shards (Spark partitions) to train on; 0 keeps the DataFrame's",
                                       typeConverter=_count("numPartitions", positive=False))
@@ -199,7 +205,7 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(inputShape=[], epochs=10, batchSize=32, learningRate=1e-3,
-                         optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0,
+                         optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0, clipNorm=0.0, clipValue=0.0,
                          numPartitions=0, mode="sync", syncMethod="average", localSteps=0,
                          maxSequenceLength=0, verbose=0, seed=_default_seed(type(self)))
 
@@ -226,6 +232,12 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
 
     def getWeightDecay(self) -> float:
         return self.getOrDefault(self.weightDecay)
+
+    def getClipNorm(self) -> float:
+        return self.getOrDefault(self.clipNorm)
+
+    def getClipValue(self) -> float:
+        return self.getOrDefault(self.clipValue)
 
     def getNumPartitions(self) -> int:
         return self.getOrDefault(self.numPartitions)
@@ -373,6 +385,14 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
 
     def setWeightDecay(self, value: float) -> Self:
         return self._set(weightDecay=value)
+
+    def setClipNorm(self, value: float) -> Self:
+        """Set :attr:`clipNorm` (0: no clipping)."""
+        return self._set(clipNorm=value)
+
+    def setClipValue(self, value: float) -> Self:
+        """Set :attr:`clipValue` (0: no clamping)."""
+        return self._set(clipValue=value)
 
     def setNumPartitions(self, value: int) -> Self:
         return self._set(numPartitions=value)

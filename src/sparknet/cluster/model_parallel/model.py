@@ -63,8 +63,10 @@ class ModelParallel:
         dtype: ``"float32"`` (default) or ``"float64"``.
         seed: seeds every initialisation (driver layers as in ``Sequential``, block ``k``
             of layer ``i`` from ``default_rng([seed, i, k])``, in every replica).
-        optimizer: an :class:`~sparknet.optim.RMSprop` or :class:`~sparknet.optim.SGD`
-            (or its name); default RMSprop.  Blocks keep their own share of its state.
+        optimizer: any :mod:`sparknet.optim` optimizer (or its name); default RMSprop.
+            Blocks keep their own share of its state; with ``clipnorm`` the norm spans
+            every block and driver layer (one more Spark job per step, one gradient
+            buffer per block).
         loss: ``"cross_entropy"``, ``"mse"`` or a Loss; default as ``Sequential``.
         checkpoint_dir: folder of checkpoints (:meth:`checkpoint`, ``fit(checkpoint_every=N)``;
             see :mod:`~sparknet.cluster.model_parallel.recovery`), a folder the executors and
