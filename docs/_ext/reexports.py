@@ -51,7 +51,8 @@ def canonical(target: str) -> str | None:
 def missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     if node.get("refdomain") != "py":
         return None
-    target = node.get("reftarget", "").lstrip("~.")
+    original = node.get("reftarget", "")
+    target = original.lstrip("~.")
     head, _, rest = target.partition(".")
     if head in ALIASES and rest:
         target = f"{ALIASES[head]}.{rest}"
@@ -62,7 +63,7 @@ def missing_reference(app: Any, env: Any, node: Any, contnode: Any) -> Any:
         for prefix in (node.get("py:module"), "sparknet", "sparknet.cluster", "sparknet.ml"):
             if prefix and name is None:
                 name = canonical(f"{prefix}.{target}")
-    if not name or name == target:
+    if not name or name == original:
         return None
     domain = env.get_domain("py")
     return domain.resolve_xref(env, node["refdoc"], app.builder, "obj", name, node, contnode)
