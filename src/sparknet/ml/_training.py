@@ -55,16 +55,16 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         from sparknet import optim
 
         lr, mom, wd = self.getLearningRate(), self.getMomentum(), self.getWeightDecay()
-        clip = {"clipnorm": self.getClipNorm() or None, "clipvalue": self.getClipValue() or None}
+        cn, cv = self.getClipNorm() or None, self.getClipValue() or None  # 0: no clipping
         if self.getOptimizer() == "sgd":
-            return optim.SGD(lr=lr, momentum=mom, weight_decay=wd, **clip)
+            return optim.SGD(lr=lr, momentum=mom, weight_decay=wd, clipnorm=cn, clipvalue=cv)
         if self.getOptimizer() in ("adam", "adamw"):  # weightDecay as given (AdamW: decoupled)
             klass = optim.AdamW if self.getOptimizer() == "adamw" else optim.Adam
-            return klass(lr=lr, weight_decay=wd, **clip)
+            return klass(lr=lr, weight_decay=wd, clipnorm=cn, clipvalue=cv)
         rho = self.getRho()
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {rho}")
-        return optim.RMSprop(lr=lr, alpha=rho, weight_decay=wd, momentum=mom, **clip)
+        return optim.RMSprop(lr=lr, alpha=rho, weight_decay=wd, momentum=mom, clipnorm=cn, clipvalue=cv)
 
     # the network and the data ----------------------------------------------------
     def _prepare(self, dataset: DataFrame) -> tuple[Sequential, DataFrame]:
