@@ -49,6 +49,9 @@ FIXED_S_PER_MIB = 0.01
 #: Rounds per epoch ``local_steps="auto"`` makes, the most first, when Spark's share of a
 #: round stays at most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
 MIN_ROUNDS = (4, 2)
+#: The first epochs of a fit, where 4 rounds per epoch are taken while Spark's share stays
+#: at most three times ``max_overhead`` (averaging often matters most while the loss falls fast).
+WARMUP_EPOCHS = 2
 
 
 class FitHistory(History):
@@ -201,6 +204,7 @@ class FitContext:
     mode_resume: Any = None
     callbacks: CallbackList | None = None
     schedule: ScheduledLR | None = None
+    sized_epochs: int = 0  # epochs whose rounds were sized (the warm-up rule of _tau)
 
     @property
     def model(self) -> Sequential:
@@ -338,9 +342,13 @@ class FitContext:
         steps keeping the share at most ``max_overhead``, cut to 4 (else 2,
         :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (rounds
         of half an epoch or more average the partitions' models too rarely to learn as
-        much per epoch as one process: ``benchmarks/README.md``, "Rounds per epoch")."""
+        much per epoch as one process: ``benchmarks/README.md``, "Rounds per epoch"); in
+        the first :data:`WARMUP_EPOCHS` epochs 4 rounds are taken up to three times it."""
         tr = self.trainer
         tau = cost.steps_for(tr.max_overhead)
+        short = max(1, steps_epoch // MIN_ROUNDS[0])
+        if self.sized_epochs < WARMUP_EPOCHS and tau > short and cost.overhead(short) <= 3 * tr.max_overhead:
+            return short, 3 * tr.max_overhead  # the warm-up: :data:`WARMUP_EPOCHS`
         for rounds in MIN_ROUNDS:
             short = max(1, steps_epoch // rounds)
             if tau > short and cost.overhead(short) <= 2 * tr.max_overhead:
@@ -352,6 +360,7 @@ class FitContext:
         from it (``sync="average"`` with ``local_steps="auto"``): the first epoch's
         estimate timed one step on the driver, a round times them all on the executors."""
         tr = self.trainer
+        self.sized_epochs += span
         if rl.rounds == 0 or rl.wall <= 0:
             return
         steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
