@@ -82,10 +82,12 @@ def _jobs_during(spark, fn):
 
 # at most the data-loading jobs (the shard job and its shuffle): a fit runs its
 # rounds after them, so 2 jobs or fewer means no training step;
-# sequence columns take 2 more (their length statistics, an aggregation)
+# sequence columns take 2 more (their length statistics, an aggregation); a null vector
+# is found by the shard job itself, which fails, and one job deletes what its finished
+# tasks wrote
 _MAX_JOBS = 2
 _SEQUENCE_STATS_JOBS = 2
-_NULL_VECTOR_LOAD_JOBS = 1
+_NULL_VECTOR_LOAD_JOBS = 2
 
 
 # --------------------------------------------------------------------- bad Params
@@ -317,14 +319,24 @@ DF_CASES = [
 ]
 
 
+def _resident_folders() -> set[str]:
+    """The resident-state folders on this host (every spill base)."""
+    from sparknet.cluster import spill
+
+    return {os.path.join(b, n) for b in spill.candidate_bases(None) if os.path.isdir(b)
+            for n in os.listdir(b) if n.startswith(spill.PREFIX)}
+
+
 @pytest.mark.parametrize("case", DF_CASES, ids=[c[0] for c in DF_CASES])
 def test_bad_dataframe_refused_before_training(spark, small, case):
     _, make, build, match = case
     X, y = small
     df = build(spark, X, y)
     est = make()
+    before = _resident_folders()
     err, jobs = _jobs_during(spark, lambda: est.fit(df))
     assert err is not None, "accepted and trained on"
+    assert _resident_folders() - before == set(), "a refused fit left shards behind"
     assert isinstance(err, ValueError), f"{type(err).__name__}: {str(err)[:300]}"
     import re
     assert re.search(match, str(err), re.IGNORECASE | re.DOTALL), f"message does not name the column: {err}"

@@ -243,20 +243,38 @@ class Resident:
             anchor.localCheckpoint()
         anchor.setName(f"sparknet resident {self.key}")
         self.build_started, t0 = time.time(), time.perf_counter()
-        with JobGuard(self.sc, f"building resident state {self.key}") as guard:
-            try:
-                infos = [_as_info(item) for item in anchor.collect()]
-            except Exception:
-                anchor.unpersist()
-                if guard.reason == "no executors":
-                    raise NoExecutorsLeft(self._no_executors(f"building resident state {self.key}")) from None
-                raise
+        try:
+            with JobGuard(self.sc, f"building resident state {self.key}") as guard:
+                try:
+                    infos = [_as_info(item) for item in anchor.collect()]
+                except Exception:
+                    anchor.unpersist()
+                    if guard.reason == "no executors":
+                        raise NoExecutorsLeft(self._no_executors(f"building resident state {self.key}")) from None
+                    raise
+        except NoExecutorsLeft:
+            _drop_local(self.key, self.spill_dir)
+            raise
+        except Exception:  # bad data found by a task: nothing of the failed build stays behind
+            self._discard_partial(anchor.getNumPartitions())
+            raise
         self.infos, self.build_seconds, self.anchor = infos, time.perf_counter() - t0, anchor
         live = live_executors(self.sc)
         self.homes = {} if live is None else block_homes(self.sc, anchor.id(), len(infos))
         self._placed_on = live or set()
         log.debug("resident %s: %d shards on %s", self.key, len(self.infos),
                   sorted({i.host for i in self.infos}))
+
+    def _discard_partial(self, parts: int) -> None:
+        """After a failed build: delete the shards its finished tasks wrote, on the hosts
+        one task per partition reaches and on this one."""
+        try:
+            with JobGuard(self.sc, f"deleting partial resident state {self.key}", timeout=CLEANUP_TIMEOUT):
+                self.sc.parallelize(range(parts), max(1, parts)).mapPartitions(
+                    _Dropper(self.key, self.spill_dir)).collect()
+        except Exception as exc:  # executors gone meanwhile: the owner files let a later sweep do it
+            log.debug("resident %s: cleanup after a failed build failed: %s", self.key, exc)
+        _drop_local(self.key, self.spill_dir)
 
     @property
     def num_partitions(self) -> int:
