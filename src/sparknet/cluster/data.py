@@ -225,8 +225,10 @@ def _is_rdd(data: Any) -> bool:
 
 
 def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: str,
-                       classification: bool) -> DataFrame:
-    """Select features and label as Arrow-friendly array/double columns (JVM side)."""
+                       classification: bool) -> tuple[DataFrame, str | None]:
+    """Select features and label (JVM side) as ``x`` and ``y``, and the kind of ``x``:
+    ``"vector"``, ``"float"`` or ``"double"`` (an array of those) when the rows can be
+    packed in the JVM (a numeric label), else None (``x`` then an array column already)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
@@ -238,11 +240,12 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
             raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {names})")
     schema = {f.name: f.dataType for f in df.schema.fields}
     ftype = schema[features_col]
-    elem = "float" if dtype == "float32" else "double"
+    fcol = F.col(features_col)
     if isinstance(ftype, VectorUDT):
-        fcol = vector_to_array(F.col(features_col), dtype=dtype)
+        kind = "vector"
     elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
-        fcol = F.col(features_col).cast(f"array<{elem}>")
+        kind = "float" if isinstance(ftype.elementType, T.FloatType) else "double"
+        fcol = fcol.cast(f"array<{kind}>")
     else:
         raise ValueError(f"features column {features_col!r} has type {ftype.simpleString()}; "
                          f"use an ML Vector column or an array of numbers")
@@ -251,14 +254,28 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
         lcol = F.col(label_col).cast("double")
     elif (not classification and isinstance(ltype, T.ArrayType)
           and isinstance(ltype.elementType, T.NumericType)):
-        lcol = F.col(label_col).cast("array<double>")
+        lcol, kind = F.col(label_col).cast("array<double>"), None
     elif not classification and isinstance(ltype, VectorUDT):
-        lcol = vector_to_array(F.col(label_col), dtype="float64")
+        lcol, kind = vector_to_array(F.col(label_col), dtype="float64"), None
     else:
         want = "numeric class ids (index strings with StringIndexer)" if classification \
             else "numbers, arrays of numbers or Vectors"
         raise ValueError(f"label column {label_col!r} has type {ltype.simpleString()}; use {want}")
-    return df.select(fcol.alias("x"), lcol.alias("y"))
+    if kind is None:
+        fcol = _arrow_features(ftype, dtype, fcol)
+    return df.select(fcol.alias("x"), lcol.alias("y")), kind
+
+
+def _arrow_features(ftype: Any, dtype: str, col: Any = None) -> Any:
+    """The features column as an array of ``dtype`` elements, for Arrow."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
+
+    col = F.col("x") if col is None else col
+    if isinstance(ftype, VectorUDT):
+        return vector_to_array(col, dtype=dtype).alias("x")
+    return col.cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
 
 
 def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: int | None,
@@ -356,8 +373,13 @@ def _job_phases(res: Resident, plan: float) -> dict[str, float]:
     job = res.build_phases()
     check = max((float(i.meta.get("check_seconds", 0.0)) for i in res.infos), default=0.0)
     check = min(check, job.get("build", 0.0))
-    return {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0),
-            "convert to numpy": job.get("build", 0.0) - check, "checks (executors)": check,
+    # rows handed over by the JVM (packed.py): its part ran before the builder started
+    jvm = min(max((float(i.meta.get("jvm_seconds", 0.0)) for i in res.infos), default=0.0),
+              job.get("start", 0.0))
+    phases = {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0) - jvm}
+    if jvm:
+        phases["convert in the JVM"] = jvm
+    return {**phases, "convert to numpy": job.get("build", 0.0) - check, "checks (executors)": check,
             "spill": job.get("spill", 0.0), "shard job: scheduling, results": job["rest"]}
 
 
@@ -368,9 +390,17 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
     except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
         raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
                           "pip install 'sparknet[arrow]'") from exc
-    df = _dataframe_columns(data, features_col, label_col, dtype, classification)
+    df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
     if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
         df = df.repartition(int(num_partitions))
+    if kind is not None:
+        from sparknet.cluster.packed import PackedBuild, packed_columns
+
+        packed = packed_columns(df, kind, dtype)
+        if packed is not None:
+            return Resident.from_dataframe(packed, PackedBuild(classification, dtype), name=name,
+                                           on_lost="rebuild")
+        df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype), "y")
     return Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name, on_lost="rebuild")
 
 

@@ -1,0 +1,122 @@
+"""A DataFrame's rows handed to the shard build by the JVM through a local file
+(``ml/jvm/PackRows.java``, ``cluster/packed.py``): the same shards as the Arrow path,
+bit for bit, the same errors for bad rows, and no file left behind."""
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from sparknet.cluster import data as data_mod
+from sparknet.cluster import packed
+from sparknet.ml import _jvm
+
+
+@pytest.fixture(scope="module")
+def jvm(spark):
+    why = _jvm.unavailable(spark)
+    if why is not None:
+        pytest.skip(f"the JVM path needs javac: {why}")
+    return spark
+
+
+def _shards(spark, df, dtype, monkeypatch, pack: bool, classification=True):
+    """The resident (x, y) of every partition, through the packed or the Arrow path."""
+    monkeypatch.setenv("SPARKNET_PACK_ROWS", "1" if pack else "0")
+    d = data_mod.shard_data(df, sc=spark.sparkContext, num_partitions=None, dtype=dtype,
+                            classification=classification, name=f"packed-{pack}")
+    try:
+        return d.resident.map(lambda i, s: (i, np.array(s["x"]), np.array(s["y"])))
+    finally:
+        d.close()
+
+
+def _frame(spark, rows, schema, partitions=3):
+    return spark.createDataFrame(rows, schema).repartition(partitions).cache()
+
+
+def _cases(spark, X, y):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    sparse = [Vectors.sparse(len(a), {j: float(v) for j, v in enumerate(a) if v}) for a in X]
+    vec = T.StructType([T.StructField("features", VectorUDT()), T.StructField("label", T.LongType())])
+    return {
+        "dense vector": _frame(spark, [(Vectors.dense(a), int(b)) for a, b in zip(X, y)], vec),
+        "sparse vector": _frame(spark, list(zip(sparse, map(int, y))), vec),
+        "array<float>": _frame(spark, [(a.astype(np.float32).tolist(), float(b)) for a, b in zip(X, y)],
+                               "features array<float>, label double"),
+        "array<double>": _frame(spark, [(a.tolist(), int(b)) for a, b in zip(X, y)],
+                                "features array<double>, label int"),
+        "array<int>": _frame(spark, [(a.astype(int).tolist(), int(b)) for a, b in zip(X, y)],
+                             "features array<int>, label bigint"),
+    }
+
+
+def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
+    X, y, _, _ = digits
+    X, y = X[:700] * 1.37, y[:700]          # not integers: float32 rounding shows
+    for name, df in _cases(jvm, X, y).items():
+        dtype = np.float64 if name == "array<double>" else np.float32
+        a = _shards(jvm, df, dtype, monkeypatch, pack=False)
+        b = _shards(jvm, df, dtype, monkeypatch, pack=True)
+        assert [i for i, _, _ in a] == [i for i, _, _ in b] == [0, 1, 2], name
+        for (_, xa, ya), (_, xb, yb) in zip(a, b):
+            assert xb.dtype == xa.dtype == dtype and xb.shape == xa.shape and xa.shape[1] == 64, name
+            np.testing.assert_array_equal(xb, xa, err_msg=name)
+            np.testing.assert_array_equal(yb, ya, err_msg=name)
+        assert sum(len(yb) for _, _, yb in b) == 700
+        df.unpersist()
+    assert not glob.glob("/dev/shm/sparknet-rows-*"), "a rows file was left behind"
+
+
+def test_packed_regression_labels_and_order(jvm, monkeypatch):
+    """Row order within a partition is kept, and float labels pass unchanged."""
+    rows = [([float(i), -float(i)], i * 0.5) for i in range(50)]
+    df = jvm.createDataFrame(rows, "features array<double>, label double").coalesce(1).cache()
+    (i, x, y), = _shards(jvm, df, np.float64, monkeypatch, pack=True, classification=False)
+    np.testing.assert_array_equal(x, np.array([r[0] for r in rows]))
+    np.testing.assert_array_equal(y, np.arange(50) * 0.5)
+
+
+@pytest.mark.parametrize("rows, message", [
+    ([([1.0, 2.0], 0), (None, 1), ([3.0, 4.0], 1)], "has a null vector (partition 0, row 1)"),
+    ([([1.0, 2.0], 0), ([1.0, 2.0], 1), ([3.0], 1)],
+     "holds vectors of different lengths (1 and 2; first odd one at partition 0, row 2)"),
+    ([([1.0, 2.0], 0), ([1.0, 2.0], None)], "label column 'label' has a null value (partition 0, row 1)"),
+    ([([1.0, float("nan")], 0)], "contains nan (NaN or infinity) at partition 0, row 0, element 1"),
+])
+def test_packed_bad_rows_get_the_arrow_paths_errors(jvm, monkeypatch, rows, message):
+    df = jvm.createDataFrame(rows, "features array<double>, label int").coalesce(1)
+    for pack in (False, True):
+        monkeypatch.setenv("SPARKNET_PACK_ROWS", "1" if pack else "0")
+        with pytest.raises(ValueError) as err:
+            data_mod.shard_data(df, sc=jvm.sparkContext, num_partitions=None, name="bad")
+        assert message in str(err.value), (pack, str(err.value))
+    assert not glob.glob("/dev/shm/sparknet-rows-*"), "a rows file was left behind"
+
+
+def test_read_rows_deletes_its_file_and_refuses_a_short_one():
+    with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as f:
+        np.arange(6, dtype="<f4").tofile(f)
+        np.array([1.0, 2.0], "<f8").tofile(f)
+    x, y = packed.read_rows(f.name, 2, 3, "float32")
+    np.testing.assert_array_equal(x, np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(y, [1.0, 2.0])
+    assert not os.path.exists(f.name)
+    with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as f:
+        np.arange(5, dtype="<f4").tofile(f)
+    with pytest.raises(OSError, match="is short: 5 values and 0 labels, expected 6 and 2"):
+        packed.read_rows(f.name, 2, 3, "float32")
+    assert not os.path.exists(f.name)
+
+
+def test_switched_off_or_without_a_jvm_there_is_no_packing(jvm, monkeypatch):
+    df = jvm.createDataFrame([([1.0], 0)], "features array<double>, label int")
+    monkeypatch.setenv("SPARKNET_PACK_ROWS", "0")
+    assert packed.packed_columns(df, "double", "float32") is None
+    monkeypatch.setenv("SPARKNET_PACK_ROWS", "1")
+    assert packed.packed_columns(df, "double", "float32") is not None
