@@ -241,6 +241,7 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
     schema = {f.name: f.dataType for f in df.schema.fields}
     ftype = schema[features_col]
     fcol = F.col(features_col)
+    kind: str | None
     if isinstance(ftype, VectorUDT):
         kind = "vector"
     elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
