@@ -23,6 +23,10 @@ def jvm(spark):
     return spark
 
 
+def _rows_files() -> set[str]:
+    return set(glob.glob("/dev/shm/sparknet-rows-*"))
+
+
 def _shards(spark, df, dtype, monkeypatch, pack: bool, classification=True):
     """The resident (x, y) of every partition, through the packed or the Arrow path."""
     monkeypatch.setenv("SPARKNET_PACK_ROWS", "1" if pack else "0")
@@ -57,6 +61,7 @@ def _cases(spark, X, y):
 
 
 def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
+    before = _rows_files()
     X, y, _, _ = digits
     X, y = X[:700] * 1.37, y[:700]          # not integers: float32 rounding shows
     for name, df in _cases(jvm, X, y).items():
@@ -70,7 +75,7 @@ def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
             np.testing.assert_array_equal(yb, ya, err_msg=name)
         assert sum(len(yb) for _, _, yb in b) == 700
         df.unpersist()
-    assert not glob.glob("/dev/shm/sparknet-rows-*"), "a rows file was left behind"
+    assert _rows_files() <= before, "a rows file was left behind"
 
 
 def test_packed_regression_labels_and_order(jvm, monkeypatch):
@@ -91,12 +96,13 @@ def test_packed_regression_labels_and_order(jvm, monkeypatch):
 ])
 def test_packed_bad_rows_get_the_arrow_paths_errors(jvm, monkeypatch, rows, message):
     df = jvm.createDataFrame(rows, "features array<double>, label int").coalesce(1)
+    before = _rows_files()
     for pack in (False, True):
         monkeypatch.setenv("SPARKNET_PACK_ROWS", "1" if pack else "0")
         with pytest.raises(ValueError) as err:
             data_mod.shard_data(df, sc=jvm.sparkContext, num_partitions=None, name="bad")
         assert message in str(err.value), (pack, str(err.value))
-    assert not glob.glob("/dev/shm/sparknet-rows-*"), "a rows file was left behind"
+    assert _rows_files() <= before, "a rows file was left behind"
 
 
 def test_read_rows_deletes_its_file_and_refuses_a_short_one():
@@ -120,3 +126,20 @@ def test_switched_off_or_without_a_jvm_there_is_no_packing(jvm, monkeypatch):
     assert packed.packed_columns(df, "double", "float32") is None
     monkeypatch.setenv("SPARKNET_PACK_ROWS", "1")
     assert packed.packed_columns(df, "double", "float32") is not None
+
+
+def test_a_task_that_fails_before_reading_leaves_no_rows_file(jvm):
+    """The Python side dies before reading the file: the end of the task deletes it."""
+    df = jvm.createDataFrame([([1.0, 2.0], 0), ([3.0, 4.0], 1)], "features array<double>, label int")
+    sel, kind = data_mod._dataframe_columns(df.coalesce(1), "features", "label", "float32", True)
+    rows = packed.packed_columns(sel, kind, "float32")
+
+    def fail(batches):
+        for b in batches:
+            raise RuntimeError(f"failed with the file unread: {b.column(0)[0]}")
+        yield from ()
+
+    before = _rows_files()
+    with pytest.raises(Exception, match="failed with the file unread: /"):
+        rows.mapInArrow(fail, "x long").collect()
+    assert _rows_files() <= before, "the failed task's rows file was left behind"

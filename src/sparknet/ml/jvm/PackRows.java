@@ -14,7 +14,7 @@
  * The first bad row ends the partition: no file, and `bad` says what and where
  * ("x_null 12", "x_lengths 783 784 12", "y_null 12", rows counted within the partition),
  * which sparknet/cluster/data.py turns into a clear error.  The reader deletes the file;
- * the JVM deletes any left at its exit.
+ * the end of the task deletes it if the reader did not (a failed or killed task).
  *
  * Layout (written by sparknet/cluster/packed.py):
  *   spec  "features kind;float bytes;folder"
@@ -37,11 +37,13 @@ import java.util.Arrays;
 import java.util.Collections;
 import java.util.Iterator;
 
+import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.function.FlatMapFunction;
 import org.apache.spark.sql.catalyst.InternalRow;
 import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
 import org.apache.spark.sql.catalyst.util.ArrayData;
 import org.apache.spark.unsafe.types.UTF8String;
+import org.apache.spark.util.TaskCompletionListener;
 
 public final class PackRows implements FlatMapFunction<Iterator<InternalRow>, InternalRow>, Serializable {
     private static final long serialVersionUID = 1L;
@@ -77,12 +79,12 @@ public final class PackRows implements FlatMapFunction<Iterator<InternalRow>, In
 
     /** The row's features into x (its length checked by the caller). */
     void read(InternalRow row, double[] x) {
-        if (kind == DOUBLES) {
+        if (kind == DOUBLES) {          // a null element reads as NaN, refused as the Arrow path does
             ArrayData a = row.getArray(0);
-            for (int i = 0; i < x.length; i++) x[i] = a.getDouble(i);
+            for (int i = 0; i < x.length; i++) x[i] = a.isNullAt(i) ? Double.NaN : a.getDouble(i);
         } else if (kind == FLOATS) {
             ArrayData a = row.getArray(0);
-            for (int i = 0; i < x.length; i++) x[i] = a.getFloat(i);
+            for (int i = 0; i < x.length; i++) x[i] = a.isNullAt(i) ? Double.NaN : a.getFloat(i);
         } else {
             InternalRow v = row.getStruct(0, 4);
             ArrayData values = v.getArray(3);
@@ -118,7 +120,19 @@ public final class PackRows implements FlatMapFunction<Iterator<InternalRow>, In
         File dir = dir();
         Files.createDirectories(dir.toPath());
         Path path = Files.createTempFile(dir.toPath(), "sparknet-rows-", ".bin");
-        path.toFile().deleteOnExit();
+        TaskContext task = TaskContext.get();
+        if (task != null) {
+            task.addTaskCompletionListener(new TaskCompletionListener() {
+                @Override
+                public void onTaskCompletion(TaskContext context) {
+                    try {
+                        Files.deleteIfExists(path);
+                    } catch (IOException e) {
+                        // the folder is gone: nothing to delete
+                    }
+                }
+            });
+        }
         boolean ok = false;
         try (FileChannel ch = FileChannel.open(path, StandardOpenOption.WRITE)) {
             ByteBuffer buf = null;
