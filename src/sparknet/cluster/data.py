@@ -226,9 +226,9 @@ def _is_rdd(data: Any) -> bool:
 
 def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: str,
                        classification: bool) -> tuple[DataFrame, str | None]:
-    """Select features and label (JVM side) as ``x`` and ``y``, and the kind of ``x``:
-    ``"vector"``, ``"float"`` or ``"double"`` (an array of those) when the rows can be
-    packed in the JVM (a numeric label), else None (``x`` then an array column already)."""
+    """Select features and label (JVM side) as ``x`` (a Vector, or an array of floats or
+    doubles) and ``y``, and the kind of ``x``: ``"vector"``, ``"float"`` or ``"double"``
+    when the JVM can hand the rows over (a numeric label), else None (Arrow reads them)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
@@ -262,21 +262,18 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
         want = "numeric class ids (index strings with StringIndexer)" if classification \
             else "numbers, arrays of numbers or Vectors"
         raise ValueError(f"label column {label_col!r} has type {ltype.simpleString()}; use {want}")
-    if kind is None:
-        fcol = _arrow_features(ftype, dtype, fcol)
     return df.select(fcol.alias("x"), lcol.alias("y")), kind
 
 
-def _arrow_features(ftype: Any, dtype: str, col: Any = None) -> Any:
-    """The features column as an array of ``dtype`` elements, for Arrow."""
+def _arrow_features(ftype: Any, dtype: str) -> Any:
+    """Column ``x`` (of type ``ftype``) as an array of ``dtype`` elements, for Arrow."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import functions as F
 
-    col = F.col("x") if col is None else col
     if isinstance(ftype, VectorUDT):
-        return vector_to_array(col, dtype=dtype).alias("x")
-    return col.cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
+        return vector_to_array(F.col("x"), dtype=dtype).alias("x")
+    return F.col("x").cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
 
 
 def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: int | None,
@@ -401,7 +398,7 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
         if packed is not None:
             return Resident.from_dataframe(packed, PackedBuild(classification, dtype), name=name,
                                            on_lost="rebuild")
-        df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype), "y")
+    df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype), "y")
     return Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name, on_lost="rebuild")
 
 

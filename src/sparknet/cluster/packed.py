@@ -94,23 +94,16 @@ class PackedBuild:
         from sparknet.cluster.data import _finish, _no_rows
 
         rows = [r for b in batches for r in b.to_pylist()]   # one a partition
-        files = [r for r in rows if r["path"] is not None]
-        try:
-            meta: dict[str, Any] = {"jvm_seconds": sum(r["seconds"] for r in rows), "rows": 0}
-            bad = [r["bad"] for r in rows if r["bad"] is not None]
-            parts = [] if bad else [read_rows(r["path"], r["rows"], r["dim"], self.dtype) for r in files]
-        finally:
-            for r in files:          # read or not, no file stays behind
-                if os.path.exists(r["path"]):
-                    os.unlink(r["path"])
-        if bad:
+        extra: dict[str, Any] = {"jvm_seconds": sum(r["seconds"] for r in rows)}
+        bad = [r["bad"] for r in rows if r["bad"] is not None]
+        if bad:                  # no file was written (the task's end deletes any other)
             kind, *nums = bad[0].split()
-            meta[kind] = int(nums[0]) if len(nums) == 1 else tuple(map(int, nums))
-        parts = [(x, y) for x, y in parts if len(y)]
+            extra[kind] = int(nums[0]) if len(nums) == 1 else tuple(map(int, nums))
+            return _no_rows(self.dtype), {**extra, "rows": 0}
+        parts = [read_rows(r["path"], r["rows"], r["dim"], self.dtype) for r in rows if r["rows"]]
         if not parts:
-            return _no_rows(self.dtype, np.int64 if self.classification else self.dtype), meta
-        x = parts[0][0] if len(parts) == 1 else np.concatenate([x for x, _ in parts])
-        y = parts[0][1] if len(parts) == 1 else np.concatenate([y for _, y in parts])
-        meta["x_dim"] = int(x.shape[1])
-        del meta["rows"]
-        return _finish(x, y, self.classification, self.dtype, meta)
+            return _no_rows(self.dtype, np.int64 if self.classification else self.dtype), {**extra, "rows": 0}
+        x, y = parts[0] if len(parts) == 1 else (np.concatenate([p[0] for p in parts]),
+                                                 np.concatenate([p[1] for p in parts]))
+        extra["x_dim"] = int(x.shape[1])
+        return _finish(x, y, self.classification, self.dtype, extra)
