@@ -61,6 +61,30 @@ def standalone_cluster(_standalone):
 
 
 @pytest.fixture(scope="session")
+def connect_spark():
+    """A Spark Connect session: a client of a Connect server (master local[2]) the run
+    starts on 127.0.0.1, with sparknet's session settings; stopped at the end."""
+    try:
+        import grpc  # noqa: F401
+        import pyspark.sql.connect.session  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"the Spark Connect client is not installed ({exc}): pip install '.[test]'")
+    sys.path.insert(0, HERE)
+    from _connect_server import ConnectServer
+    from sparknet.cluster.session import DEFAULT_CONF
+
+    conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}
+    conf.update({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
+                 "spark.driver.memory": "2g"})
+    with ConnectServer("local[2]", conf) as server:
+        from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+        session = RemoteSession.builder.remote(server.url).getOrCreate()
+        yield session
+        session.stop()
+
+
+@pytest.fixture(scope="session")
 def mnist_dir():
     """The MNIST folder, or a skip that says what to pass."""
     if not os.path.isdir(MNIST_DIR):

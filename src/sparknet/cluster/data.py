@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
     from pyspark.sql import DataFrame
 
+    from sparknet.cluster.engine import Engine
+
 log = logging.getLogger(__name__)
 
 
@@ -229,11 +231,12 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
     """Select features and label (JVM side) as ``x`` (a Vector, or an array of floats or
     doubles) and ``y``, and the kind of ``x``: ``"vector"``, ``"float"`` or ``"double"``
     when the JVM can hand the rows over (a numeric label), else None (Arrow reads them)."""
-    from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from sparknet.cluster.engine import functions_for
+
+    F, vector_to_array = functions_for(df)
     names = df.columns
     for col, role in ((features_col, "features"), (label_col, "label")):
         if col not in names:
@@ -265,18 +268,21 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
     return df.select(fcol.alias("x"), lcol.alias("y")), kind
 
 
-def _arrow_features(ftype: Any, dtype: str) -> Any:
-    """Column ``x`` (of type ``ftype``) as an array of ``dtype`` elements, for Arrow."""
-    from pyspark.ml.functions import vector_to_array
+def _arrow_features(ftype: Any, dtype: str, df: Any = None) -> Any:
+    """Column ``x`` (of type ``ftype``) as an array of ``dtype`` elements, for Arrow
+    (functions of ``df``'s kind of session)."""
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
+
+    from sparknet.cluster.engine import functions_for
+
+    F, vector_to_array = functions_for(df)
 
     if isinstance(ftype, VectorUDT):
         return vector_to_array(F.col("x"), dtype=dtype).alias("x")
     return F.col("x").cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
 
 
-def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: int | None,
+def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_partitions: int | None,
                features_col: str = "features", label_col: str = "label", dtype: Any = np.float32,
                classification: bool = True, n_classes: int | None = None,
                sample_shape: tuple | None = None, seed: int = 0, what: str = "training data",
@@ -288,7 +294,8 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
             ``label_col`` numeric), an RDD of ``(x, y)`` pairs, or a numpy array ``X``
             (with ``y``).
         y: labels when ``data`` is a numpy array.
-        sc: the SparkContext.
+        sc: the SparkContext, or the session's :class:`~sparknet.cluster.engine.Engine`
+            (under Spark Connect: DataFrame and numpy input; no reuse).
         num_partitions: shards wanted; ``None`` keeps the DataFrame's/RDD's partitions
             (numpy: ``sc.defaultParallelism``).
         features_col: features column of a DataFrame.
@@ -314,14 +321,20 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
             different lengths, NaN/infinity/null, non-integer labels or labels outside
             ``[0, n_classes)``, feature length not matching the model.
     """
+    from sparknet.cluster.engine import engine_for
+
     t0 = time.perf_counter()
+    engine = engine_for(sc)
+    classic: SparkContext | None = getattr(engine, "sc", None)  # None under Spark Connect
+    if classic is None:
+        reuse = False  # reuse follows Classic's persisted RDDs
     dtype = np.dtype(dtype).name
     if num_partitions is not None:
         num_partitions = positive_int(num_partitions, "num_partitions")
-    key = _reuse_key(data, y, sc, features_col, label_col, dtype, classification,
-                     num_partitions) if reuse else None
-    if key is not None:
-        hit = _REUSE.take(key, sc)
+    key = _reuse_key(data, y, classic, features_col, label_col, dtype, classification,
+                     num_partitions) if reuse and classic is not None else None
+    if key is not None and classic is not None:
+        hit = _REUSE.take(key, classic)
         if hit is not None:
             try:
                 hit.dim = _check_meta(hit.resident, what, hit.source, *_names(hit.source, features_col, label_col),
@@ -334,7 +347,7 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
     if _is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
-        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name)
+        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name, engine)
         source = "dataframe"
     elif _is_rdd(data):
         if y is not None:
@@ -343,7 +356,12 @@ def shard_data(data: Any, y: Any = None, *, sc: SparkContext, num_partitions: in
         source = "rdd"
     else:
         X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
-        res = from_numpy(sc, X, Y, num_partitions, seed, name, what)
+        if classic is not None:
+            res = from_numpy(classic, X, Y, num_partitions, seed, name, what)
+        else:
+            from sparknet.cluster import engine_connect
+
+            res = engine_connect.from_numpy(engine, X, Y, num_partitions, seed, name)  # type: ignore[arg-type]
         source = "numpy"
     t_built = time.perf_counter()
     try:
@@ -382,24 +400,24 @@ def _job_phases(res: Resident, plan: float) -> dict[str, float]:
 
 
 def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
-                    num_partitions: int | None, name: str) -> Resident:
+                    num_partitions: int | None, name: str, engine: "Engine") -> Resident:
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
         raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
                           "pip install 'sparknet[arrow]'") from exc
     df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
-    if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
-        df = df.repartition(int(num_partitions))
-    if kind is not None:
+    if num_partitions is not None and (engine.kind != "classic" or df.rdd.getNumPartitions() != num_partitions):
+        df = df.repartition(int(num_partitions))  # (a Connect DataFrame's partitions are not known before it runs)
+    if kind is not None and engine.kind == "classic":
         from sparknet.cluster.packed import PackedBuild, packed_columns
 
         packed = packed_columns(df, kind, dtype)
         if packed is not None:
             return Resident.from_dataframe(packed, PackedBuild(classification, dtype), name=name,
                                            on_lost="rebuild")
-    df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype), "y")
-    return Resident.from_dataframe(df, _ArrowBuild(classification, dtype), name=name, on_lost="rebuild")
+    df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype, df), "y")
+    return engine.resident_from_dataframe(df, _ArrowBuild(classification, dtype), name, "rebuild", None)
 
 
 def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | None, name: str) -> Resident:

@@ -74,6 +74,7 @@ from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster import fit_data, trainer_state
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import release_shards
+from sparknet.cluster.engine import engine_for
 from sparknet.cluster.fit import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
 from sparknet.cluster.outer import OuterOptimizer, resolve_outer
 from sparknet.cluster.params import STATS, ParameterServer
@@ -335,12 +336,16 @@ class DataParallelTrainer:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
+        engine = engine_for(self.spark)
+        if engine.kind != "classic" and self.mode != "sync":
+            raise NotImplementedError(f"mode={self.mode!r} needs a SparkContext; under Spark Connect "
+                                      f"use mode='sync' (sync='gradient' or 'average')")
         parts = self._partitions_for(data, batch_size)
         with fit_data.resident_data(self, data, y, validation_data, (features_col, label_col),
                                     classification, key, reuse_data, parts) as (train, val):
-            ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
+            ps = ParameterServer(engine, model.params, reduce=self.reduce)
             tag = f"sparknet-fit-{key}"
-            self.spark.sparkContext.addJobTag(tag)
+            engine.add_tag(tag)
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
                                  epochs, batch_size, history=history,
@@ -355,7 +360,7 @@ class DataParallelTrainer:
                 cbl.on_fit_begin()
                 self._train(ctx, verbose, tag)
             finally:
-                self.spark.sparkContext.removeJobTag(tag)
+                engine.remove_tag(tag)
                 ps.close()
         model.optimizer = self.optimizer
         cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
@@ -412,7 +417,7 @@ class DataParallelTrainer:
                 ctx.progress.skip(ctx.state.start.epoch)
                 self._epochs(ctx, verbose)
         except KeyboardInterrupt:
-            self.spark.sparkContext.cancelJobsWithTag(tag)
+            ctx.engine.cancel(tag)
             ctx.history.interrupted = True
             log.warning("sparknet: interrupted after %d epoch(s); cancelled the fit's jobs; the model is "
                         "as of the last applied round", len(ctx.history.epoch))
@@ -537,7 +542,7 @@ class DataParallelTrainer:
         parts = None if self.num_partitions in (None, "auto") else int(self.num_partitions)
         d = fit_data.load(self, data, y, (features_col, label_col), classification, parts,
                           "evaluation data", f"eval-{key}")
-        ps = ParameterServer(self.spark.sparkContext, model.params, reduce=self.reduce)
+        ps = ParameterServer(engine_for(self.spark), model.params, reduce=self.reduce)
         try:
             ctx = FitContext(self, self._spec(key, 1, classification), d, None, ps, 1, 1)
             out = ctx.evaluate(d, "sparknet evaluate")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from sparknet.callbacks import CallbackList
     from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.engine import Engine
     from sparknet.cluster.resident import Resident
     from sparknet.cluster.trainer_state import FitState
 
@@ -212,7 +213,16 @@ class FitContext:
 
     @property
     def sc(self) -> SparkContext:
+        """The ``SparkContext`` (Classic sessions; the asynchronous modes need it)."""
+        if self.ps.sc is None:
+            raise NotImplementedError("this mode needs a SparkContext; under Spark Connect use "
+                                      "mode='sync' (sync='gradient' or 'average')")
         return self.ps.sc
+
+    @property
+    def engine(self) -> "Engine":
+        """The fit's engine (:mod:`sparknet.cluster.engine`)."""
+        return self.ps.engine
 
     def describe_round(self) -> str:
         if self.trainer.sync == "gradient":
@@ -244,7 +254,7 @@ class FitContext:
         def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
             if state is not None and kind == "train":
                 state.before_round(self)  # partition state after a resume or a rebuild
-            self.sc.setJobDescription(description)
+            self.engine.describe(description)
             return self.ps.gather(data.resident.mapPartitions(task))
         if state is None:
             return run_action(data.resident, action, None)
@@ -287,7 +297,7 @@ class FitContext:
         else:
             y = rng.standard_normal((b,) + tuple(spec.y_shape)).astype(model.dtype)
         times: list[float] = []
-        with blas_threads(max(int(self.sc.getConf().get("spark.task.cpus", "1")), 1)):
+        with blas_threads(max(int(self.engine.conf("spark.task.cpus", "1") or 1), 1)):
             for k in range(steps + 1):
                 t0 = time.perf_counter()
                 copy.loss_and_grad(x, y, model.loss)

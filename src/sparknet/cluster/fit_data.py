@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from sparknet.cluster.data import ShardedData, _is_dataframe, _is_rdd, check_label_range, label_desc, shard_data
+from sparknet.cluster.engine import engine_for, is_connect
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel import DataParallelTrainer
@@ -44,7 +45,7 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
     model = trainer.model
     features_col, label_col = cols
     n_classes = n_outputs(model) if (model.built and classification) else None
-    d = shard_data(data, y, sc=trainer.spark.sparkContext, num_partitions=num_partitions,
+    d = shard_data(data, y, sc=engine_for(trainer.spark), num_partitions=num_partitions,
                    features_col=features_col, label_col=label_col, dtype=model.dtype,
                    classification=classification, n_classes=n_classes,
                    sample_shape=model.input_shape, seed=trainer.seed, what=what, name=name,
@@ -60,15 +61,17 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
     return d
 
 
-def _partitions(trainer: "DataParallelTrainer", data: Any, num_partitions: int | None) -> int:
+def _partitions(trainer: "DataParallelTrainer", data: Any, num_partitions: int | None) -> int | None:
     """The training shards' count, known before they are built."""
     if num_partitions is not None:
         return int(num_partitions)
     if _is_dataframe(data):
+        if is_connect(data):  # a Connect DataFrame's partitions are known once it runs
+            return None
         return int(data.rdd.getNumPartitions())
     if _is_rdd(data):
         return int(data.getNumPartitions())
-    return int(trainer.spark.sparkContext.defaultParallelism)
+    return engine_for(trainer.spark).default_parallelism()
 
 
 @contextlib.contextmanager
@@ -80,7 +83,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
     shards are deleted after it (or kept for reuse, see ``fit``)."""
     from pyspark import InheritableThread
 
-    sc = trainer.spark.sparkContext
+    engine = engine_for(trainer.spark)
     train = val = None
     vdata, vy = split_validation(validation_data) if validation_data is not None else (None, None)
     parts = _partitions(trainer, data, num_partitions) if trainer.model.built else None
@@ -89,7 +92,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
     def load_val(n: int | None) -> None:
         t0 = time.perf_counter()
         try:
-            sc.setJobDescription("sparknet: loading validation data onto the executors")
+            engine.describe("sparknet: loading validation data onto the executors")
             side["val"] = load(trainer, vdata, vy, cols, classification, n, "validation data", f"val-{key}", reuse)
         except BaseException as exc:  # re-raised by the fit's thread
             side["error"] = exc
@@ -100,7 +103,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
         if validation_data is not None and parts is not None:
             thread = InheritableThread(target=load_val, args=(parts,), name=f"sparknet-val-{key}", daemon=True)
             thread.start()
-        sc.setJobDescription("sparknet: loading training data onto the executors")
+        engine.describe("sparknet: loading training data onto the executors")
         try:
             train = load(trainer, data, y, cols, classification, num_partitions, "training data",
                          f"train-{key}", reuse)
@@ -120,7 +123,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
             val = side["val"]
         yield train, val
     finally:
-        sc.setJobDescription(None)  # type: ignore[arg-type]  # None clears it; the stub says str
+        engine.describe(None)
         for d in (train, val):
             if d is not None:
                 d.close()

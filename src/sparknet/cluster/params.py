@@ -27,7 +27,9 @@ import numpy as np
 from pyspark.accumulators import AccumulatorParam
 
 if TYPE_CHECKING:
-    from pyspark import RDD, Accumulator, Broadcast, SparkContext
+    from pyspark import Accumulator, SparkContext
+
+    from sparknet.cluster.engine import Engine, Shipped
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +102,8 @@ class ParameterServer:
     """The driver-side parameter server of a fit.
 
     Args:
-        sc: the ``SparkContext``.
+        sc: the ``SparkContext``, or the fit's :class:`~sparknet.cluster.engine.Engine`
+            (a Spark Connect session sends the parameters inside each round's query).
         params: the flat parameter buffer (the model's ``params``; read, not copied, at
             each :meth:`broadcast`).
         reduce: ``"tree"`` (``treeAggregate``, default) or ``"accumulator"``.
@@ -110,29 +113,30 @@ class ParameterServer:
         ValueError: unknown ``reduce``.
     """
 
-    def __init__(self, sc: SparkContext, params: np.ndarray, reduce: str = "tree", tree_depth: int = 2) -> None:
+    def __init__(self, sc: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
+                 tree_depth: int = 2) -> None:
+        from sparknet.cluster.engine import engine_for
+
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
-        self.sc, self.params, self.reduce, self.tree_depth = sc, params, reduce, int(tree_depth)
-        self._bc: Broadcast | None = None
+        self.engine = engine_for(sc)
+        self.sc = getattr(self.engine, "sc", None)  # the SparkContext (None under Spark Connect)
+        self.params, self.reduce, self.tree_depth = params, reduce, int(tree_depth)
+        self._bc: Shipped | None = None
         self.bytes_out = 0
 
-    def broadcast(self) -> Broadcast:
-        """A ``Broadcast`` of the current parameters; the previous one is unpersisted."""
+    def broadcast(self) -> Shipped:
+        """A ``Broadcast`` of the current parameters (under Spark Connect, the value the
+        round's query carries); the previous one is unpersisted."""
         self._drop(destroy=False)
-        bc = self._bc = self.sc.broadcast(np.ascontiguousarray(self.params))
+        bc = self._bc = self.engine.ship(np.ascontiguousarray(self.params))
         self.bytes_out += int(self.params.nbytes)
         return bc
 
-    def gather(self, rdd: RDD) -> RoundResult:
-        """Sum the :class:`RoundResult` s of ``rdd`` (one per task) with the chosen primitive."""
-        if self.reduce == "tree":
-            out = rdd.treeAggregate(RoundResult(), _seq, _seq, depth=self.tree_depth)
-        else:
-            acc = self.sc.accumulator(RoundResult(), RoundResultParam())
-            rdd.foreach(_Adder(acc))
-            out = acc.value
-        return out
+    def gather(self, rdd: Any) -> RoundResult:
+        """Sum the :class:`RoundResult` s of ``rdd`` (one per task; a resident state's
+        ``mapPartitions``) with the chosen primitive."""
+        return self.engine.gather(rdd, self.reduce, self.tree_depth)
 
     def _drop(self, destroy: bool) -> None:
         if self._bc is not None:
@@ -181,7 +185,7 @@ def measure_primitives(sc: SparkContext, n_params: int, partitions: int, repeats
 
 
 class _Echo:
-    def __init__(self, bc: Broadcast) -> None:
+    def __init__(self, bc: Any) -> None:
         self.bc = bc
 
     def __call__(self, _: Any) -> RoundResult:

@@ -38,8 +38,7 @@ from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
-
+    from sparknet.cluster.engine import Shipped
     from sparknet.cluster.resident import Shard
 
 #: Rows per minibatch of an evaluation task (memory only: the sums do not depend on it).
@@ -131,7 +130,8 @@ class RoundTask:
 
     Args:
         spec: the fit's :class:`FitSpec`.
-        bc: ``Broadcast`` of the flat parameter vector the round starts from.
+        bc: ``Broadcast`` of the flat parameter vector the round starts from (under Spark
+            Connect, the vector the query carries; :mod:`sparknet.cluster.engine`).
         kind: what the task computes (:class:`TaskKind`, or its value).
         epoch: the (first) epoch of the round.
         rnd: the round's index in its epoch.
@@ -145,7 +145,7 @@ class RoundTask:
             (:func:`chunk_lrs`).
     """
 
-    def __init__(self, spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str", epoch: int = 0,
+    def __init__(self, spec: FitSpec, bc: "Shipped", kind: "TaskKind | str", epoch: int = 0,
                  rnd: int = 0, rounds: int = 1, span: int = 1, collect_state: bool = False,
                  lr: float | None = None, schedule: ScheduledLR | None = None) -> None:
         self.spec, self.bc, self.kind = spec, bc, TaskKind(kind)
@@ -294,7 +294,7 @@ def set_task_wrapper(wrapper: TaskWrapper | None) -> TaskWrapper | None:
     return previous
 
 
-def make_task(spec: FitSpec, bc: "Broadcast", kind: "TaskKind | str",
+def make_task(spec: FitSpec, bc: "Shipped", kind: "TaskKind | str",
               **where: Any) -> Callable[[int, "Shard"], list[RoundResult]]:
     """A :class:`RoundTask` (``where``: its ``epoch``, ``rnd``, ``rounds``,
     ``span``, ``collect_state``, ``lr``, ``schedule``), passed through the

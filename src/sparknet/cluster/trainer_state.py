@@ -312,7 +312,7 @@ class FitState:
         if self.pending is None:
             return
         states, self.pending = self.pending, None
-        bc = ctx.sc.broadcast(states)
+        bc = ctx.engine.ship(states)
         try:
             fn = _PushState(state_prefix(ctx.spec.key), bc)
             if standalone:

@@ -1,0 +1,159 @@
+"""sparknet from a Spark Connect client (the ``connect_spark`` fixture: a Connect server with
+master local[2] on 127.0.0.1, no SparkContext on the client), against the Classic session
+(``spark``) of the same run: the same weights in float64 with ``sync="gradient"``, the
+same accuracy with ``sync="average"``, DataFrame input, the same errors, the placement of
+the shards over many jobs, and rounds past their timeout interrupted."""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from sparknet import Dense, RMSprop, Sequential
+from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.engine import engine_for, is_connect
+from sparknet.cluster.engine_connect import ConnectResident
+from sparknet.errors import RoundTimeout
+
+
+def _mlp(dtype="float64", seed=1):
+    return Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,),
+                      dtype=dtype, seed=seed)
+
+
+def _folders():
+    from sparknet.cluster import spill
+    return {n for n in os.listdir(spill.SHM) if n.startswith(spill.PREFIX)} if os.path.isdir(spill.SHM) else set()
+
+
+@pytest.fixture
+def nothing_left():
+    """Asserts that the test leaves no resident folder in /dev/shm."""
+    before = _folders()
+    yield
+    assert not _folders() - before, f"left in /dev/shm: {sorted(_folders() - before)}"
+
+
+def test_the_session_is_a_connect_one_with_no_spark_context(connect_spark):
+    assert is_connect(connect_spark) and engine_for(connect_spark).kind == "connect"
+    with pytest.raises(AttributeError, match="sparkContext"):
+        connect_spark.sparkContext  # noqa: B018 - what Connect refuses, and sparknet never asks for
+
+
+@pytest.mark.parametrize("rows,epochs", [(600, 2)])
+def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digits, rows, epochs, nothing_left):
+    """The same fit (numpy input, float64, sync='gradient') under Classic and Connect ends
+    with the same weights to 1e-12: the same split, the same steps, the same sums."""
+    X, y, _, _ = digits
+    X, y = X[:rows].astype(np.float64), y[:rows]
+    out = {}
+    for name, session in (("classic", spark), ("connect", connect_spark)):
+        model = _mlp()
+        trainer = DataParallelTrainer(model, session, num_partitions=3, sync="gradient",
+                                      optimizer=RMSprop(lr=1e-2), seed=5)
+        _, history = trainer.fit(X, y, epochs=epochs, batch_size=100, verbose=0)
+        out[name] = (model.params.copy(), history["loss"])
+    start = _mlp().params
+    ref, got = out["classic"][0], out["connect"][0]
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    moved = np.linalg.norm(ref - start) / np.linalg.norm(start)
+    print(f"Connect vs Classic: relative difference {rel:.3e}, moved {moved:.3f}; "
+          f"losses {out['classic'][1]} / {out['connect'][1]}")
+    assert moved > 0.01, "training did not move the parameters"
+    assert rel <= 1e-12, f"Connect and Classic weights differ: {rel:.3e}"
+
+
+def test_average_sync_reaches_classic_accuracy_on_digits(spark, connect_spark, digits, nothing_left):
+    """sync='average' (local steps, averaged) on digits reaches the Classic run's test
+    accuracy within 0.3 points, with DataFrame input under Connect."""
+    from pyspark.ml.linalg import Vectors
+
+    X, y, Xt, yt = digits
+    acc = {}
+    for name, session in (("classic", spark), ("connect", connect_spark)):
+        model = _mlp("float32", seed=3)
+        df = session.createDataFrame([(Vectors.dense(x.astype(float)), float(t)) for x, t in zip(X, y)],
+                                     ["features", "label"]).repartition(2)
+        trainer = DataParallelTrainer(model, session, sync="average", local_steps=8,
+                                      optimizer=RMSprop(lr=3e-3), seed=2)
+        _, history = trainer.fit(df, epochs=8, batch_size=32, verbose=0)
+        acc[name] = float((model.predict(Xt.astype(np.float32)) == yt).mean())
+        assert history["loss"][-1] < history["loss"][0]
+    print(f"test accuracy: Classic {acc['classic']:.4f}, Connect {acc['connect']:.4f}")
+    assert acc["connect"] >= 0.93
+    assert abs(acc["connect"] - acc["classic"]) <= 0.003 + 1e-9, acc
+
+
+def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothing_left):
+    from pyspark.ml.linalg import Vectors
+
+    df = connect_spark.createDataFrame([(Vectors.dense([1.0, 2.0]), 0.0), (Vectors.dense([1.0, float("nan")]), 1.0)],
+                                       ["features", "label"])
+    trainer = DataParallelTrainer(Sequential([Dense(2, activation="softmax")], dtype="float32"), connect_spark)
+    with pytest.raises(ValueError, match=r"features column 'features' contains nan \(NaN or infinity\) "
+                                         r"at partition \d+, row \d+, element 1"):
+        trainer.fit(df, epochs=1, batch_size=2, verbose=0)
+    with pytest.raises(ValueError, match="features column 'pixels'"):
+        trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
+
+
+def test_async_mode_says_it_needs_a_spark_context(connect_spark, digits):
+    X, y, _, _ = digits
+    trainer = DataParallelTrainer(_mlp("float32"), connect_spark, mode="async")
+    with pytest.raises(NotImplementedError, match="mode='async' needs a SparkContext"):
+        trainer.fit(X[:100], y[:100], epochs=1, verbose=0)
+
+
+def test_shards_stay_on_their_host_and_in_the_workers_over_30_jobs(connect_spark, nothing_left):
+    """Over 36 jobs every partition's task finds its shard on the host that built it, in
+    the store of the Python worker it runs in (after at most one attach from the host's
+    files per worker), and reads the same bytes."""
+    df = connect_spark.range(0, 2000, 1, numPartitions=2).selectExpr("array(cast(id as float)) as x")
+
+    def build(index, batches):
+        x = np.concatenate([np.asarray(b.column(0).to_pylist(), np.float32) for b in batches])
+        return {"x": x}, {"rows": len(x)}
+
+    def where(index, shard):  # (defined here: the server's workers cannot import this module)
+        from sparknet.cluster import shards
+        stamp = shards._STORE_STAMPS.get((shard.info.key, index))
+        return index, os.getpid(), shard.info.host, stamp == shard.info.stamp, float(shard.arrays["x"].sum())
+
+    with ConnectResident(df, build, name="placement") as res:
+        assert res.num_partitions == 2
+        hosts = {i.index: i.host for i in res.infos}
+        sums = None
+        rows, t0 = [], time.perf_counter()
+        for _ in range(36):
+            rows.append(res.map(where))
+        seconds = (time.perf_counter() - t0) / 36
+    same_host = sum(all(r[2] == hosts[r[0]] for r in job) for job in rows)
+    sums = {r[0]: r[4] for r in rows[0]}
+    same_bytes = sum(all(r[4] == sums[r[0]] for r in job) for job in rows)
+    workers = {r[1] for job in rows for r in job}
+    in_store = sum(all(r[3] for r in job) for job in rows[len(workers):])
+    print(f"placement: {same_host}/36 jobs on the building host, {in_store}/{36 - len(workers)} found "
+          f"in the worker's store after the first attach, {len(workers)} Python workers, {seconds * 1000:.0f} ms/job")
+    assert same_host == 36 and same_bytes == 36
+    assert in_store == 36 - len(workers)
+
+
+def test_a_job_past_its_timeout_is_interrupted_and_the_next_runs(connect_spark, nothing_left):
+    df = connect_spark.range(0, 10, 1, numPartitions=2).selectExpr("array(cast(id as float)) as x")
+
+    def build(index, batches):
+        return {"x": np.concatenate([np.asarray(b.column(0).to_pylist(), np.float32) for b in batches])}
+
+    def sleepy(index, shard):
+        time.sleep(60)
+        return [index]
+
+    with ConnectResident(df, build, name="timeout") as res:
+        t0 = time.perf_counter()
+        with pytest.raises(RoundTimeout, match="ran longer than 3 s"):
+            res.run_action(lambda: res.mapPartitions(sleepy).collect(), timeout=3.0)
+        took = time.perf_counter() - t0
+        assert took < 40, f"the interrupted job took {took:.0f} s"
+        assert sorted(res.map(lambda i, s: i)) == [0, 1]
