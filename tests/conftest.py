@@ -61,9 +61,9 @@ def standalone_cluster(_standalone):
 
 
 @pytest.fixture(scope="session")
-def connect_spark():
-    """A Spark Connect session: a client of a Connect server (master local[2]) the run
-    starts on 127.0.0.1, with sparknet's session settings; stopped at the end."""
+def connect_server():
+    """A Spark Connect server (master local[2]) the run starts on 127.0.0.1, with
+    sparknet's session settings; stopped at the end."""
     try:
         import grpc  # noqa: F401
         import pyspark.sql.connect.session  # noqa: F401
@@ -77,11 +77,17 @@ def connect_spark():
     conf.update({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",
                  "spark.driver.memory": "2g"})
     with ConnectServer("local[2]", conf) as server:
-        from pyspark.sql.connect.session import SparkSession as RemoteSession
+        yield server
 
-        session = RemoteSession.builder.remote(server.url).getOrCreate()
-        yield session
-        session.stop()
+
+@pytest.fixture(scope="session")
+def connect_spark(connect_server):
+    """A Spark Connect session: a client of :func:`connect_server` (no SparkContext)."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSession
+
+    session = RemoteSession.builder.remote(connect_server.url).getOrCreate()
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="session")

@@ -157,3 +157,50 @@ def test_a_job_past_its_timeout_is_interrupted_and_the_next_runs(connect_spark, 
         took = time.perf_counter() - t0
         assert took < 40, f"the interrupted job took {took:.0f} s"
         assert sorted(res.map(lambda i, s: i)) == [0, 1]
+
+
+def test_estimator_fit_transform_save_load_under_connect(connect_spark, digits, tmp_path, nothing_left):
+    """SparkNetClassifier on a Connect DataFrame: fit, transform (the Arrow engine; the
+    JVM one needs a JVM on the client), save and load through the Connect session; the
+    loaded model scores as the fitted one and as the network on the client."""
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier
+
+    X, y, Xt, yt = digits
+    train = connect_spark.createDataFrame([(Vectors.dense(x.astype(float)), float(t)) for x, t in zip(X, y)],
+                                          ["features", "label"]).repartition(2)
+    test = connect_spark.createDataFrame([(Vectors.dense(x.astype(float)), float(t)) for x, t in zip(Xt, yt)],
+                                         ["features", "label"])
+    net = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=4)
+    est = SparkNetClassifier(network=net, epochs=10, learningRate=1e-2, batchSize=32, seed=4)
+    model = est.fit(train)
+    rows = model.transform(test).select("prediction", "label").toPandas()
+    acc = float((rows.prediction == rows.label).mean())
+    assert model.lastInferenceEngine == "arrow"
+    local = model.network.predict(Xt.astype(np.float32))
+    np.testing.assert_array_equal(rows.prediction.to_numpy().astype(int), local)
+    path = str(tmp_path / "model")
+    model.write().session(connect_spark).save(path)
+    loaded = SparkNetClassificationModel.read().session(connect_spark).load(path)
+    np.testing.assert_array_equal(loaded.network.params, model.network.params)
+    again = loaded.transform(test).select("prediction").toPandas().prediction.to_numpy()
+    np.testing.assert_array_equal(again, rows.prediction.to_numpy())
+    print(f"Estimator under Connect: test accuracy {acc:.4f}")
+    assert acc >= 0.93
+
+
+def test_demo_runs_from_a_connect_client(connect_server):
+    """``python -m sparknet demo --remote sc://...`` trains on the digits from a Connect
+    client (a process of its own, as a user runs it) and reports the accuracy."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sparknet", "demo", "--remote", connect_server.url, "--quiet",
+                           "--epochs", "20"], capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if "test accuracy" in ln]
+    assert lines, f"no result line (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    print(lines[-1])
+    assert f"Spark Connect {connect_server.url}" in lines[-1]
+    acc = float(lines[-1].split("test accuracy ")[1].split()[0])
+    assert acc >= 0.95, lines[-1]

@@ -17,7 +17,7 @@ def test_sphinx_builds_without_warnings(tmp_path):
     html = tmp_path / "html"
     for page in ("api", "install", "quickstart", "troubleshooting", "changelog", "benchmarks", "scaling",
                  "guides/dense", "guides/conv", "guides/recurrent", "guides/data_parallel", "guides/async",
-                 "guides/model_parallel", "guides/spark_ml", "guides/inference", "guides/checkpoints"):
+                 "guides/model_parallel", "guides/spark_ml", "guides/inference", "guides/checkpoints", "guides/connect"):
         assert (html / f"{page}.html").exists(), f"docs/{page}.rst was not built"
     # the benchmark figures come from benchmarks/README.md at build time, tables included
     bench = (html / "benchmarks.html").read_text(encoding="utf-8")

@@ -112,8 +112,10 @@ def test_parser_finds_blocks_in_order_and_bare_literals(tmp_path):
 
 @pytest.mark.parametrize("page", [p for p in PAGES if any(b.lang == "python"
                                                           for b in parse_blocks(os.path.join(DOCS, p))[0])])
-def test_page_examples_run(page, spark, tmp_path, monkeypatch):
+def test_page_examples_run(page, spark, tmp_path, monkeypatch, request):
     monkeypatch.chdir(tmp_path)
+    if page == "guides/connect.rst":  # its examples are a Connect server's client
+        monkeypatch.setenv("SPARK_CONNECT_URL", request.getfixturevalue("connect_server").url)
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
     blocks = [b for b in parse_blocks(os.path.join(DOCS, page))[0] if b.lang == "python"]
     namespace: dict = {"__name__": "__docs__"}

@@ -2,7 +2,9 @@
 
 - ``demo``: train an MLP on scikit-learn's bundled digits and print the test accuracy
   (on local Spark through the data-parallel trainer when ``sparknet.cluster`` and Java
-  are available, in one process with ``--local``);
+  are available, in one process with ``--local``, from a Spark Connect client with
+  ``--remote sc://host:port``, or ``--remote local[2]`` for a Connect server pyspark
+  starts here);
 - ``train``: train an MLP on digits or on MNIST IDX files and save the model file;
 - ``plot``: draw a saved :class:`~sparknet.history.History` (JSON) to a PNG;
 - ``info``: versions and the BLAS the kernels use.
@@ -38,7 +40,11 @@ def _demo_local(args: argparse.Namespace) -> float:
 
 def _demo_spark(args: argparse.Namespace) -> float:
     from sparknet.cluster import demo as cluster_demo
-    return cluster_demo(epochs=args.epochs, seed=args.seed, verbose=0 if args.quiet else args.verbose)
+    spark = None
+    if args.remote:
+        from pyspark.sql import SparkSession
+        spark = SparkSession.builder.remote(args.remote).getOrCreate()
+    return cluster_demo(spark, epochs=args.epochs, seed=args.seed, verbose=0 if args.quiet else args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -51,13 +57,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
             use_spark = hasattr(_cluster, "demo")
         except ImportError:
             use_spark = False
-    if use_spark and shutil.which("java") is None:
+    needs_java = not (args.remote or "").startswith("sc://")  # a Connect client needs no JVM
+    if use_spark and needs_java and shutil.which("java") is None:
         print("sparknet demo: Spark needs Java 17+, and no `java` is on PATH; install a JDK "
               "(e.g. apt-get install openjdk-17-jre-headless) or run `python -m sparknet demo --local`",
               file=sys.stderr)
         return 2
     if use_spark:
-        mode = "local Spark"
+        mode = f"Spark Connect {args.remote}" if args.remote else "local Spark"
         acc = _demo_spark(args)
     else:
         acc = _demo_local(args)
@@ -132,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--epochs", type=int, default=40)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--local", action="store_true", help="train in one process instead of on local Spark")
+    d.add_argument("--remote", default=None, metavar="URL",
+                   help="train from a Spark Connect client: sc://host:port, or local[2] for a local Connect server")
     d.add_argument("--quiet", action="store_true", help="no progress output (as --verbose 0)")
     d.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                    help="0 nothing, 1 one live progress bar (default), 2 one line per epoch")

@@ -111,6 +111,20 @@ def functions_for(df: Any) -> tuple[Any, Callable]:
     return F, vector_to_array
 
 
+def arrow_udf_for(df: Any, fn: Callable, return_type: Any) -> Any:
+    """``pyspark.sql.functions.arrow_udf(fn, return_type)`` made for ``df``'s kind of
+    session (see :func:`functions_for`): pyspark types the UDF from ``fn``'s hints, then
+    a Connect DataFrame gets the Connect form of the same UDF."""
+    from pyspark.sql.functions import arrow_udf
+
+    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]  # the stubs want a functionType, which pyspark deprecates
+    if not is_connect(df):
+        return udf
+    from pyspark.sql.connect.udf import _create_udf
+
+    return _create_udf(udf.func, udf.returnType, udf.evalType)
+
+
 class ClassicEngine:
     """:class:`Engine` over a ``SparkContext``."""
 

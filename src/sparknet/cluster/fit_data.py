@@ -11,6 +11,7 @@ training data first, so its validation data is checked against that and loaded a
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -101,7 +102,9 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
     thread = None
     try:
         if validation_data is not None and parts is not None:
-            thread = InheritableThread(target=load_val, args=(parts,), name=f"sparknet-val-{key}", daemon=True)
+            # (a Connect client's queries carry their thread's tags, not a JVM's properties)
+            kind = InheritableThread if engine.kind == "classic" else threading.Thread
+            thread = kind(target=load_val, args=(parts,), name=f"sparknet-val-{key}", daemon=True)
             thread.start()
         engine.describe("sparknet: loading training data onto the executors")
         try:

@@ -88,9 +88,9 @@ def flat_features(df: DataFrame, col: str, kind: FeatureKind, dtype: str,
         dtype: ``"float32"`` or ``"float64"``.
         seq_shape: ``(T, F)`` for sequences.
     """
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
+    from sparknet.cluster.engine import functions_for
 
+    F, vector_to_array = functions_for(df)
     elem = "FLOAT" if dtype == "float32" else "DOUBLE"
     if kind.kind == "vector":
         return vector_to_array(F.col(col), dtype=dtype)
@@ -117,8 +117,9 @@ def sequence_stats(df: DataFrame, col: str) -> dict[str, Any]:
         dict with ``rows``, ``null_rows``, ``max_len``, ``min_step``, ``max_step``,
         ``null_steps``.
     """
-    from pyspark.sql import functions as F
+    from sparknet.cluster.engine import functions_for
 
+    F, _ = functions_for(df)
     c = F.col(col)
     step_sizes = F.transform(c, lambda s: F.coalesce(F.size(s), F.lit(-1)))
     row = df.agg(
@@ -166,8 +167,10 @@ def null_vector_message(df: DataFrame, features_col: str, label_col: str) -> str
     """The message for a null Vector row: which column holds nulls (and how many), from
     one count job run after the load failed on them."""
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
 
+    from sparknet.cluster.engine import functions_for
+
+    F, _ = functions_for(df)
     cols = [(c, role) for c, role in ((features_col, "features"), (label_col, "label"))
             if c in df.columns and isinstance(df.schema[c].dataType, VectorUDT)]
     counts = df.agg(*[F.sum(F.col(quote(c)).isNull().cast("long")).alias(role) for c, role in cols]
@@ -190,11 +193,12 @@ def label_width(df: DataFrame, col: str) -> int | None:
     """Values per row of a regression label column: 1 for numbers, a Vector's size from
     its metadata or else from the first non-null row (one small job), an array's from the
     first non-null row; None when unknown (no such column or row: the load names it)."""
-    from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    from sparknet.cluster.engine import functions_for
+
+    F, vector_to_array = functions_for(df)
     if col not in df.columns:
         return None
     field = df.schema[col]

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, TypeVar
 from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
+from sparknet.cluster.engine import is_connect
 from sparknet.model import Sequential
 
 #: Classes this reader instantiates (metadata naming anything else is refused).
@@ -209,7 +210,7 @@ class SparkNetWriter(MLWriter):
         if not isinstance(path, str) or not path:
             raise TypeError(f"path must be a non-empty str, got {path!r}")
         check_params_json(self.instance)
-        if not hasattr(self.sparkSession.sparkContext, "_jsc"):  # Spark Connect: no Hadoop FileSystem here
+        if is_connect(self.sparkSession):  # Spark Connect: no Hadoop FileSystem here
             super().save(path)
             return
         folder = _Folder(self.sparkSession, path)
@@ -244,7 +245,7 @@ class SparkNetWriter(MLWriter):
 
             schema = T.StructType([T.StructField("model", T.BinaryType(), False)])
             df = self.sparkSession.createDataFrame([(bytearray(blob),)], schema)
-            df.coalesce(1).write.mode("errorifexists").parquet(os.path.join(path, "data"))
+            df.coalesce(1).write.mode("error").parquet(os.path.join(path, "data"))
 
 
 class SparkNetReader(MLReader[_S]):
@@ -259,7 +260,7 @@ class SparkNetReader(MLReader[_S]):
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
             hint = ""
-            if hasattr(self.sparkSession.sparkContext, "_jsc"):
+            if not is_connect(self.sparkSession):
                 old = _Folder(self.sparkSession, path).leftovers("old")
                 if old:  # killed between moving the old folder aside and renaming the new one in
                     hint = f"; an overwrite of it was interrupted, its previous version is at {old[-1]}"

@@ -78,6 +78,13 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         return None
 
     def _broadcast(self, spark: SparkSession) -> Broadcast[tuple[str, np.ndarray]]:
+        from sparknet.cluster.engine import is_connect
+
+        if is_connect(spark):  # no broadcasts: the network goes with the query
+            from sparknet.cluster.engine_connect import InClosure
+
+            net = self.network
+            return InClosure((json.dumps(net.get_config()), np.ascontiguousarray(net.params)))  # type: ignore[return-value]
         sc = spark.sparkContext
         if self._bc is None or self._bc_sc is not sc:
             net = self.network
@@ -133,9 +140,9 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         ``field`` one of ``raw``/``prob``/``pred``), on the engine ``inferenceEngine``
         picks (kept in :attr:`lastInferenceEngine`).  ``mode``: 0 classifier, 1
         regressor with one output, 2 with several."""
-        from pyspark.sql import functions as F
-        from pyspark.sql.functions import arrow_udf
+        from sparknet.cluster.engine import arrow_udf_for, functions_for
 
+        F, _ = functions_for(dataset)
         feats = self._features(dataset)          # the schema checks, for either engine
         engine = self.getInferenceEngine()
         if engine != "arrow":
@@ -158,9 +165,8 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         self.lastInferenceEngine = "arrow"
         fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
         tmp = f"__sparknet_{self._key[:8]}"
-        # pyspark's stubs type arrow_udf only with an explicit functionType, which it deprecates:
-        # the iterator type hints of ``fn`` choose the kind at run time
-        udf = arrow_udf(fn, output_type(mode == 0, mode == 2))  # type: ignore[call-overload]
+        # the iterator type hints of ``fn`` choose the kind of UDF
+        udf = arrow_udf_for(dataset, fn, output_type(mode == 0, mode == 2))
         out = dataset.withColumn(tmp, udf(feats))
         cols = [F.col(_columns.quote(c)) for c in dataset.columns]
         cols += [F.col(f"{tmp}.{field}").alias(name, metadata=meta) for name, field, meta in specs]
