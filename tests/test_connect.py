@@ -204,3 +204,32 @@ def test_demo_runs_from_a_connect_client(connect_server):
     assert f"Spark Connect {connect_server.url}" in lines[-1]
     acc = float(lines[-1].split("test accuracy ")[1].split()[0])
     assert acc >= 0.95, lines[-1]
+
+
+def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, nothing_left):
+    """A partition's task that raises fails the fit with its message; Ctrl-C after a round
+    returns the model of the last applied round (``history.interrupted``); neither leaves
+    a resident folder, and the next fit runs."""
+    from sparknet.cluster.testing import inject_faults, on_round
+
+    X, y, _, _ = digits
+
+    def trainer():
+        return DataParallelTrainer(_mlp("float32"), connect_spark, num_partitions=2, sync="gradient",
+                                   optimizer=RMSprop(lr=2e-3))
+
+    with inject_faults(fail=[1]), pytest.raises(Exception, match="injected failure in partition 1"):
+        trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)
+    t, seen = trainer(), []
+
+    def interrupt(event):
+        seen.append(t.model.params.copy())
+        if event.rounds_done == 3:
+            raise KeyboardInterrupt
+
+    with on_round(interrupt):
+        model, h = t.fit(X, y, epochs=2, batch_size=256, verbose=0)
+    assert h.interrupted and h.epoch == []
+    assert np.array_equal(model.params, seen[-1])
+    _, h = trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)
+    assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])
