@@ -356,12 +356,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         source = "rdd"
     else:
         X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
-        if classic is not None:
-            res = from_numpy(classic, X, Y, num_partitions, seed, name, what)
-        else:
-            from sparknet.cluster import engine_connect
-
-            res = engine_connect.from_numpy(engine, X, Y, num_partitions, seed, name)  # type: ignore[arg-type]
+        res = engine.resident_from_numpy(X, Y, num_partitions, seed, name, what)
         source = "numpy"
     t_built = time.perf_counter()
     try:

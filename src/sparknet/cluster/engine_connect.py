@@ -136,6 +136,10 @@ class ConnectEngine:
                                 spill_dir: str | None) -> "ConnectResident":
         return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
 
+    def resident_from_numpy(self, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
+                            name: str, what: str) -> "ConnectResident":
+        return from_numpy(self, X, Y, num_partitions, seed, name)
+
 
 _PARALLELISM: dict[int, int] = {}
 
@@ -335,15 +339,7 @@ class ConnectResident(Resident):
                 old.unpersist()
             except Exception:  # pragma: no cover - the session stopped
                 pass
-        fresh = [i.index for i in self.infos if not i.reattached]
-        kept = [i.index for i in self.infos if i.reattached]
-        rebuilt = (f"rebuilt partition(s) {fresh} from the source (their optimizer state restarts)" if fresh
-                   else "nothing rebuilt")
-        line = (f"sparknet: resident state {self.key}: state lost ({reason or 'rebuild asked for'}): {rebuilt}, "
-                f"re-attached {kept or 'none'} with their state in {time.perf_counter() - t0:.1f} s")
-        log.warning(line)
-        self.recoveries.append(line)
-        return line
+        return self._report(f"state lost ({reason or 'rebuild asked for'})", t0)
 
     def _check_placement(self) -> None:
         """Nothing to check: a Connect client cannot see the executors."""

@@ -313,14 +313,19 @@ class Resident:
         self._materialise(keep)
         if old is not None:
             _unpersist(old)
-        fresh = [i.index for i in self.infos if not i.reattached]
-        kept = [i.index for i in self.infos if i.reattached]
         if lost:
             cause = f"executor {', '.join(lost)} lost (partition(s) {sorted(gone)})"
         elif joined:
             cause = f"executor {', '.join(joined)} joined; re-placing the shards"
         else:
             cause = f"state lost ({reason or 'rebuild asked for'})"
+        return self._report(cause, t0)
+
+    def _report(self, cause: str, t0: float) -> str:
+        """Log and keep the line saying why shards were rebuilt (``cause``), which were
+        built anew and which re-attached, where, and in how long since ``t0``."""
+        fresh = [i.index for i in self.infos if not i.reattached]
+        kept = [i.index for i in self.infos if i.reattached]
         where = f" on executor(s) {', '.join(sorted(set(self.homes.values())))}" if self.homes else ""
         rebuilt = (f"rebuilt partition(s) {fresh} from the source (their optimizer state restarts)" if fresh
                    else "nothing rebuilt")
