@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from sparknet._validation import positive_int
-from sparknet.cluster.numpy_input import check_numpy, from_numpy, split_indices  # noqa: F401 - split_indices: re-exported
+from sparknet.cluster.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
 from sparknet.cluster.resident import Resident, ShardInfo
 
 if TYPE_CHECKING:
