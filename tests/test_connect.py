@@ -233,3 +233,17 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     assert np.array_equal(model.params, seen[-1])
     _, h = trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)
     assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])
+
+
+def test_what_needs_a_spark_context_says_so_under_connect(connect_spark, digits):
+    """Model parallelism and num_partitions='auto' still need a Classic session: under
+    Connect they fail at once with a message saying what runs instead."""
+    from sparknet.cluster import BlockPlan, ModelParallel
+
+    X, y, _, _ = digits
+    with pytest.raises(NotImplementedError, match="num_partitions='auto'"):
+        DataParallelTrainer(_mlp("float32"), connect_spark, num_partitions="auto").fit(X, y, epochs=1, verbose=0)
+    mp = ModelParallel([Dense(32, activation="relu"), Dense(10, activation="softmax")], BlockPlan({0: 2}),
+                       input_shape=(64,), spark=connect_spark)
+    with pytest.raises(NotImplementedError, match="ModelParallel needs a SparkContext"):
+        mp.fit(X[:64], y[:64], epochs=1, batch_size=32, verbose=0)

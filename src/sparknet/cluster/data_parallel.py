@@ -370,6 +370,9 @@ class DataParallelTrainer:
         """This fit's partitions: the given count, or the planner's for ``"auto"``."""
         if self.num_partitions != "auto":
             return None if self.num_partitions is None else int(self.num_partitions)
+        if engine_for(self.spark).kind != "classic":
+            raise NotImplementedError("num_partitions='auto' probes the executors through a SparkContext; under "
+                                      "Spark Connect pass a number of partitions (or None: the data's own)")
         from sparknet.cluster.planner import auto_partitions
 
         parts = auto_partitions(self.model, data, self.spark, batch_size=batch_size, mode=self.mode, sync=self.sync,

@@ -129,8 +129,13 @@ class SparkBlocks:
     """
 
     def __init__(self, spark: Any, n_slots: int, name: str = "blocks", timeout: float | None = None) -> None:
+        from sparknet.cluster.engine import is_connect
         from sparknet.cluster.resident import Resident
 
+        if is_connect(spark):
+            raise NotImplementedError("ModelParallel needs a SparkContext (its block jobs run over RDDs); a Spark "
+                                      "Connect session has none: run it on a Classic session, or train with "
+                                      "DataParallelTrainer(mode='sync'), which runs under Connect")
         sc = getattr(spark, "sparkContext", spark)
         self.sc = sc
         self.n_slots = int(n_slots)
