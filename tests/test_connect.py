@@ -99,11 +99,62 @@ def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothi
         trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
 
 
-def test_async_mode_says_it_needs_a_spark_context(connect_spark, digits):
+def test_async_reaches_classic_accuracy_on_digits(spark, connect_spark, digits, nothing_left):
+    """mode='async' under Connect (one query per partition, from its own client thread)
+    spends the same budget of samples and reaches Classic's test accuracy within the run-
+    to-run spread of asynchronous training (1 point; arrival order differs per run)."""
+    X, y, Xt, yt = digits
+    epochs, acc = 8, {}
+    for name, session in (("classic", spark), ("connect", connect_spark)):
+        model = Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=0)
+        trainer = DataParallelTrainer(model, session, num_partitions=2, mode="async", local_steps=5,
+                                      optimizer=RMSprop(lr=2e-3))
+        _, h = trainer.fit(X, y, epochs=epochs, batch_size=32, verbose=0)
+        acc[name] = float(model.evaluate(Xt, yt)["accuracy"])
+        chunk = -(-len(y) // (2 * h["rounds_per_pass"][0]))
+        assert 0 <= sum(h["samples"]) - epochs * len(y) <= 2 * chunk
+        assert {u["partition"] for u in h.updates} == {0, 1}
+    print(f"async test accuracy: classic {acc['classic']:.4f}, connect {acc['connect']:.4f}")
+    assert acc["classic"] > 0.9
+    assert acc["connect"] >= acc["classic"] - 0.01
+
+
+def test_async_under_connect_does_not_wait_for_a_straggler_and_stops_on_ctrl_c(connect_spark, digits,
+                                                                               nothing_left):
+    """Partition 1 slowed by 0.5 s a round: partition 0's queries run meanwhile and apply
+    several times as many deltas; a KeyboardInterrupt from the update callback returns
+    the last applied model while partition 1's query sleeps for minutes, and interrupts
+    it (the next query runs at once)."""
+    from sparknet.cluster.testing import inject_faults
+
     X, y, _, _ = digits
-    trainer = DataParallelTrainer(_mlp("float32"), connect_spark, mode="async")
-    with pytest.raises(NotImplementedError, match="mode='async' needs a SparkContext"):
-        trainer.fit(X[:100], y[:100], epochs=1, verbose=0)
+    model = _mlp("float32")
+    trainer = DataParallelTrainer(model, connect_spark, num_partitions=2, mode="async", local_steps=3)
+    with inject_faults(delay={1: 0.5}):
+        _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
+    per = [sum(1 for u in h.updates if u["partition"] == p) for p in (0, 1)]
+    print(f"updates per partition with partition 1 slowed: {per}")
+    assert per[1] >= 1 and per[0] >= 3 * per[1]
+
+    seen, snapshots = {}, {}
+
+    def on_update(info):
+        snapshots[info["update"]] = model.params.copy()
+        if info["applied"] and info["update"] == 3 and "t" not in seen:
+            seen["t"] = time.perf_counter()
+            raise KeyboardInterrupt
+
+    trainer = DataParallelTrainer(model, connect_spark, num_partitions=2, mode="async", local_steps=3,
+                                  on_update=on_update)
+    with inject_faults(delay={1: 300.0}):
+        _, h = trainer.fit(X, y, epochs=5, batch_size=32, verbose=0)
+    assert time.perf_counter() - seen["t"] < 30, "the interrupt waited for the straggler"
+    last = h.updates[-1]["update"]
+    np.testing.assert_array_equal(model.params, snapshots[last])
+    assert h["interrupted"] == [1.0] and all(u["partition"] == 0 for u in h.updates)
+    t0 = time.perf_counter()
+    assert sorted(r[0] for r in connect_spark.range(0, 2, 1, numPartitions=2).collect()) == [0, 1]
+    assert time.perf_counter() - t0 < 30, "the straggler's query still held a core"
 
 
 def test_shards_stay_on_their_host_and_in_the_workers_over_30_jobs(connect_spark, nothing_left):
@@ -235,14 +286,34 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])
 
 
-def test_what_needs_a_spark_context_says_so_under_connect(connect_spark, digits):
-    """Model parallelism and num_partitions='auto' still need a Classic session: under
-    Connect they fail at once with a message saying what runs instead."""
+@pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
+def test_model_parallel_under_connect_equals_one_process_float64(connect_spark, digits_xy, pair, nothing_left):
+    """ModelParallel's block jobs as queries over a one-row-per-slot anchor: every layer
+    of a 3-layer MLP cut into K = 1..3 blocks (paired: layers 0 and 1 as a Megatron pair)
+    trains to the single-process weights within 1e-10 (float64)."""
+    from test_model_parallel import check_same, mlp
+
     from sparknet.cluster import BlockPlan, ModelParallel
+
+    X, y = digits_xy
+    for K in (1, 2, 3):
+        mp = ModelParallel(mlp(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=connect_spark,
+                           dtype="float64", seed=K, optimizer=RMSprop(lr=2e-3), name=f"connect-{K}")
+        try:
+            assert isinstance(mp.backend.res, ConnectResident)
+            check_same(mp, X, y, 1e-10)
+        finally:
+            mp.close()
+
+
+def test_what_needs_a_spark_context_says_so_under_connect(connect_spark, digits):
+    """The planners probe the executors through a SparkContext: under Connect
+    num_partitions='auto' and plan='auto' fail at once with what to pass instead."""
+    from sparknet.cluster import ModelParallel
 
     X, y, _, _ = digits
     with pytest.raises(NotImplementedError, match="num_partitions='auto'"):
         DataParallelTrainer(_mlp("float32"), connect_spark, num_partitions="auto").fit(X, y, epochs=1, verbose=0)
-    with pytest.raises(NotImplementedError, match="ModelParallel needs a SparkContext"):
-        ModelParallel([Dense(32, activation="relu"), Dense(10, activation="softmax")], BlockPlan({0: 2}),
+    with pytest.raises(NotImplementedError, match="plan='auto'.*pass a BlockPlan"):
+        ModelParallel([Dense(32, activation="relu"), Dense(10, activation="softmax")], "auto",
                       input_shape=(64,), spark=connect_spark)

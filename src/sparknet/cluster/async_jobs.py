@@ -10,17 +10,13 @@ from __future__ import annotations
 import queue
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from sparknet.cluster.fit import RoundLog
 from sparknet.cluster.rounds import TaskKind, make_task
 
 if TYPE_CHECKING:
     from sparknet.cluster.async_ps import _AsyncRun
-
-
-def _identity(it: Iterable) -> Iterable:
-    return it
 
 
 def executor_message(exc: BaseException) -> str:
@@ -87,19 +83,21 @@ class PartitionThread:
     in its own Spark job group."""
 
     def __init__(self, run: "_AsyncRun", index: int) -> None:
-        from pyspark import InheritableThread
-
         self.run, self.index = run, index
         self.group = f"{run.group}-p{index}"
         self.inbox: "queue.Queue[Launch | None]" = queue.Queue()
         self.busy: Launch | None = None
-        self.thread = InheritableThread(target=self._loop, name=f"sparknet-async-p{index}", daemon=True)
+        if run.engine.kind == "classic":  # the JVM thread's job group goes with it
+            from pyspark import InheritableThread as Thread
+        else:  # a Connect client's tags are per thread; the loop sets its own
+            from threading import Thread  # type: ignore[assignment]
+        self.thread = Thread(target=self._loop, name=f"sparknet-async-p{index}", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         run = self.run
-        sc = run.sc
-        sc.setJobGroup(self.group, f"sparknet async rounds, partition {self.index}", interruptOnCancel=True)
+        engine = run.engine
+        engine.join_group(self.group, f"sparknet async rounds, partition {self.index}")
         while True:
             job = self.inbox.get()
             if job is None:
@@ -107,11 +105,9 @@ class PartitionThread:
             try:
                 task = make_task(run.ctx.spec, job.bc, TaskKind.AVERAGE, epoch=job.epoch, rnd=job.chunk,
                                  rounds=run.rounds, lr=job.lr, schedule=run.ctx.schedule)
-                rdd = run.resident.mapPartitions(task)
-                sc.setLocalProperty("spark.job.description",
-                                    f"sparknet async: partition {self.index} pass {job.epoch + 1} "
-                                    f"chunk {job.chunk + 1}/{run.rounds} at version {job.version}")
-                out = sc.runJob(rdd, _identity, partitions=[self.index])
+                engine.describe(f"sparknet async: partition {self.index} pass {job.epoch + 1} "
+                                f"chunk {job.chunk + 1}/{run.rounds} at version {job.version}")
+                out = run.resident.run_partition(task, self.index)
                 run.results.put((self.index, job, out, None))
             except BaseException as exc:  # noqa: BLE001 - reported to the driver loop
                 run.results.put((self.index, job, None, exc))

@@ -7,9 +7,12 @@ resident next to the shard, and returns its weight delta -- but the partitions n
 longer wait for each other:
 
 * the driver runs **one single-partition Spark job per partition**
-  (``SparkContext.runJob(anchor, f, partitions=[i])`` over the resident anchor RDD),
+  (``SparkContext.runJob(anchor, f, partitions=[i])`` over the resident anchor RDD;
+  under Spark Connect one query per partition over the anchor DataFrame, whose other
+  tasks return at once: :meth:`ConnectResident.run_partition
+  <sparknet.cluster.engine_connect.ConnectResident.run_partition>`),
   each submitted from its own driver thread (:class:`pyspark.InheritableThread`, one
-  Spark job group per partition), so Spark itself runs them concurrently; there is no
+  Spark job group per partition, a session tag under Connect), so Spark itself runs them concurrently; there is no
   HTTP or socket server of ours, only Spark's task results and broadcasts;
 * a job starts from the **freshest parameters** (a ``Broadcast`` of the server's
   parameters at launch, shared by the jobs launched at the same version);
@@ -212,7 +215,7 @@ class _AsyncRun:
         self.trainer, self.ctx = trainer, ctx
         self.opts: AsyncOptions = trainer.mode_options
         self.model = ctx.model
-        self.sc = ctx.sc
+        self.engine = ctx.engine
         self.resident = ctx.train.resident
         self.rows = list(ctx.train.rows)
         self.P = len(self.rows)
@@ -242,7 +245,7 @@ class _AsyncRun:
     def _acquire(self) -> Any:
         ent = self._bcs.get(self.version)
         if ent is None:
-            ent = [self.sc.broadcast(np.ascontiguousarray(self.model.params)), 0]
+            ent = [self.engine.ship(np.ascontiguousarray(self.model.params)), 0]
             self._bcs[self.version] = ent
         ent[1] += 1
         return ent[0]
@@ -567,7 +570,7 @@ class _AsyncRun:
         """Cancel every outstanding job and wait (bounded) until each has ended."""
         busy = [w for w in workers if w.busy is not None]
         for w in busy:
-            self.sc.cancelJobGroup(w.group)
+            self.engine.cancel_group(w.group)
         deadline = time.monotonic() + CANCEL_TIMEOUT
         while any(w.busy is not None for w in workers) and time.monotonic() < deadline:
             try:

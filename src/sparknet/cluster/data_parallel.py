@@ -337,9 +337,6 @@ class DataParallelTrainer:
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
         engine = engine_for(self.spark)
-        if engine.kind != "classic" and self.mode != "sync":
-            raise NotImplementedError(f"mode={self.mode!r} needs a SparkContext; under Spark Connect "
-                                      f"use mode='sync' (sync='gradient' or 'average')")
         parts = self._partitions_for(data, batch_size)
         with fit_data.resident_data(self, data, y, validation_data, (features_col, label_col),
                                     classification, key, reuse_data, parts) as (train, val):

@@ -85,6 +85,15 @@ class Engine(Protocol):
         """Cancel the running jobs tagged ``tag``."""
         ...
 
+    def join_group(self, group: str, description: str) -> None:
+        """Put the jobs this thread starts from now on into ``group`` (for the whole
+        thread: an asynchronous partition's driver thread), interrupted when cancelled."""
+        ...
+
+    def cancel_group(self, group: str) -> None:
+        """Cancel the running jobs of ``group``, interrupting their tasks."""
+        ...
+
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> Any:
         """Resident shards built from ``df``'s partitions through Arrow
@@ -169,6 +178,12 @@ class ClassicEngine:
 
     def cancel(self, tag: str) -> None:
         self.sc.cancelJobsWithTag(tag)
+
+    def join_group(self, group: str, description: str) -> None:
+        self.sc.setJobGroup(group, description, interruptOnCancel=True)
+
+    def cancel_group(self, group: str) -> None:
+        self.sc.cancelJobGroup(group)
 
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> Any:

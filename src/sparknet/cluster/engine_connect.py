@@ -132,6 +132,12 @@ class ConnectEngine:
     def cancel(self, tag: str) -> None:
         self.spark.interruptTag(tag)
 
+    def join_group(self, group: str, description: str) -> None:
+        self.spark.addTag(group)
+
+    def cancel_group(self, group: str) -> None:
+        self.spark.interruptTag(group)
+
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> "ConnectResident":
         return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
@@ -152,8 +158,8 @@ class _ArrowTask:
     """A job's ``mapInArrow`` function: the anchor row of the task's partition in, each
     result of ``fn(index, shard)`` out as one pickled row."""
 
-    def __init__(self, fn: Callable, per_partition: bool) -> None:
-        self.task = _Task(fn, per_partition)
+    def __init__(self, fn: Callable, per_partition: bool, only: int | None = None) -> None:
+        self.task, self.only = _Task(fn, per_partition), only
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -163,7 +169,9 @@ class _ArrowTask:
         if tc is None:  # pragma: no cover - only ever called inside a Spark task
             raise RuntimeError("a resident job runs inside a Spark task")
         rows: list[Any] = [(v,) for b in batches for v in b.column(0).to_pylist()]  # read by _as_info
-        out = [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL) for item in self.task(tc.partitionId(), rows)]
+        index = tc.partitionId()
+        out = ([] if self.only is not None and index != self.only else
+               [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL) for item in self.task(index, rows)])
         yield pa.RecordBatch.from_pydict({"out": out}, schema=pa.schema([("out", pa.binary())]))
 
 
@@ -186,12 +194,15 @@ class ConnectJob:
     """A lazy job over a :class:`ConnectResident` (what :meth:`Resident.mapPartitions`
     returns on Classic): :meth:`collect` runs it."""
 
-    def __init__(self, res: "ConnectResident", fn: Callable, per_partition: bool) -> None:
-        self.res, self.fn, self.per_partition = res, fn, per_partition
+    def __init__(self, res: "ConnectResident", fn: Callable, per_partition: bool, only: int | None = None) -> None:
+        self.res, self.fn, self.per_partition, self.only = res, fn, per_partition, only
 
     def collect(self) -> list:
-        """Every result of every partition, in partition order."""
-        df = self.res._live_anchor().mapInArrow(_ArrowTask(self.fn, self.per_partition), _SCHEMA_OUT)
+        """Every result of every partition (of partition ``only`` alone, when given: the
+        other partitions' tasks return nothing and do not touch their shards), in
+        partition order."""
+        task = _ArrowTask(self.fn, self.per_partition, self.only)
+        df = self.res._live_anchor().mapInArrow(task, _SCHEMA_OUT)
         return [pickle.loads(r[0]) for r in df.collect()]
 
 
@@ -272,6 +283,13 @@ class ConnectResident(Resident):
         """A lazy :class:`ConnectJob` running ``fn(index, shard) -> iterable`` on each
         partition's shard (run it with ``collect()``, inside :meth:`run_action`)."""
         return ConnectJob(self, fn, per_partition=True)
+
+    def run_partition(self, fn: Callable[[int, Any], Iterable], index: int) -> list:
+        """``fn(index, shard) -> iterable`` on partition ``index`` (an asynchronous round):
+        a query over the whole anchor whose other tasks return at once, since a
+        DataFrame cannot be cut to one of its partitions; the task of ``index`` still
+        prefers the executor holding its anchor row."""
+        return ConnectJob(self, fn, per_partition=True, only=index).collect()
 
     def map(self, fn: Callable[[int, Any], Any], description: str | None = None) -> list:
         return self.run_action(lambda: ConnectJob(self, fn, per_partition=False).collect())

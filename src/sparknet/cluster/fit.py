@@ -25,8 +25,6 @@ from sparknet.model import History, Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
-
     from sparknet.callbacks import CallbackList
     from sparknet.cluster.data_parallel import DataParallelTrainer
     from sparknet.cluster.engine import Engine
@@ -210,14 +208,6 @@ class FitContext:
     @property
     def model(self) -> Sequential:
         return self.trainer.model
-
-    @property
-    def sc(self) -> SparkContext:
-        """The ``SparkContext`` (Classic sessions; the asynchronous modes need it)."""
-        if self.ps.sc is None:
-            raise NotImplementedError("this mode needs a SparkContext; under Spark Connect use "
-                                      "mode='sync' (sync='gradient' or 'average')")
-        return self.ps.sc
 
     @property
     def engine(self) -> "Engine":

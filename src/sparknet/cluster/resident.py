@@ -465,6 +465,11 @@ class Resident:
                 f"registered within {_executors.NO_EXECUTOR_WAIT:.0f} s, so {what} cannot run; start workers again "
                 f"(or check the cluster manager) and fit again (resume=True continues from a checkpoint)")
 
+    def run_partition(self, fn: Callable[[int, Shard], Iterable], index: int) -> list:
+        """Run ``fn(index, shard) -> iterable`` on partition ``index`` alone, as one job
+        of one task, and return its results (an asynchronous round)."""
+        return self.sc.runJob(self.mapPartitions(fn), _identity, partitions=[index])
+
     def map(self, fn: Callable[[int, Shard], Any], description: str | None = None) -> list:
         """Run ``fn(index, shard)`` once per partition and return the results in
         partition order (a ``collect``; results should be small or param-sized)."""
@@ -475,6 +480,10 @@ class Resident:
                 self.sc.setJobDescription(description)
             return rdd.collect()
         return self.run_action(job)
+
+
+def _identity(it: Iterable) -> Iterable:
+    return it
 
 
 @atexit.register

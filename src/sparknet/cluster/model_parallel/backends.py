@@ -119,9 +119,11 @@ class LocalBlocks:
 
 
 class SparkBlocks:
-    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident`).
+    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident`;
+    under Spark Connect :class:`~sparknet.cluster.engine_connect.ConnectResident`).
 
-    Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it;
+    Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it
+    (under Connect inside the job's query, :class:`~sparknet.cluster.engine_connect.InClosure`);
     results come back with ``collect``.  ``home`` records the executor process
     (the Python daemon's parent id) that built each slot, and :attr:`moves` counts
     the tasks that ran anywhere else (their arrays were re-attached from the
@@ -129,22 +131,27 @@ class SparkBlocks:
     """
 
     def __init__(self, spark: Any, n_slots: int, name: str = "blocks", timeout: float | None = None) -> None:
-        from sparknet.cluster.engine import is_connect
-        from sparknet.cluster.resident import Resident
+        from sparknet.cluster.engine import engine_for
 
-        if is_connect(spark):
-            raise NotImplementedError("ModelParallel needs a SparkContext (its block jobs run over RDDs); a Spark "
-                                      "Connect session has none: run it on a Classic session, or train with "
-                                      "DataParallelTrainer(mode='sync'), which runs under Connect")
-        sc = getattr(spark, "sparkContext", spark)
-        self.sc = sc
+        self.engine = engine_for(spark)
         self.n_slots = int(n_slots)
         #: seconds a job may run before it is cancelled (:class:`~sparknet.errors.RoundTimeout`)
         self.timeout = timeout
-        # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
-        # block went with its executor is rebuilt by Spark and re-attaches its mapped files
-        self.res = Resident(sc.parallelize(range(self.n_slots), self.n_slots), _build_slot, name=name,
-                            cut_lineage=False)
+        if self.engine.kind == "connect":
+            from sparknet.cluster.engine_connect import ConnectResident
+
+            # one row per slot; the anchor is the checkpointed one-row-per-slot DataFrame
+            self.sc = None
+            self.res: Any = ConnectResident(spark.range(self.n_slots, numPartitions=self.n_slots),
+                                            _build_slot, name=name)
+        else:
+            from sparknet.cluster.resident import Resident
+
+            self.sc = getattr(spark, "sparkContext", spark)
+            # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
+            # block went with its executor is rebuilt by Spark and re-attaches its mapped files
+            self.res = Resident(self.sc.parallelize(range(self.n_slots), self.n_slots), _build_slot,
+                                name=name, cut_lineage=False)
         self.home = [info.meta.get("ppid") for info in self.res.infos]
         self.jobs = 0
         self.tasks = 0
@@ -155,7 +162,8 @@ class SparkBlocks:
         from sparknet.cluster.resident import ResidentStateLost
 
         # one broadcast for all of the job's arrays: one fetch per executor, not one per array
-        bc = self.sc.broadcast(dict(data)) if data else None
+        # (under Connect: the arrays travel in the query's function)
+        bc = self.engine.ship(dict(data)) if data else None
         task = _SlotTask(job, bc)
 
         def action() -> list:      # the RDD is built inside the action: a retry runs over a new anchor
@@ -192,6 +200,8 @@ class SparkBlocks:
         """``reason``, prefixed with the executors gone and the slots they held (when known)."""
         from sparknet.cluster.executors import live_executors
 
+        if self.sc is None:  # a Connect client cannot list the executors
+            return reason
         try:
             live = live_executors(self.sc)
         except Exception:  # pragma: no cover - context stopping

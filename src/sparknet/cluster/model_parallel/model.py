@@ -99,6 +99,10 @@ class ModelParallel:
             from sparknet.cluster.planner import auto_blocks
             if spark is None:
                 raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the blocks for its cluster")
+            from sparknet.cluster.engine import is_connect
+            if is_connect(spark):
+                raise NotImplementedError("plan='auto' probes the executors through a SparkContext; under Spark "
+                                          "Connect pass a BlockPlan (the blocks per layer)")
             plan = auto_blocks(layers, input_shape, spark, replicas=int(replicas))
         self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
                           replicas, combine_bytes)
