@@ -10,6 +10,12 @@ from a Connect client and from a Classic session, and what a round costs on each
 * **Round cost**: a job over 2 resident shards that returns nothing (the fixed cost of a
   round), and one that ships ``--mib`` MiB to the tasks (Classic: a broadcast; Connect:
   inside the query) and brings the same back from each task: seconds per MiB.
+* **Async straggler** (``--parts async``): the same MLP in ``mode="async"``, partition 1
+  slowed to half speed (an injected delay as long as its compute), ``--async-epochs``
+  epochs: median epoch, the updates each partition applied, final test accuracy.
+* **Model-parallel step** (``--parts mp``): the paired 4096-16384-16384-10 net (335.6M
+  blocked float32 parameters), K = 2 blocks, batch 256, lookahead on
+  (``bench_model_parallel.py``'s paired step), median step after a warm-up.
 
 The Classic session is ``local[2]`` in this process; the Connect server is ``local[2]``
 in its own process (``tests/_connect_server.py``), with the same settings.  The engines
@@ -101,6 +107,39 @@ def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
     return out
 
 
+def async_straggler(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
+    """``mode="async"`` with partition 1 at half speed: median epoch, updates per partition, accuracy."""
+    from sparknet import Dense, RMSprop, Sequential
+    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.testing import inject_faults
+
+    X, y, Xt, yt = data
+    model = Sequential([Dense(512, activation="relu"), Dense(256, activation="relu"),
+                        Dense(10, activation="softmax")], input_shape=(784,), seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", optimizer=RMSprop(lr=1e-3),
+                                  local_steps=local_steps, seed=0)
+    with inject_faults(slow={1: 1.0}):
+        _, h = trainer.fit(X, y, epochs=epochs, batch_size=128, verbose=0)
+    per = [sum(1 for u in h.updates if u["partition"] == p and u["applied"]) for p in (0, 1)]
+    return {"async_epoch": float(np.median(h["time"][1:] or h["time"])), "async_updates": per,
+            "async_acc": float((model.predict(Xt) == yt).mean())}
+
+
+def mp_step(spark: Any, steps: int) -> dict:
+    """The paired 335.6M model-parallel step (K = 2, batch 256): median seconds."""
+    from bench_model_parallel import bench_pair_of
+
+    _, row = bench_pair_of(spark, 4096, 16384, 256, steps=steps, warmup=1, pair=True, single=_NoSingle())
+    return {"mp_step": row["step_s"], "mp_init": row["init_s"]}
+
+
+class _NoSingle:
+    """bench_pair_of's one-process rival, left out here (Connect and Classic are compared)."""
+
+    def step(self, xb: Any, yb: Any) -> float:
+        return 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mnist", default=os.environ.get("SPARKNET_MNIST", DEFAULT_MNIST))
@@ -109,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--local-steps", type=int, default=47,
                     help="local steps per round, the same on both (47: 5 rounds an epoch)")
+    ap.add_argument("--parts", nargs="+", default=["fit", "async", "mp"], choices=["fit", "async", "mp"])
+    ap.add_argument("--async-epochs", type=int, default=3)
+    ap.add_argument("--mp-steps", type=int, default=3)
     args = ap.parse_args(argv)
     from _machine import machine_header
     from pyspark.sql import SparkSession
@@ -138,22 +180,38 @@ def main(argv: list[str] | None = None) -> int:
             order = ("classic", "connect") if r % 2 == 0 else ("connect", "classic")
             for name in order:
                 spark = classic if name == "classic" else remote
-                row = {**fit(spark, data, args.epochs, args.local_steps), **round_costs(spark, args.mib)}
+                row: dict = {}
+                if "fit" in args.parts:
+                    row.update(fit(spark, data, args.epochs, args.local_steps), **round_costs(spark, args.mib))
+                    print(f"{name:8s} set-up {row['setup']:.2f} s, median epoch {row['epoch']:.2f} s, t98 "
+                          f"{row['t98']:.1f} s, accuracy {' '.join(f'{100 * a:.2f}' for a in row['accs'])}; "
+                          f"empty round {1000 * row['empty']:.0f} ms, {args.mib} MiB out and back "
+                          f"{1000 * row['mib']:.0f} ms ({1000 * row['per_mib']:.1f} ms/MiB)", flush=True)
+                if "async" in args.parts:
+                    row.update(async_straggler(spark, data, args.async_epochs, args.local_steps))
+                    print(f"{name:8s} async, partition 1 at half speed: median epoch {row['async_epoch']:.2f} s, "
+                          f"updates per partition {row['async_updates']}, accuracy "
+                          f"{100 * row['async_acc']:.2f}", flush=True)
+                if "mp" in args.parts:
+                    row.update(mp_step(spark, args.mp_steps))
+                    print(f"{name:8s} paired 335.6M model-parallel step {row['mp_step']:.2f} s (set-up "
+                          f"{row['mp_init']:.1f} s)", flush=True)
                 runs[name].append(row)
-                print(f"{name:8s} set-up {row['setup']:.2f} s, median epoch {row['epoch']:.2f} s, t98 "
-                      f"{row['t98']:.1f} s, accuracy {' '.join(f'{100 * a:.2f}' for a in row['accs'])}; "
-                      f"empty round {1000 * row['empty']:.0f} ms, {args.mib} MiB out and back "
-                      f"{1000 * row['mib']:.0f} ms ({1000 * row['per_mib']:.1f} ms/MiB)", flush=True)
         remote.stop()
     classic.stop()
-    med = {n: {k: float(np.median([r[k] for r in rs])) for k in ("setup", "epoch", "t98", "empty", "per_mib")}
-           for n, rs in runs.items()}
+    keys = [k for k in ("setup", "epoch", "t98", "empty", "per_mib", "async_epoch", "async_acc", "mp_step")
+            if k in runs["classic"][0]]
+    med = {n: {k: float(np.median([r[k] for r in rs])) for k in keys} for n, rs in runs.items()}
     print("\n| | Classic | Connect | Connect / Classic |\n|---|---:|---:|---:|")
     for k, label, unit in (("setup", "set-up inside fit", "s"), ("epoch", "median epoch", "s"),
                            ("t98", "time to 98%", "s"), ("empty", "empty round", "s"),
-                           ("per_mib", "per MiB out and back", "s")):
-        a, b = med["classic"][k], med["connect"][k]
-        print(f"| {label} | {a:.3f} {unit} | {b:.3f} {unit} | {b / a:.2f}x |")
+                           ("per_mib", "per MiB out and back", "s"),
+                           ("async_epoch", "async epoch, one straggler", "s"),
+                           ("async_acc", "async test accuracy", ""),
+                           ("mp_step", "paired 335.6M model-parallel step", "s")):
+        if k in keys:
+            a, b = med["classic"][k], med["connect"][k]
+            print(f"| {label} | {a:.3f} {unit} | {b:.3f} {unit} | {b / a:.2f}x |")
     return 0
 
 

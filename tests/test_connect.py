@@ -37,7 +37,9 @@ def nothing_left():
 
 
 def test_the_session_is_a_connect_one_with_no_spark_context(connect_spark):
-    assert is_connect(connect_spark) and engine_for(connect_spark).kind == "connect"
+    engine = engine_for(connect_spark)
+    assert is_connect(connect_spark) and engine.kind == "connect" and engine_for(connect_spark) is engine
+    assert engine.default_parallelism() == 2  # the server's local[2], asked from a process with a Classic session
     with pytest.raises(AttributeError, match="sparkContext"):
         connect_spark.sparkContext  # noqa: B018 - what Connect refuses, and sparknet never asks for
 
@@ -291,9 +293,8 @@ def test_model_parallel_under_connect_equals_one_process_float64(connect_spark, 
     """ModelParallel's block jobs as queries over a one-row-per-slot anchor: every layer
     of a 3-layer MLP cut into K = 1..3 blocks (paired: layers 0 and 1 as a Megatron pair)
     trains to the single-process weights within 1e-10 (float64)."""
-    from test_model_parallel import check_same, mlp
-
     from sparknet.cluster import BlockPlan, ModelParallel
+    from test_model_parallel import check_same, mlp
 
     X, y = digits_xy
     for K in (1, 2, 3):

@@ -28,9 +28,9 @@ def connect_standalone(_standalone):
     except ImportError as exc:
         pytest.skip(f"the Spark Connect client is not installed ({exc}): pip install '.[test]'")
     sys.path.insert(0, HERE)
-    from _connect_server import ConnectServer
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
+    from _connect_server import ConnectServer
     from sparknet.cluster.session import DEFAULT_CONF
 
     conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}

@@ -206,6 +206,6 @@ def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
     if is_connect(spark):
         from sparknet.cluster.engine_connect import ConnectEngine
 
-        return ConnectEngine(spark)  # type: ignore[arg-type]
+        return ConnectEngine.of(spark)  # type: ignore[arg-type]
     sc = getattr(spark, "sparkContext", spark)
     return ClassicEngine(sc)  # type: ignore[arg-type]

@@ -30,12 +30,11 @@ import logging
 import pickle
 import threading
 import time
-import uuid
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from sparknet.cluster import spill as _files
 from sparknet.cluster.resident import _OPEN, Resident, ResidentStateLost, lost_reason
 from sparknet.cluster.shards import ShardInfo, _arrow_builder, _as_info, _Builder, _drop_local, _Task
 from sparknet.errors import RoundTimeout
@@ -91,17 +90,24 @@ class ConnectEngine:
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
         self.app_id = str(self.conf("spark.app.id") or f"connect-{id(spark):x}")
+        self._parallelism: int | None = None
+
+    @classmethod
+    def of(cls, spark: "SparkSession") -> "ConnectEngine":
+        """The engine of ``spark``, made once per session (each costs a round trip)."""
+        engine = _ENGINES.get(spark)
+        if engine is None:
+            engine = _ENGINES[spark] = cls(spark)
+        return engine
 
     def default_parallelism(self) -> int:
-        cached = _PARALLELISM.get(id(self.spark))
-        if cached is None:
-            from pyspark.sql.functions import spark_partition_id
+        if self._parallelism is None:
+            from pyspark.sql.connect.functions import spark_partition_id
 
             # the partitions of a range without a count are the server's default parallelism
-            cached = int(self.spark.range(1 << 12).select(spark_partition_id().alias("p"))
-                         .distinct().count())
-            _PARALLELISM[id(self.spark)] = cached
-        return cached
+            self._parallelism = int(self.spark.range(1 << 12).select(spark_partition_id().alias("p"))
+                                    .distinct().count())
+        return self._parallelism
 
     def conf(self, key: str, default: str | None = None) -> str | None:
         try:
@@ -140,14 +146,14 @@ class ConnectEngine:
 
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> "ConnectResident":
-        return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
+        return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir, engine=self)
 
     def resident_from_numpy(self, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
                             name: str, what: str) -> "ConnectResident":
         return from_numpy(self, X, Y, num_partitions, seed, name)
 
 
-_PARALLELISM: dict[int, int] = {}
+_ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.WeakKeyDictionary()
 
 
 # ----------------------------------------------------------------------- executor side
@@ -214,23 +220,10 @@ class ConnectResident(Resident):
     ``on_lost="rebuild"``)."""
 
     def __init__(self, df: "DataFrame", build: Callable, name: str = "state", on_lost: str = "raise",
-                 spill_dir: str | None = None) -> None:
-        if on_lost not in ("raise", "rebuild"):
-            raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
-        self.key = f"{name}-{uuid.uuid4().hex[:12]}"
-        self._rdd, self._df, self._build = None, df, build
-        self.on_lost, self.spill_dir, self.cut_lineage = on_lost, spill_dir, True
+                 spill_dir: str | None = None, engine: "ConnectEngine | None" = None) -> None:
         self.spark = df.sparkSession
-        self.engine = ConnectEngine(self.spark)
-        self.anchor: Any = None
-        self.infos: list[ShardInfo] = []
-        self.homes: dict[int, str] = {}
-        self.recoveries: list[str] = []
-        self.on_close: list[Callable[[], None]] = []
-        self._placed_on: set[str] = set()
-        self._joined: dict[str, list] = {}
-        self.build_started, self.build_seconds = 0.0, 0.0
-        self.owner = _files.Owner.this_driver(self.engine.app_id)
+        self.engine = engine if engine is not None else ConnectEngine.of(self.spark)
+        self._start(build, name, on_lost, spill_dir, self.engine.app_id, None, df, cut_lineage=True)
         self._jobs = 0
         self._materialise()
         _OPEN.add(self)
@@ -405,4 +398,4 @@ def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitio
             rows.append((p, c, pickle.dumps((np.ascontiguousarray(X[sub]), np.ascontiguousarray(Y[sub])),
                                             protocol=pickle.HIGHEST_PROTOCOL)))
     df = engine.spark.createDataFrame(rows, "piece int, chunk int, blob binary").repartitionByRange(parts, "piece")
-    return ConnectResident(df, _NumpyChunks(), name=name, on_lost="rebuild")
+    return ConnectResident(df, _NumpyChunks(), name=name, on_lost="rebuild", engine=engine)

@@ -188,18 +188,26 @@ class Resident:
     def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
                  spill_dir: str | None = None, cut_lineage: bool = True,
                  _arrow_df: "DataFrame | None" = None) -> None:
-        if on_lost not in ("raise", "rebuild"):
-            raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
-        self.key = f"{name}-{uuid.uuid4().hex[:12]}"
-        self._rdd, self._df, self._build = rdd, _arrow_df, build
-        self.on_lost, self.spill_dir, self.cut_lineage = on_lost, spill_dir, bool(cut_lineage)
         if rdd is not None:
             self.sc = rdd.context
         elif _arrow_df is not None:
             self.sc = _arrow_df.sparkSession.sparkContext
         else:
             raise ValueError("Resident needs a source: an RDD (or from_dataframe's DataFrame)")
-        self.anchor: RDD[Any] | None = None
+        self._start(build, name, on_lost, spill_dir, str(self.sc.applicationId), rdd, _arrow_df, cut_lineage)
+        _files.sweep_stale(self.owner.app_id, spill_dir, force=True)  # what killed drivers left here
+        self._materialise()
+        _OPEN.add(self)
+
+    def _start(self, build: Callable, name: str, on_lost: str, spill_dir: str | None, app_id: str,
+               rdd: "RDD | None", df: "DataFrame | None", cut_lineage: bool) -> None:
+        """The state's attributes before its first build (shared with the Connect subclass)."""
+        if on_lost not in ("raise", "rebuild"):
+            raise ValueError(f"on_lost must be 'raise' or 'rebuild', got {on_lost!r}")
+        self.key = f"{name}-{uuid.uuid4().hex[:12]}"
+        self._rdd, self._df, self._build = rdd, df, build
+        self.on_lost, self.spill_dir, self.cut_lineage = on_lost, spill_dir, bool(cut_lineage)
+        self.anchor: Any = None
         self.infos: list[ShardInfo] = []
         self.homes: dict[int, str] = {}
         self.recoveries: list[str] = []
@@ -209,10 +217,7 @@ class Resident:
         self._joined: dict[str, list] = {}  # executor -> [first seen (monotonic s), re-placements tried]
         #: ``time.time()`` when the last build job was submitted, and its wall seconds.
         self.build_started, self.build_seconds = 0.0, 0.0
-        self.owner = _files.Owner.this_driver(self.sc.applicationId)
-        _files.sweep_stale(self.owner.app_id, spill_dir, force=True)  # what killed drivers left here
-        self._materialise()
-        _OPEN.add(self)
+        self.owner = _files.Owner.this_driver(app_id)
 
     @classmethod
     def from_dataframe(cls, df: "DataFrame", build: Callable, name: str = "state", on_lost: str = "raise",
