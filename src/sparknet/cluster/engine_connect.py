@@ -19,6 +19,10 @@ rounds and the parameters with no ``SparkContext``, RDD, broadcast or accumulato
   :data:`MAX_CLOSURE_BYTES` is what a round may carry, with an error past it.
 * **Cancelling.**  Jobs carry session tags (``SparkSession.addTag``); a round past its
   timeout, or a fit interrupted, is stopped with ``interruptTag``.
+* **Asynchronous rounds** (:meth:`ConnectResident.run_partition`) are one query per
+  partition, each from its own client thread under that partition's tag; **model-
+  parallel block jobs** are queries over a one-row-per-slot anchor
+  (:class:`~sparknet.cluster.model_parallel.SparkBlocks`).
 
 Numpy input is cut on the client as on Classic (the same seeded split) and sent as a
 local DataFrame of pickled chunks, ``repartitionByRange`` d by piece so that partition
@@ -235,7 +239,7 @@ class ConnectResident(Resident):
         self.build_started, t0 = time.time(), time.perf_counter()
         try:
             anchor = self._tagged(f"building resident state {self.key}", None,
-                                  lambda: built.localCheckpoint(eager=True))
+                                  lambda: _checkpoint(built))
             infos = sorted((_as_info(r) for r in anchor.collect()), key=lambda i: i.index)
         except BaseException:  # bad data found by a task: nothing of the failed build stays behind
             self._discard_partial(0)
@@ -354,6 +358,20 @@ class ConnectResident(Resident):
 
     def _check_placement(self) -> None:
         """Nothing to check: a Connect client cannot see the executors."""
+
+
+def _checkpoint(df: "DataFrame") -> "DataFrame":
+    """``df.localCheckpoint(eager=True)`` in ``df``'s own session.  pyspark (4.0 to 4.3)
+    binds the checkpointed DataFrame to the thread's *active* Connect session
+    (``pyspark.sql.connect.conversion.proto_to_remote_cached_dataframe``): in a process
+    with two Connect sessions, queries over it would go to the other server, which has no
+    such DataFrame (``DATAFRAME_NOT_FOUND``), and releasing it would too."""
+    out = df.localCheckpoint(eager=True)
+    session, relation = df.sparkSession, getattr(out, "_plan", None)
+    if getattr(relation, "_spark_session", session) is not session:
+        relation._spark_session = session  # type: ignore[union-attr]
+        out._session = session
+    return out
 
 
 # ------------------------------------------------------------------------ numpy input
