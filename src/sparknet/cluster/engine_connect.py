@@ -161,7 +161,12 @@ _ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.Wea
 
 
 # ----------------------------------------------------------------------- executor side
-_SCHEMA_OUT = "out binary"
+def _schema(name: str, kind: str) -> Any:
+    """A one-column ``StructType``: a DDL string would cost a round trip to the server
+    (Connect parses it there) on every query."""
+    from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+    return StructType([StructField(name, BinaryType() if kind == "binary" else LongType())])
 
 
 class _ArrowTask:
@@ -212,7 +217,7 @@ class ConnectJob:
         other partitions' tasks return nothing and do not touch their shards), in
         partition order."""
         task = _ArrowTask(self.fn, self.per_partition, self.only)
-        df = self.res._live_anchor().mapInArrow(task, _SCHEMA_OUT)
+        df = self.res._live_anchor().mapInArrow(task, _schema("out", "binary"))
         return [pickle.loads(r[0]) for r in df.collect()]
 
 
@@ -235,7 +240,7 @@ class ConnectResident(Resident):
     def _materialise(self, keep: dict[int, ShardInfo] | None = None) -> None:
         builder = _Builder(self.key, self._build, self.spill_dir, self.owner, keep)
         assert self._df is not None
-        built = self._df.mapInArrow(_arrow_builder(builder), "info binary")
+        built = self._df.mapInArrow(_arrow_builder(builder), _schema("info", "binary"))
         self.build_started, t0 = time.time(), time.perf_counter()
         try:
             anchor = self._tagged(f"building resident state {self.key}", None,
@@ -261,7 +266,7 @@ class ConnectResident(Resident):
             return
         try:
             self._tagged(f"deleting resident state {self.key}", 60.0,
-                         lambda: anchor.mapInArrow(_ArrowDrop(self.key, self.spill_dir), "n long").collect())
+                         lambda: anchor.mapInArrow(_ArrowDrop(self.key, self.spill_dir), _schema("n", "long")).collect())
         except Exception as exc:  # the server is gone meanwhile
             log.debug("resident %s: executor cleanup failed: %s", self.key, exc)
         _drop_local(self.key, self.spill_dir)
