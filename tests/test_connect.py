@@ -44,10 +44,22 @@ def test_the_session_is_a_connect_one_with_no_spark_context(connect_spark):
         connect_spark.sparkContext  # noqa: B018 - what Connect refuses, and sparknet never asks for
 
 
+@pytest.mark.parametrize("carry", ["closure", "rows"])
 @pytest.mark.parametrize("rows,epochs", [(600, 2)])
-def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digits, rows, epochs, nothing_left):
+def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digits, rows, epochs, carry,
+                                                     monkeypatch, nothing_left):
     """The same fit (numpy input, float64, sync='gradient') under Classic and Connect ends
-    with the same weights to 1e-12: the same split, the same steps, the same sums."""
+    with the same weights to 1e-12: the same split, the same steps, the same sums.  With
+    ``carry="rows"`` the parameters are past the (lowered) closure limit and travel as
+    broadcast pieces joined to the anchor (several 16 KiB pieces a round)."""
+    from sparknet.cluster import engine_connect
+
+    if carry == "rows":
+        monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1024)
+        monkeypatch.setattr(engine_connect, "CHUNK_BYTES", 16 << 10)
+        shipped = engine_for(connect_spark).ship(_mlp().params)
+        assert isinstance(shipped, engine_connect.InRows) and shipped.frame.count() > 1
+        shipped.destroy()
     X, y, _, _ = digits
     X, y = X[:rows].astype(np.float64), y[:rows]
     out = {}

@@ -16,7 +16,8 @@ rounds and the parameters with no ``SparkContext``, RDD, broadcast or accumulato
 * **Parameters.**  What Classic broadcasts travels inside the query's function
   (:class:`InClosure`).  A query is one gRPC message, limited by the server's
   ``spark.connect.grpc.maxInboundMessageSize`` (128 MiB by default):
-  :data:`MAX_CLOSURE_BYTES` is what a round may carry, with an error past it.
+  :data:`MAX_CLOSURE_BYTES` is what a query's function carries; a larger value goes as
+  :class:`InRows`, :data:`CHUNK_BYTES` pieces broadcast by a join.
 * **Cancelling.**  Jobs carry session tags (``SparkSession.addTag``); a round past its
   timeout, or a fit interrupted, is stopped with ``interruptTag``.
 * **Asynchronous rounds** (:meth:`ConnectResident.run_partition`) are one query per
@@ -34,6 +35,7 @@ import logging
 import pickle
 import threading
 import time
+import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -74,6 +76,75 @@ class InClosure:
 
     def destroy(self, blocking: bool = False) -> None:
         """Nothing to release: the value went with the query."""
+
+
+class InRows:
+    """A value past :data:`MAX_CLOSURE_BYTES`, too large for a query's function: sent once
+    as a local DataFrame of :data:`CHUNK_BYTES` pieces of its pickle (pyspark uploads a
+    local relation past ``spark.sql.session.localRelationCacheThreshold`` as a cached
+    artifact, in chunks, and the plans refer to it by hash).  A job whose function holds
+    one (:class:`ConnectJob`) cross-joins the anchor with those pieces under a broadcast
+    hint: Spark broadcasts them to the executors and keeps the anchor's partitions, and
+    each task reassembles the value before it runs."""
+
+    def __init__(self, spark: "SparkSession", value: Any) -> None:
+        from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+        self.key, self.value = uuid.uuid4().hex, value
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        rows = [(self.key, i, blob[o:o + CHUNK_BYTES]) for i, o in enumerate(range(0, len(blob), CHUNK_BYTES))]
+        schema = StructType([StructField("key", StringType()), StructField("piece", LongType()),
+                             StructField("blob", BinaryType())])
+        self.frame: Any = spark.createDataFrame(rows, schema)
+        _ALIVE.add(self)
+
+    def __reduce__(self) -> tuple:
+        found = getattr(_FOUND, "rows", None)
+        if found is not None:
+            found.append(self)
+        return (_RowsValue, (self.key,))
+
+    def unpersist(self) -> None:
+        """Let the pieces go (the next jobs carry a newer value)."""
+        self.frame = None
+        _ALIVE.discard(self)
+
+    def destroy(self, blocking: bool = False) -> None:
+        self.unpersist()
+
+
+class _RowsValue:
+    """An :class:`InRows` on the executor: its value, reassembled by the task."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    @property
+    def value(self) -> Any:
+        try:
+            return _ROWS_VALUES[self.key]
+        except KeyError:
+            raise RuntimeError(f"a shipped value ({self.key}) did not reach this task: the job's query "
+                               f"was not joined with its pieces") from None
+
+
+_ALIVE: "weakref.WeakSet[InRows]" = weakref.WeakSet()
+_FOUND = threading.local()
+_ROWS_VALUES: dict[str, Any] = {}  # executor side: the values of the running task
+
+
+def _rows_in(task: Any) -> list[InRows]:
+    """The :class:`InRows` values ``task`` holds (found by pickling it, as the query will)."""
+    if not _ALIVE:
+        return []
+    from pyspark import cloudpickle
+
+    _FOUND.rows = []
+    try:
+        cloudpickle.dumps(task)
+        return list({id(r): r for r in _FOUND.rows}.values())
+    finally:
+        _FOUND.rows = None
 
 
 def _nbytes(value: Any) -> int:
@@ -122,8 +193,12 @@ class ConnectEngine:
     def describe(self, text: str | None) -> None:
         """Connect queries carry no job description (their tags name them)."""
 
-    def ship(self, value: Any) -> InClosure:
-        return InClosure(value)
+    def ship(self, value: Any) -> "InClosure | InRows":
+        """``value`` in the next queries' functions (:class:`InClosure`), or past
+        :data:`MAX_CLOSURE_BYTES` as broadcast pieces (:class:`InRows`)."""
+        if _nbytes(value) <= MAX_CLOSURE_BYTES:
+            return InClosure(value)
+        return InRows(self.spark, value)
 
     def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
         from sparknet.cluster.params import RoundResult
@@ -175,6 +250,7 @@ class _ArrowTask:
 
     def __init__(self, fn: Callable, per_partition: bool, only: int | None = None) -> None:
         self.task, self.only = _Task(fn, per_partition), only
+        self.joined = False  # the anchor rows come cross-joined with InRows pieces
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -183,10 +259,28 @@ class _ArrowTask:
         tc = TaskContext.get()
         if tc is None:  # pragma: no cover - only ever called inside a Spark task
             raise RuntimeError("a resident job runs inside a Spark task")
-        rows: list[Any] = [(v,) for b in batches for v in b.column(0).to_pylist()]  # read by _as_info
         index = tc.partitionId()
-        out = ([] if self.only is not None and index != self.only else
-               [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL) for item in self.task(index, rows)])
+        skip = self.only is not None and index != self.only
+        infos: list[Any] = []
+        pieces: dict[str, dict[int, bytes]] = {}
+        for b in batches:
+            info = b.column(0).to_pylist()
+            if not self.joined:
+                infos += info
+                continue
+            infos += [v for v in dict.fromkeys(info) if v not in infos]
+            if not skip:
+                for k, p, blob in zip(b.column(1).to_pylist(), b.column(2).to_pylist(), b.column(3).to_pylist()):
+                    pieces.setdefault(k, {})[p] = blob
+        try:
+            for k, parts in pieces.items():
+                _ROWS_VALUES[k] = pickle.loads(b"".join(parts[i] for i in sorted(parts)))
+            pieces.clear()
+            anchor_rows: list[Any] = [(v,) for v in infos]  # read by _as_info
+            out = ([] if skip else [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                                    for item in self.task(index, anchor_rows)])
+        finally:
+            _ROWS_VALUES.clear()
         yield pa.RecordBatch.from_pydict({"out": out}, schema=pa.schema([("out", pa.binary())]))
 
 
@@ -217,7 +311,18 @@ class ConnectJob:
         other partitions' tasks return nothing and do not touch their shards), in
         partition order."""
         task = _ArrowTask(self.fn, self.per_partition, self.only)
-        df = self.res._live_anchor().mapInArrow(task, _schema("out", "binary"))
+        anchor, rows = self.res._live_anchor(), _rows_in(task)
+        if rows:
+            from pyspark.sql.connect import functions as F
+
+            frames = [r.frame for r in rows if r.frame is not None]
+            if len(frames) != len(rows):
+                raise RuntimeError("a job holds a shipped value that was already released")
+            side = frames[0]
+            for f in frames[1:]:
+                side = side.unionByName(f)
+            anchor, task.joined = anchor.crossJoin(F.broadcast(side)), True
+        df = anchor.mapInArrow(task, _schema("out", "binary"))
         return [pickle.loads(r[0]) for r in df.collect()]
 
 
