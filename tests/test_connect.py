@@ -1,8 +1,10 @@
 """sparknet from a Spark Connect client (the ``connect_spark`` fixture: a Connect server with
 master local[2] on 127.0.0.1, no SparkContext on the client), against the Classic session
-(``spark``) of the same run: the same weights in float64 with ``sync="gradient"``, the
-same accuracy with ``sync="average"``, DataFrame input, the same errors, the placement of
-the shards over many jobs, and rounds past their timeout interrupted."""
+(``spark``) of the same run: the same weights in float64 with ``sync="gradient"`` (the
+parameters in the query or as broadcast pieces), the same accuracy with ``sync="average"``
+and ``mode="async"``, an async straggler and Ctrl-C, ModelParallel equal to one process,
+DataFrame input, the same errors, the placement of the shards over many jobs, and rounds
+past their timeout interrupted."""
 from __future__ import annotations
 
 import os
