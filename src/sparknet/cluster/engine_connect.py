@@ -133,15 +133,15 @@ _FOUND = threading.local()
 _ROWS_VALUES: dict[str, Any] = {}  # executor side: the values of the running task
 
 
-def _rows_in(task: Any) -> list[InRows]:
-    """The :class:`InRows` values ``task`` holds (found by pickling it, as the query will)."""
+def _rows_in(fn: Any) -> list[InRows]:
+    """The :class:`InRows` values ``fn`` holds (found by pickling it, as the query will)."""
     if not _ALIVE:
         return []
     from pyspark import cloudpickle
 
     _FOUND.rows = []
     try:
-        cloudpickle.dumps(task)
+        cloudpickle.dumps(fn)
         return list({id(r): r for r in _FOUND.rows}.values())
     finally:
         _FOUND.rows = None
@@ -248,9 +248,9 @@ class _ArrowTask:
     """A job's ``mapInArrow`` function: the anchor row of the task's partition in, each
     result of ``fn(index, shard)`` out as one pickled row."""
 
-    def __init__(self, fn: Callable, per_partition: bool, only: int | None = None) -> None:
+    def __init__(self, fn: Callable, per_partition: bool, only: int | None = None, joined: bool = False) -> None:
         self.task, self.only = _Task(fn, per_partition), only
-        self.joined = False  # the anchor rows come cross-joined with InRows pieces
+        self.joined = joined  # the anchor rows come cross-joined with InRows pieces
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -310,8 +310,7 @@ class ConnectJob:
         """Every result of every partition (of partition ``only`` alone, when given: the
         other partitions' tasks return nothing and do not touch their shards), in
         partition order."""
-        task = _ArrowTask(self.fn, self.per_partition, self.only)
-        anchor, rows = self.res._live_anchor(), _rows_in(task)
+        anchor, rows = self.res._live_anchor(), _rows_in(self.fn)
         if rows:
             from pyspark.sql.connect import functions as F
 
@@ -321,7 +320,8 @@ class ConnectJob:
             side = frames[0]
             for f in frames[1:]:
                 side = side.unionByName(f)
-            anchor, task.joined = anchor.crossJoin(F.broadcast(side)), True
+            anchor = anchor.crossJoin(F.broadcast(side))
+        task = _ArrowTask(self.fn, self.per_partition, self.only, joined=bool(rows))
         df = anchor.mapInArrow(task, _schema("out", "binary"))
         return [pickle.loads(r[0]) for r in df.collect()]
 
