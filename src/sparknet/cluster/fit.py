@@ -45,9 +45,15 @@ _MEASURED: dict[tuple, RoundCostModel] = {}
 MIN_FIXED_S = 0.08
 FIXED_S_PER_MIB = 0.01
 
+#: Applications whose first shard job a fit of this process has estimated from: that
+#: job's scheduling and results hold one-time costs of the session (0.40 s against 0.06 s
+#: for the next one, ``benchmarks/README.md``, "fast AMD EPYC"), which, read as the
+#: fixed cost of every round, made a first fit's rounds span several epochs.
+_ESTIMATED_APPS: set[str] = set()
+
 #: Rounds per epoch ``local_steps="auto"`` makes, the most first, when Spark's share of a
 #: round stays at most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
-MIN_ROUNDS = (4, 2)
+MIN_ROUNDS = (4, 2, 1)
 #: The first epochs of a fit, where 4 rounds per epoch are taken while Spark's share stays
 #: at most three times ``max_overhead`` (averaging often matters most while the loss falls fast).
 WARMUP_EPOCHS = 2
@@ -269,8 +275,10 @@ class FitContext:
         one local step timed here on the driver (a copy of the network, random rows of
         the fit's batch size, one BLAS thread per task as on the executors; ``steps``
         timed steps after an untimed one, fewer past ``budget`` seconds), and Spark's
-        fixed cost taken from the shard job just run (its scheduling and results) plus
-        the parameters out and back at :data:`FIXED_S_PER_MIB`."""
+        fixed cost taken from the shard job just run (its scheduling and results; at
+        least :data:`MIN_FIXED_S`, which stands alone after the application's first shard
+        job, see :data:`_ESTIMATED_APPS`) plus the parameters out and back at
+        :data:`FIXED_S_PER_MIB`."""
         from sparknet import optim as optim_mod
         from sparknet.threads import blas_threads
 
@@ -299,7 +307,10 @@ class FitContext:
         t_step = min(times) if times else time.perf_counter() - t0
         phases = self.train.phases
         mib = model.params.nbytes / 2 ** 20
-        t_fixed = max(phases.get("shard job: scheduling, results", 0.0), MIN_FIXED_S) + 2 * mib * FIXED_S_PER_MIB
+        app = str(self.engine.app_id)
+        shard_job = phases.get("shard job: scheduling, results", 0.0) if app in _ESTIMATED_APPS else 0.0
+        _ESTIMATED_APPS.add(app)
+        t_fixed = max(shard_job, MIN_FIXED_S) + 2 * mib * FIXED_S_PER_MIB
         return RoundCostModel(t_fixed, max(t_step, 1e-6), int(model.params.nbytes))
 
     def _cost_key(self) -> tuple:
@@ -339,7 +350,7 @@ class FitContext:
 
     def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed: the fewest
-        steps keeping the share at most ``max_overhead``, cut to 4 (else 2,
+        steps keeping the share at most ``max_overhead``, cut to 4 (else 2, else 1,
         :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (rounds
         of half an epoch or more average the partitions' models too rarely to learn as
         much per epoch as one process: ``benchmarks/README.md``, "Rounds per epoch"); in
@@ -387,9 +398,11 @@ class FitContext:
         before = (self.rounds, self.epochs_per_round, self.steps_per_round)
         tau, share = self._tau(cost, steps_epoch)
         self._size(steps_epoch, tau)
-        if (self.steps_per_round < before[2]
+        if (self.steps_per_round < before[2] and before[1] <= 1
                 and cost.overhead(self.steps_per_round) > 0.7 * share):
-            # shorter rounds only with a margin: no flip-flopping on noise
+            # shorter rounds only with a margin: no flip-flopping on noise; rounds of
+            # several epochs are cut as soon as the measured cost allows (they average
+            # the partitions too rarely and validate only every few epochs)
             self.rounds, self.epochs_per_round, self.steps_per_round = before
         if (self.rounds, self.epochs_per_round) != before[:2]:
             log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
