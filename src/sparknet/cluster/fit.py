@@ -351,9 +351,10 @@ class FitContext:
     def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed: the fewest
         steps keeping the share at most ``max_overhead``, cut to 4 (else 2, else 1,
-        :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (rounds
-        of half an epoch or more average the partitions' models too rarely to learn as
-        much per epoch as one process: ``benchmarks/README.md``, "Rounds per epoch"); in
+        :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (long
+        rounds average the partitions' models too rarely to learn as much per epoch as
+        one process, and rounds of several epochs validate only every few epochs:
+        ``benchmarks/README.md``, "Rounds per epoch"); in
         the first :data:`WARMUP_EPOCHS` epochs 4 rounds are taken up to three times it."""
         tr = self.trainer
         tau = cost.steps_for(tr.max_overhead)
