@@ -197,3 +197,30 @@ def test_executor_daemon_preloads_sparknet():
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert "PRELOADED [True]" in out.stdout, out.stdout[-2000:] + out.stderr[-2000:]
+
+
+def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
+    """The session's background warm-up ends with a small shard build through a fit's
+    DataFrame path (``warm_shard_path``): its jobs succeed, and it leaves no resident
+    folder, rows file, persisted RDD or kept shards behind."""
+    from sparknet.cluster.session import warm_shard_path
+
+    sc = spark.sparkContext
+    def rows_files() -> set[str]:
+        return {p for p in os.listdir("/dev/shm") if p.startswith("sparknet-rows-")} if os.path.isdir("/dev/shm") else set()
+
+    dirs, rows, rdds = _resident_dirs(), rows_files(), set(sc._jsc.getPersistentRDDs().keys())
+    kept = len(data_mod._REUSE._entries)
+    group = f"test-warm-up-{os.urandom(4).hex()}"
+    sc.setJobGroup(group, "test_setup warm-up")
+    try:
+        warm_shard_path(spark, 2)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    jobs = sc.statusTracker().getJobIdsForGroup(group)
+    assert jobs, "the warm-up ran no Spark job"
+    assert all(sc.statusTracker().getJobInfo(j).status == "SUCCEEDED" for j in jobs)
+    assert _resident_dirs() <= dirs
+    assert rows_files() <= rows
+    assert set(sc._jsc.getPersistentRDDs().keys()) <= rdds
+    assert len(data_mod._REUSE._entries) == kept

@@ -135,8 +135,9 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
 def start_python_workers(spark: SparkSession, wait: float = 30.0) -> threading.Thread:
     """Start every executor's two Python daemons (the one of plain RDD tasks and the one
     of Arrow tasks; each imports sparknet once, see :data:`DEFAULT_CONF`) and one worker
-    of each per core, in a background job (job group ``sparknet-warm-up``): the first
-    fit then finds them running instead of waiting for them.
+    of each per core, in a background job (job group ``sparknet-warm-up``), then run a
+    small shard build (:func:`warm_shard_path`): the first fit then finds the workers
+    running and the shard path warm instead of waiting for them.
 
     Args:
         spark: the session.
@@ -160,12 +161,34 @@ def start_python_workers(spark: SparkSession, wait: float = 30.0) -> threading.T
                 time.sleep(0.1)
             tasks = max(sc.defaultParallelism, seen)
             spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_noop, "id long").rdd.map(_noop).count()
+            warm_shard_path(spark, tasks)
         except Exception as exc:  # a stopped session: nothing to warm
             log.debug("sparknet: warming up the Python workers failed: %s", exc)
 
     thread = threading.Thread(target=run, name="sparknet-warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def warm_shard_path(spark: SparkSession, tasks: int) -> None:
+    """Build and delete a few rows' shards the way a fit loads a DataFrame (an ML Vector
+    column handed over by the JVM, read by the Python workers, spilled, collected).
+
+    A session's first shard job pays once for what every later one finds ready: the
+    executors loading sparknet's jar, Spark generating and compiling the job's code, the
+    workers' first imports of the shard build, the first spill and result hand-back.
+    In a first fit these came to 0.7-1.7 s of its set-up (``benchmarks/README.md``, fit
+    set-up); here they are paid in the background while the user builds the data.
+    """
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    from sparknet.cluster.data import shard_data
+
+    rows = spark.range(16 * tasks, numPartitions=tasks).select(
+        array_to_vector(F.array_repeat((F.col("id") % 3).cast("double"), 8)).alias("features"),
+        (F.col("id") % 2).cast("double").alias("label"))
+    shard_data(rows, sc=spark.sparkContext, num_partitions=None, name="warm-up", what="warm-up data").close()
 
 
 def _arrow_noop(batches: Iterator[Any]) -> Iterator[Any]:
