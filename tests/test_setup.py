@@ -224,3 +224,46 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     assert rows_files() <= rows
     assert set(sc._jsc.getPersistentRDDs().keys()) <= rdds
     assert len(data_mod._REUSE._entries) == kept
+
+
+def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_path, standalone_cluster):
+    """Shards kept for reuse by a session that was then stopped are deleted (this host's
+    files) when a new session's fit looks for reusable shards, without asking the stopped
+    context for its executors (on a standalone cluster, where it would)."""
+    code = (
+        "import os\n"
+        "import numpy as np\n"
+        "from pyspark.ml.linalg import Vectors\n"
+        "from pyspark.sql import SparkSession\n"
+        "from sparknet.cluster.data import shard_data, _REUSE\n"
+        "def session():\n"
+        "    return (SparkSession.builder.master(os.environ['TEST_MASTER']).config('spark.ui.enabled', 'false')\n"
+        "            .config('spark.executor.memory', '1g').getOrCreate())\n"
+        "def frame(spark, seed):\n"
+        "    r = np.random.default_rng(seed)\n"
+        "    df = spark.createDataFrame([(Vectors.dense(r.standard_normal(4)), float(i % 2)) for i in range(40)],\n"
+        "                               ['features', 'label']).repartition(2).cache()\n"
+        "    df.count()\n"
+        "    return df\n"
+        "def dirs():\n"
+        "    return {p for p in os.listdir('/dev/shm') if p.startswith('sparknet-resident-')}\n"
+        "spark = session()\n"
+        "d = shard_data(frame(spark, 0), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
+        "d.close()  # given back: kept for reuse\n"
+        "kept = {p for p in dirs() if d.resident.key in p}\n"
+        "print('KEPT', len(_REUSE._entries), len(kept))\n"
+        "spark.stop()\n"
+        "spark = session()\n"
+        "d2 = shard_data(frame(spark, 1), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
+        "print('AFTER', len(_REUSE._entries), len(kept & dirs()), d2.total)\n"
+        "d2.close()\n"
+        "spark.stop()\n")
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               SPARK_LOCAL_IP="127.0.0.1", TEST_MASTER=standalone_cluster.url)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    kept = next(line for line in out.stdout.splitlines() if line.startswith("KEPT")).split()
+    after = next(line for line in out.stdout.splitlines() if line.startswith("AFTER")).split()
+    assert kept[1] == "1" and int(kept[2]) >= 1, out.stdout   # one set kept, its files on this host
+    assert after[1:] == ["1", "0", "40"], out.stdout

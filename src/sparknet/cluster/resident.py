@@ -354,6 +354,10 @@ class Resident:
         key, anchor = self.key, self.anchor
         if anchor is None:
             return
+        if getattr(self.sc, "_jsc", None) is None:  # its session was stopped: no executor to ask
+            _drop_local(key, self.spill_dir)  # (other hosts' files: their next sweep, owner gone)
+            self.anchor = None
+            return
         live = live_executors(self.sc)
         if live is None or live:  # with no executor left there is nobody to ask
             # over the anchor, its tasks go where the shards are; with one of those
