@@ -1,7 +1,7 @@
 """How ``local_steps="auto"`` sizes averaged rounds from the rounds it measured
 (``FitContext.resize``): Spark's fixed cost per round is the median of the fit's rounds, so
-one slow round does not re-size them, and the first epochs take 4 rounds while Spark's
-share stays within ``WARMUP_SHARE`` times ``max_overhead``."""
+one slow round does not re-size them, and 4 rounds per epoch are kept while Spark's share
+stays within 4 times ``max_overhead`` (``ROUND_SHARES``)."""
 from __future__ import annotations
 
 import math
@@ -46,22 +46,24 @@ def test_one_slow_round_does_not_resize_the_rounds():
     ctx = _ctx()
     assert ctx.rounds == 4
     # the fit's first round paid 0.6 s (a first broadcast, a GC pause); the mean, 0.225 s,
-    # would put Spark's share of a 4-round epoch at 47%, past the warm-up's 40%
+    # would put Spark's share of a 4-round epoch's round at 47%, past the 40% allowed
     ctx.resize(_epoch(ctx, [0.6, T_FIXED, T_FIXED, T_FIXED]))
     assert ctx.cost.t_fixed == pytest.approx(T_FIXED)
     assert ctx.cost.t_step == pytest.approx(T_STEP)
     assert ctx.rounds == 4
-    # past the warm-up epochs the share allowed is 2 x max_overhead: 28% at 4 rounds is
-    # too much, 16% at 2 is not
     ctx.resize(_epoch(ctx, [T_FIXED] * 4))
-    assert ctx.rounds == 2
-    assert ctx.fixed_seen == [0.6] + [T_FIXED] * 7
+    assert ctx.rounds == 4 and ctx.fixed_seen == [0.6] + [T_FIXED] * 7
+    # slow rounds, seen again and again (the last 16 rounds' median), do re-size
+    ctx.resize(_epoch(ctx, [0.6] * 4))
+    assert ctx.rounds == 4
+    ctx.resize(_epoch(ctx, [0.6] * 4))
+    assert ctx.cost.t_fixed == pytest.approx(0.6) and ctx.rounds < 4
 
 
-def test_warm_up_takes_four_rounds_only_within_its_share():
+def test_four_rounds_per_epoch_only_within_their_share():
     ctx = _ctx()
-    warm = fit_mod.WARMUP_SHARE * ctx.trainer.max_overhead
-    # a fixed cost whose share of a 4-round epoch's round is just past the warm-up's limit
+    warm = dict(fit_mod.ROUND_SHARES)[4] * ctx.trainer.max_overhead
+    # a fixed cost whose share of a 4-round epoch's round is just past the limit for 4
     compute = ctx.steps_per_round * T_STEP
     slow = 1.05 * warm * compute / (1 - warm)
     ctx.resize(_epoch(ctx, [slow] * 4))

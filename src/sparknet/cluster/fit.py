@@ -51,15 +51,13 @@ FIXED_S_PER_MIB = 0.01
 #: fixed cost of every round, made a first fit's rounds span several epochs.
 _ESTIMATED_APPS: set[str] = set()
 
-#: Rounds per epoch ``local_steps="auto"`` makes, the most first, when Spark's share of a
-#: round stays at most twice ``max_overhead`` with them (see :meth:`FitContext._tau`).
-MIN_ROUNDS = (4, 2, 1)
-#: The first epochs of a fit, where 4 rounds per epoch are taken while Spark's share stays
-#: at most :data:`WARMUP_SHARE` times ``max_overhead`` (averaging often matters most while
-#: the loss falls fast: after epoch 1, MNIST MLP, 2 partitions, 96.5% with 4 rounds against
-#: 95.7-95.9% with 1 or 2, one process 96.9%; ``benchmarks/README.md``, "Rounds per epoch").
-WARMUP_EPOCHS = 2
-WARMUP_SHARE = 4
+#: Rounds per epoch ``local_steps="auto"`` makes, the most first, each with the share of
+#: Spark's fixed cost in a round allowed for it, in multiples of ``max_overhead`` (see
+#: :meth:`FitContext._tau`).  Four rounds per epoch learn about as much per epoch as one
+#: process; a fit that drops from 4 rounds to 2 loses up to 4 points of test accuracy in the
+#: epoch it does (MNIST MLP, 2 partitions, seeds 0-2; ``benchmarks/README.md``, "Four rounds
+#: per epoch"), so 4 are kept up to twice the share of the others.
+ROUND_SHARES = ((4, 4.0), (2, 2.0), (1, 2.0))
 #: Rounds whose fixed cost :meth:`FitContext.resize` takes the median of.
 FIXED_WINDOW = 16
 
@@ -216,7 +214,6 @@ class FitContext:
     mode_resume: Any = None
     callbacks: CallbackList | None = None
     schedule: ScheduledLR | None = None
-    sized_epochs: int = 0  # epochs whose rounds were sized (the warm-up rule of _tau)
     fixed_seen: list[float] = field(default_factory=list)  # every measured round's fixed cost (resize)
 
     @property
@@ -358,22 +355,17 @@ class FitContext:
 
     def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed: the fewest
-        steps keeping the share at most ``max_overhead``, cut to 4 (else 2, else 1,
-        :data:`MIN_ROUNDS`) rounds per epoch when that keeps it at most twice that (long
-        rounds average the partitions' models too rarely to learn as much per epoch as
-        one process, and rounds of several epochs validate only every few epochs:
-        ``benchmarks/README.md``, "Rounds per epoch"); in the first :data:`WARMUP_EPOCHS`
-        epochs 4 rounds are taken up to :data:`WARMUP_SHARE` times it."""
+        steps keeping the share at most ``max_overhead``, cut to 4 rounds per epoch when
+        that keeps it at most 4 times that, else to 2 or 1 within twice
+        (:data:`ROUND_SHARES`; long rounds average the partitions' models too rarely to
+        learn as much per epoch as one process, and rounds of several epochs validate
+        only every few epochs: ``benchmarks/README.md``, "Rounds per epoch")."""
         tr = self.trainer
         tau = cost.steps_for(tr.max_overhead)
-        short = max(1, steps_epoch // MIN_ROUNDS[0])
-        warm = WARMUP_SHARE * tr.max_overhead
-        if self.sized_epochs < WARMUP_EPOCHS and tau > short and cost.overhead(short) <= warm:
-            return short, warm  # the warm-up: :data:`WARMUP_EPOCHS`
-        for rounds in MIN_ROUNDS:
-            short = max(1, steps_epoch // rounds)
-            if tau > short and cost.overhead(short) <= 2 * tr.max_overhead:
-                return short, 2 * tr.max_overhead
+        for rounds, times in ROUND_SHARES:
+            short, share = max(1, steps_epoch // rounds), times * tr.max_overhead
+            if tau > short and cost.overhead(short) <= share:
+                return short, share
         return tau, tr.max_overhead
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
@@ -381,7 +373,6 @@ class FitContext:
         from it (``sync="average"`` with ``local_steps="auto"``): the first epoch's
         estimate timed one step on the driver, a round times them all on the executors."""
         tr = self.trainer
-        self.sized_epochs += span
         if rl.rounds == 0 or rl.wall <= 0:
             return
         steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
