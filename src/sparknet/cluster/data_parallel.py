@@ -148,8 +148,10 @@ class DataParallelTrainer:
             ``"gradient"`` (exact minibatch SGD, one global step per round).
         local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
             the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
-            round (measured), or half an epoch's when that keeps it at most twice
-            that (two rounds per epoch learn more).  More steps than an epoch holds
+            round (measured), cut to a quarter of an epoch's while that keeps it at
+            most 4 times that, else to half or a whole epoch's within twice (shorter
+            rounds learn more per epoch; ``sparknet.cluster.fit.ROUND_SHARES``).  The
+            fixed cost is the median of the fit's last rounds.  More steps than an epoch holds
             make rounds of several whole epochs (``local_steps // steps per epoch``,
             at most ``max_epochs_per_round``).
         optimizer: an :class:`~sparknet.optim.Optimizer` or its name (default RMSprop).
