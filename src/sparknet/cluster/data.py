@@ -402,7 +402,8 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
         raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
                           "pip install 'sparknet[arrow]'") from exc
     df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
-    if num_partitions is not None and (engine.kind != "classic" or df.rdd.getNumPartitions() != num_partitions):
+    # (the select is narrow: ``data``'s partitions, whose ``rdd`` a fit has usually built already)
+    if num_partitions is not None and (engine.kind != "classic" or data.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(int(num_partitions))  # (a Connect DataFrame's partitions are not known before it runs)
     if kind is not None and engine.kind == "classic":
         from sparknet.cluster.packed import PackedBuild, packed_columns
