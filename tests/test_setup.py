@@ -229,15 +229,16 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
 def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_path, standalone_cluster):
     """Shards kept for reuse by a session that was then stopped are deleted (this host's
     files) when a new session's fit looks for reusable shards, without asking the stopped
-    context for its executors (on a standalone cluster, where it would)."""
+    context for its executors (the first session on a standalone cluster, where it would;
+    the next one local, which is quicker to start)."""
     code = (
         "import os\n"
         "import numpy as np\n"
         "from pyspark.ml.linalg import Vectors\n"
         "from pyspark.sql import SparkSession\n"
         "from sparknet.cluster.data import shard_data, _REUSE\n"
-        "def session():\n"
-        "    return (SparkSession.builder.master(os.environ['TEST_MASTER']).config('spark.ui.enabled', 'false')\n"
+        "def session(master):\n"
+        "    return (SparkSession.builder.master(master).config('spark.ui.enabled', 'false')\n"
         "            .config('spark.executor.memory', '1g').getOrCreate())\n"
         "def frame(spark, seed):\n"
         "    r = np.random.default_rng(seed)\n"
@@ -247,13 +248,13 @@ def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_pat
         "    return df\n"
         "def dirs():\n"
         "    return {p for p in os.listdir('/dev/shm') if p.startswith('sparknet-resident-')}\n"
-        "spark = session()\n"
+        "spark = session(os.environ['TEST_MASTER'])\n"
         "d = shard_data(frame(spark, 0), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
         "d.close()  # given back: kept for reuse\n"
         "kept = {p for p in dirs() if d.resident.key in p}\n"
         "print('KEPT', len(_REUSE._entries), len(kept))\n"
         "spark.stop()\n"
-        "spark = session()\n"
+        "spark = session('local[1]')\n"
         "d2 = shard_data(frame(spark, 1), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
         "print('AFTER', len(_REUSE._entries), len(kept & dirs()), d2.total)\n"
         "d2.close()\n"

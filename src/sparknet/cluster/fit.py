@@ -55,8 +55,9 @@ _ESTIMATED_APPS: set[str] = set()
 #: Spark's fixed cost in a round allowed for it, in multiples of ``max_overhead`` (see
 #: :meth:`FitContext._tau`).  Four rounds per epoch learn about as much per epoch as one
 #: process; a fit that drops from 4 rounds to 2 loses up to 4 points of test accuracy in the
-#: epoch it does (MNIST MLP, 2 partitions, seeds 0-2; ``benchmarks/README.md``, "Four rounds
-#: per epoch"), so 4 are kept up to twice the share of the others.
+#: epoch it does (MNIST MLP, 2 partitions, seeds 0-2; ``benchmarks/README.md``, "A warm
+#: shard path, steady round costs and four rounds per epoch"), so 4 are kept up to twice the
+#: share of the others.
 ROUND_SHARES = ((4, 4.0), (2, 2.0), (1, 2.0))
 #: Rounds whose fixed cost :meth:`FitContext.resize` takes the median of.
 FIXED_WINDOW = 16
@@ -381,7 +382,7 @@ class FitContext:
         t_step = rl.compute / (rl.rounds * steps)
         # Spark's fixed cost per round is the session's, not the epoch's: the median of the
         # fit's last FIXED_WINDOW rounds, so that one slow round (a fit's first, a GC pause)
-        # does not re-size the rounds (it swung 0.08-0.18 s between epochs here)
+        # does not re-size the rounds (it swung 0.08-0.25 s between the rounds of one fit)
         self.fixed_seen += rl.fixed or [max(rl.wall - rl.compute, 0.0) / rl.rounds]
         t_fixed = float(np.median(self.fixed_seen[-FIXED_WINDOW:]))
         if t_step <= 0:

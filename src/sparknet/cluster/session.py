@@ -177,8 +177,9 @@ def warm_shard_path(spark: SparkSession, tasks: int) -> None:
     A session's first shard job pays once for what every later one finds ready: the
     executors loading sparknet's jar, Spark generating and compiling the job's code, the
     workers' first imports of the shard build, the first spill and result hand-back.
-    In a first fit these came to 0.7-1.7 s of its set-up (``benchmarks/README.md``, fit
-    set-up); here they are paid in the background while the user builds the data.
+    In a first fit these came to 0.7-1.7 s of its set-up (``benchmarks/README.md``, "A
+    warm shard path, steady round costs and four rounds per epoch"); here they are paid in
+    the background while the user builds the data.
     """
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
