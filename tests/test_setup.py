@@ -140,8 +140,12 @@ def test_auto_round_sizing_of_a_per_step_sequence_classifier(spark, digits):
     assert h["loss"][-1] < h["loss"][0]
 
 
+def _shm_names(prefix: str) -> set[str]:
+    return {p for p in os.listdir("/dev/shm") if p.startswith(prefix)} if os.path.isdir("/dev/shm") else set()
+
+
 def _resident_dirs():
-    return {p for p in os.listdir("/dev/shm") if p.startswith("sparknet-resident-")} if os.path.isdir("/dev/shm") else set()
+    return _shm_names("sparknet-resident-")
 
 
 def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_shards):
@@ -206,10 +210,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     from sparknet.cluster.session import warm_shard_path
 
     sc = spark.sparkContext
-    def rows_files() -> set[str]:
-        return {p for p in os.listdir("/dev/shm") if p.startswith("sparknet-rows-")} if os.path.isdir("/dev/shm") else set()
-
-    dirs, rows, rdds = _resident_dirs(), rows_files(), set(sc._jsc.getPersistentRDDs().keys())
+    dirs, rows, rdds = _resident_dirs(), _shm_names("sparknet-rows-"), set(sc._jsc.getPersistentRDDs().keys())
     kept = len(data_mod._REUSE._entries)
     group = f"test-warm-up-{os.urandom(4).hex()}"
     sc.setJobGroup(group, "test_setup warm-up")
@@ -221,7 +222,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     assert jobs, "the warm-up ran no Spark job"
     assert all(sc.statusTracker().getJobInfo(j).status == "SUCCEEDED" for j in jobs)
     assert _resident_dirs() <= dirs
-    assert rows_files() <= rows
+    assert _shm_names("sparknet-rows-") <= rows
     assert set(sc._jsc.getPersistentRDDs().keys()) <= rdds
     assert len(data_mod._REUSE._entries) == kept
 
