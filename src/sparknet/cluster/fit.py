@@ -215,7 +215,7 @@ class FitContext:
     mode_resume: Any = None
     callbacks: CallbackList | None = None
     schedule: ScheduledLR | None = None
-    fixed_seen: list[float] = field(default_factory=list)  # every measured round's fixed cost (resize)
+    fixed_seen: list[float] = field(default_factory=list)  # the last measured rounds' fixed costs (resize)
 
     @property
     def model(self) -> Sequential:
@@ -383,8 +383,10 @@ class FitContext:
         # Spark's fixed cost per round is the session's, not the epoch's: the median of the
         # fit's last FIXED_WINDOW rounds, so that one slow round (a fit's first, a GC pause)
         # does not re-size the rounds (it swung 0.08-0.25 s between the rounds of one fit)
-        self.fixed_seen += rl.fixed or [max(rl.wall - rl.compute, 0.0) / rl.rounds]
-        t_fixed = float(np.median(self.fixed_seen[-FIXED_WINDOW:]))
+        # (a resumed epoch whose rounds all ran before the checkpoint has only their sums)
+        seen = self.fixed_seen + (rl.fixed or [max(rl.wall - rl.compute, 0.0) / rl.rounds])
+        self.fixed_seen = seen[-FIXED_WINDOW:]
+        t_fixed = float(np.median(self.fixed_seen))
         if t_step <= 0:
             return
         first = self.cost is None
