@@ -225,6 +225,8 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     assert _shm_names("sparknet-rows-") <= rows
     assert set(sc._jsc.getPersistentRDDs().keys()) <= rdds
     assert len(data_mod._REUSE._entries) == kept
+    with pytest.raises(ValueError, match="tasks must be a positive integer, got 0"):
+        warm_shard_path(spark, 0)
 
 
 def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_path, standalone_cluster):

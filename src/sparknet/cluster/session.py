@@ -180,12 +180,21 @@ def warm_shard_path(spark: SparkSession, tasks: int) -> None:
     In a first fit these came to 0.7-1.7 s of its set-up (``benchmarks/README.md``, "A
     warm shard path, steady round costs and four rounds per epoch"); here they are paid in
     the background while the user builds the data.
+
+    Args:
+        spark: the session.
+        tasks: partitions of the build (one task each), a positive integer.
+
+    Raises:
+        ValueError: ``tasks`` is not a positive integer.
     """
     from pyspark.ml.functions import array_to_vector
     from pyspark.sql import functions as F
 
+    from sparknet._validation import positive_int
     from sparknet.cluster.data import shard_data
 
+    tasks = positive_int(tasks, "tasks")
     rows = spark.range(16 * tasks, numPartitions=tasks).select(
         array_to_vector(F.array_repeat((F.col("id") % 3).cast("double"), 8)).alias("features"),
         (F.col("id") % 2).cast("double").alias("label"))
