@@ -126,7 +126,8 @@ def _from_history(h: Any, setup: float) -> dict[str, Any]:
     """Set-up, training-only epoch times and test accuracies of a trainer's history (a
     round of several epochs validates at its end only: NaN ``val_time`` elsewhere)."""
     times = [float(t) - (0.0 if math.isnan(v) else float(v)) for t, v in zip(h["time"], h["val_time"])]
-    out = {"setup": setup, "epoch_times": times, "accs": [float(a) for a in h["val_accuracy"]]}
+    out = {"setup": setup, "epoch_times": times, "accs": [float(a) for a in h["val_accuracy"]],
+           "setup_breakdown": dict(getattr(h, "setup_breakdown", {}) or {})}
     for k in ("rounds", "local_steps", "spark_overhead"):
         if k in h.history:
             out[k] = [float(v) for v in h[k]]
@@ -403,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             res["wall"] = time.perf_counter() - t0
             results[name].append(res)
             if first_spark is None and name not in ("single", "torch"):
-                first_spark = (name, res["setup"])
+                first_spark = (name, res["setup"], res.get("setup_breakdown", {}))
             acc = ", ".join(f"{100 * a:.2f}" for a in res["accs"])
             rounds = f", rounds/epoch {res['rounds']}" if "rounds" in res else ""
             print(f"repeat {rep + 1} {name:<10} set-up {res['setup']:5.2f} s, median epoch "
@@ -412,7 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(results)
     print_tables(summary, args.epochs)
     if first_spark is not None:
-        print(f"\nfirst fit of the session: {first_spark[0]}, set-up {first_spark[1]:.2f} s")
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in first_spark[2].items() if v >= 0.005)
+        print(f"\nfirst fit of the session: {first_spark[0]}, set-up {first_spark[1]:.2f} s"
+              + (f" ({parts})" if parts else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"machine": info, "args": vars(args), "first_spark_fit": first_spark,

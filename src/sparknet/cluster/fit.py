@@ -59,6 +59,12 @@ _ESTIMATED_APPS: set[str] = set()
 #: shard path, steady round costs and four rounds per epoch"), so 4 are kept up to twice the
 #: share of the others.
 ROUND_SHARES = ((4, 4.0), (2, 2.0), (1, 2.0))
+#: A fit leaves the rounds per epoch it runs (a first epoch: the first of
+#: :data:`ROUND_SHARES`) for fewer only when Spark's share of them is past their allowance
+#: by this factor: measured shares swing by a tenth between epochs, and a share at the
+#: limit moved fits from 4 rounds per epoch to 1 and kept them there (``benchmarks/README.md``,
+#: "Rounds per epoch that stay put").
+DROP_MARGIN = 1.25
 #: Rounds whose fixed cost :meth:`FitContext.resize` takes the median of.
 FIXED_WINDOW = 16
 
@@ -346,7 +352,7 @@ class FitContext:
         if cost is None:
             cost = self._estimate()
         self.cost = cost
-        self._size(steps_epoch, self._tau(cost, steps_epoch)[0])
+        self._size(steps_epoch, self._tau(cost, steps_epoch, ROUND_SHARES[0][0])[0])
         if cost.overhead(self.steps_per_round) > tr.max_overhead:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
                      "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
@@ -354,18 +360,21 @@ class FitContext:
                      1e3 * self.steps_per_round * cost.t_step, 1e3 * cost.t_fixed, 100 * tr.max_overhead,
                      tr.max_epochs_per_round)
 
-    def _tau(self, cost: RoundCostModel, steps_epoch: int) -> tuple[int, float]:
+    def _tau(self, cost: RoundCostModel, steps_epoch: int, current: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed: the fewest
         steps keeping the share at most ``max_overhead``, cut to 4 rounds per epoch when
         that keeps it at most 4 times that, else to 2 or 1 within twice
         (:data:`ROUND_SHARES`; long rounds average the partitions' models too rarely to
         learn as much per epoch as one process, and rounds of several epochs validate
-        only every few epochs: ``benchmarks/README.md``, "Rounds per epoch")."""
+        only every few epochs: ``benchmarks/README.md``, "Rounds per epoch").  The
+        ``current`` rounds per epoch keep their place up to :data:`DROP_MARGIN` times
+        their share."""
         tr = self.trainer
         tau = cost.steps_for(tr.max_overhead)
         for rounds, times in ROUND_SHARES:
             short, share = max(1, steps_epoch // rounds), times * tr.max_overhead
-            if tau > short and cost.overhead(short) <= share:
+            allowed = share * (DROP_MARGIN if rounds == current else 1.0)
+            if tau > short and cost.overhead(short) <= allowed:
                 return short, share
         return tau, tr.max_overhead
 
@@ -404,13 +413,14 @@ class FitContext:
         if tr.local_steps != "auto":
             return
         before = (self.rounds, self.epochs_per_round, self.steps_per_round)
-        tau, share = self._tau(cost, steps_epoch)
+        tau, share = self._tau(cost, steps_epoch, self.rounds if self.epochs_per_round == 1 else 0)
         self._size(steps_epoch, tau)
-        if (self.steps_per_round < before[2] and before[1] <= 1
+        if (self.steps_per_round < before[2] and before[1] <= 1 and self.rounds > ROUND_SHARES[0][0]
                 and cost.overhead(self.steps_per_round) > 0.7 * share):
-            # shorter rounds only with a margin: no flip-flopping on noise; rounds of
-            # several epochs are cut as soon as the measured cost allows (they average
-            # the partitions too rarely and validate only every few epochs)
+            # more rounds than the first of ROUND_SHARES only with a margin: no flip-
+            # flopping on noise (between its levels, DROP_MARGIN keeps a fit in place);
+            # rounds of several epochs are cut as soon as the measured cost allows (they
+            # average the partitions too rarely and validate only every few epochs)
             self.rounds, self.epochs_per_round, self.steps_per_round = before
         if (self.rounds, self.epochs_per_round) != before[:2]:
             log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
