@@ -78,6 +78,37 @@ def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
     assert _rows_files() <= before, "a rows file was left behind"
 
 
+def test_packed_partitions_larger_than_a_write_piece_equal_the_arrow_path(jvm, monkeypatch):
+    """Partitions of 9.7-19 MB (several 4 MB pieces of PackRows' staging buffer, rows of 97
+    values that do not divide a piece) in float32 and float64, from a Vector column as a
+    user builds it (``array_to_vector``): the same values, bit for bit, as Arrow's."""
+    import pyarrow as pa
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.sql import functions as F
+
+    before = _rows_files()
+    rng = np.random.default_rng(7)
+    n, dim = 50_000, 97
+    X = rng.standard_normal((n, dim))
+    flat = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1)), dim).cast(pa.list_(pa.float64()))
+    df = jvm.createDataFrame(pa.table({"f": flat, "label": pa.array(rng.integers(0, 10, n).astype(np.float64))}))
+    df = df.select(array_to_vector(F.col("f")).alias("features"), "label").repartition(2).cache()
+    for dtype in (np.float32, np.float64):
+        a = _shards(jvm, df, dtype, monkeypatch, pack=False)
+        b = _shards(jvm, df, dtype, monkeypatch, pack=True)
+        assert [len(ya) for _, _, ya in a] == [len(yb) for _, _, yb in b] and sum(len(yb) for _, _, yb in b) == n
+        for (_, xa, ya), (_, xb, yb) in zip(a, b):
+            assert xb.dtype == dtype and xb.nbytes > 2 * (4 << 20)
+            np.testing.assert_array_equal(xb, xa)
+            np.testing.assert_array_equal(yb, ya)
+        rows = np.concatenate([xb for _, xb, _ in b]).astype(np.float64)
+        ref = X.astype(dtype).astype(np.float64)
+        key = lambda m: np.lexsort(m.T[::-1])  # noqa: E731 (the rows in any partition order)
+        np.testing.assert_array_equal(rows[key(rows)], ref[key(ref)])
+    df.unpersist()
+    assert _rows_files() <= before, "a rows file was left behind"
+
+
 def test_packed_regression_labels_and_order(jvm, monkeypatch):
     """Row order within a partition is kept, and float labels pass unchanged."""
     rows = [([float(i), -float(i)], i * 0.5) for i in range(50)]
