@@ -10,19 +10,11 @@ from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.async_ps import AsyncPartitionError
 from sparknet.cluster.data_parallel import DataParallelTrainer
 from sparknet.cluster.testing import inject_faults
+from _jobs import wait_no_active_jobs
 
 
 def _mlp(seed=0):
     return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=seed)
-
-
-def _wait_no_jobs(sc, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    active = sc.statusTracker().getActiveJobsIds()
-    while active and time.monotonic() < deadline:
-        time.sleep(0.1)
-        active = sc.statusTracker().getActiveJobsIds()
-    return active
 
 
 def test_async_matches_sync_accuracy_on_digits(spark, digits):
@@ -113,7 +105,7 @@ def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
             trainer.fit(X, y, epochs=3, batch_size=32, verbose=0)
     assert err.value.partition == 1
     assert time.perf_counter() - t0 < 120
-    assert _wait_no_jobs(spark.sparkContext) == []
+    assert wait_no_active_jobs(spark.sparkContext) == []
 
 
 @pytest.mark.parametrize("how", ["callback", "sigint"])
@@ -151,7 +143,7 @@ def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, d
     assert "val_accuracy" not in h
     assert all(u["partition"] == 0 for u in h.updates)
     sc = spark.sparkContext
-    assert _wait_no_jobs(sc) == []
+    assert wait_no_active_jobs(sc) == []
     assert sc.statusTracker().getActiveStageIds() == []
     # the straggler's task (sleeping for minutes) no longer holds a core: two tasks run now
     t0 = time.perf_counter()

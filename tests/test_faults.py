@@ -29,6 +29,7 @@ import uuid
 import numpy as np
 import pytest
 
+from _jobs import wait_no_active_jobs
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster import spill
 from sparknet.cluster.data_parallel import DataParallelTrainer
@@ -76,8 +77,8 @@ def test_run_action_timeout_cancels_a_job_that_never_returns(spark):
         t1 = time.perf_counter()
         assert res.map(lambda i, shard: float(shard["x"].sum())) == [6.0, 22.0]  # the next job runs
         assert time.perf_counter() - t1 < 60
-        status = sc.statusTracker()
-        assert not status.getActiveJobsIds(), "the cancelled job still runs"
+        left = wait_no_active_jobs(sc, timeout=30.0)
+        assert not left, f"the cancelled job still runs: active jobs {left}"
         with pytest.raises(ValueError, match="timeout must be a positive"):
             res.run_action(lambda: 0, timeout=0)
     finally:

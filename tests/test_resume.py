@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import _resume_job as job
+from _jobs import wait_no_active_jobs
 from sparknet import optim
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster import DataParallelTrainer, trainer_state
@@ -183,7 +184,8 @@ def test_keyboard_interrupt_returns_the_model_of_the_last_round(spark, digits):
         model, h = trainer.fit(X, y, epochs=2, batch_size=256, verbose=0)
     assert h.interrupted and h.epoch == []
     assert np.array_equal(model.params, seen[-1])
-    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
+    left = wait_no_active_jobs(spark.sparkContext, timeout=30.0)
+    assert not left, f"jobs still active after the interrupted fit: {left}"
 
 
 def test_hung_async_task_fails_the_fit_with_round_timeout(spark, digits):
@@ -255,8 +257,5 @@ def test_checkpoint_every_and_round_timeout_arguments():
 
 def _assert_jobs_end(spark, within: float = 30.0) -> None:
     """The cancelled fit's Spark jobs are all gone within ``within`` seconds."""
-    tracker = spark.sparkContext.statusTracker()
-    deadline = time.time() + within
-    while tracker.getActiveJobsIds() and time.time() < deadline:
-        time.sleep(0.5)
-    assert not tracker.getActiveJobsIds()
+    left = wait_no_active_jobs(spark.sparkContext, timeout=within)
+    assert not left, f"jobs still active {within:.0f} s after the fit ended: {left}"
