@@ -6,11 +6,11 @@ import time
 import numpy as np
 import pytest
 
+from _jobs import wait_no_active_jobs
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.async_ps import AsyncPartitionError
 from sparknet.cluster.data_parallel import DataParallelTrainer
 from sparknet.cluster.testing import inject_faults
-from _jobs import wait_no_active_jobs
 
 
 def _mlp(seed=0):

@@ -1,7 +1,8 @@
 """The planner (sparknet.cluster.planner) and the cluster simulation (sparknet.cluster.simulate).
 
 The planner's choice is checked against a grid of real fits on digits in the shared
-local[2] session: its pick must be within 10% of the fastest measured epoch.  The
+local[2] session: its pick must be within 10% of the fastest measured epoch (the faster of two
+interleaved passes over the grid).  The
 simulation is checked for the behaviour a cluster must show: more hosts never slower when
 compute dominates, stragglers slow synchronous rounds (and async less), bandwidth limits
 gradient mode, and no stragglers gives the cost model's own prediction.
@@ -58,8 +59,12 @@ def test_planner_choice_is_within_10_percent_of_the_best_measured(spark, digits,
     X, y, _, _ = digits
     best = digits_plan.best
     assert best.mode == "average" and best.settings["partitions"] in GRID["partitions"]
-    measured = {(P, tau): _measured_epoch(spark, X, y, P, tau)
-                for P in GRID["partitions"] for tau in GRID["taus"]}
+    # two interleaved passes over the grid, each configuration's faster one kept: the
+    # configurations are within a few ms of each other, and a load that comes and goes would
+    # otherwise favour whichever ran in a quiet moment
+    grid = [(P, tau) for P in GRID["partitions"] for tau in GRID["taus"]]
+    passes = [{key: _measured_epoch(spark, X, y, *key) for key in order} for order in (grid, grid[::-1])]
+    measured = {key: min(p[key] for p in passes) for key in grid}
     fastest = min(measured.values())
     chosen = measured[(best.settings["partitions"], best.settings["tau"])]
     table = ", ".join(f"P={P} tau={t}: {s:.3f} s" for (P, t), s in sorted(measured.items()))
