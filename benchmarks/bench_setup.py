@@ -140,7 +140,7 @@ def session(master: str, warm_up: bool) -> tuple[Any, Any]:
     """The session, and the thread starting its Python workers (None without warm-up or
     with a sparknet whose get_spark has none)."""
     from sparknet.cluster import session as session_mod
-    conf = {"spark.ui.enabled": "false", "spark.driver.memory": "4g", "spark.executor.memory": "2g",
+    conf = {"spark.ui.enabled": "false", "spark.driver.memory": "6g", "spark.executor.memory": "2g",
             "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"}
     if hasattr(session_mod, "start_python_workers"):
         spark = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf, warm_up=False)
