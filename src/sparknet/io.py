@@ -5,6 +5,8 @@ Layout of a file (format ``sparknet-model``, version 1), all plain arrays:
 - ``format``: the string ``"sparknet-model"``; ``version``: an int;
 - ``architecture``: the model's :meth:`~sparknet.model.Sequential.get_config` as JSON text;
 - ``params``: the flat parameter vector;
+- ``state``, when the layers keep any: the flat vector of values they keep but do not train
+  (BatchNormalization's running statistics), checked like ``params``;
 - optionally ``optimizer``: JSON ``{"name", "config", "t"}`` and ``opt_<key>``: its state arrays;
 - optionally ``extra``: JSON of caller metadata (checkpoints keep epoch/round here).
 
@@ -113,6 +115,12 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
         "architecture": np.array(json.dumps(model.get_config())),
         "params": np.ascontiguousarray(model.params),
     }
+    if model.n_state:
+        count, first = _first_bad(model.state)
+        if count:
+            raise ValueError(f"cannot save {path!r}: the model's state (running statistics) holds NaN "
+                             f"or infinity ({count} value(s), first at index {first})")
+        arrays["state"] = np.ascontiguousarray(model.state)
     if optimizer is not None:
         arrays["optimizer"] = np.array(json.dumps(
             {"name": optimizer.name, "config": optimizer.get_config(), "t": int(optimizer.t)}))
@@ -273,7 +281,27 @@ def _read_model(f: _ModelFile) -> Sequential:
     except (KeyError, TypeError, ValueError) as exc:
         raise f.error(f"holds a malformed architecture ({exc})") from None
     model.params[...] = params
+    _read_state(f, model)
     return model
+
+
+def _read_state(f: _ModelFile, model: Sequential) -> None:
+    """The layers' untrained state (running statistics): checked, then copied in."""
+    if "state" not in f:
+        if model.n_state:
+            raise f.error(f"is refused: the architecture keeps {model.n_state:,} state values "
+                          f"(running statistics) and the file stores none")
+        return
+    shape, _, dtype, _ = f.layouts["state"]
+    if dtype.kind != "f" or shape != (model.n_state,):
+        raise f.error(f"is refused: state has shape {shape} and dtype {dtype}, the architecture "
+                      f"keeps {model.n_state:,} float values")
+    state = f.read("state", large=True)
+    count, first = _first_bad(state)
+    if count:
+        raise f.error(f"is refused: state holds {count} NaN or infinite value{'s' if count > 1 else ''} "
+                      f"(first at index {first})")
+    model.state[...] = state
 
 
 def _read_optimizer(f: _ModelFile, model: Sequential) -> Optimizer | None:

@@ -27,7 +27,7 @@ from sparknet.activations import grad as act_grad
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.divergence import StepGuard
 from sparknet.history import History
-from sparknet.layers.base import REGISTRY, Layer, MaskedLayer
+from sparknet.layers.base import Layer, MaskedLayer, layer_from_config, layer_to_config
 from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
@@ -82,6 +82,9 @@ class Sequential:
         self.optimizer: optim_mod.Optimizer | None = None
         self.params: np.ndarray = np.zeros(0, dtype=self.dtype)
         self.grads: np.ndarray = np.zeros(0, dtype=self.dtype)
+        #: arrays the layers keep but do not train (BatchNormalization's running statistics)
+        self.state: np.ndarray = np.zeros(0, dtype=self.dtype)
+        self._state_slices: list[dict[str, tuple[int, int, tuple[int, ...]]]] = []
         self.input_shape: tuple[int, ...] | None = None
         self.output_shape: tuple[int, ...] | None = None
         self._softmax_head = False
@@ -134,6 +137,7 @@ class Sequential:
             self._slices.append(sl)
             layer.init_params(pv, np.random.default_rng([self.seed, i]))
             layer.bind(pv, gv)
+        self._build_state()
         # a trailing softmax is fused into the loss: the last layer then emits logits
         last = self.layers[-1]
         self._softmax_head = False
@@ -142,6 +146,24 @@ class Sequential:
             self._softmax_head = True
         self.built = True
         return self
+
+    def _build_state(self) -> None:
+        """Allocate the flat state buffer and bind each layer's state views."""
+        specs = [layer.state_specs() for layer in self.layers]
+        self.state = np.zeros(sum(int(np.prod(s)) for sp in specs for _, s in sp), dtype=self.dtype)
+        self._state_slices = []
+        off = 0
+        for layer, sp in zip(self.layers, specs):
+            views: dict[str, np.ndarray] = {}
+            sl: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+            for sname, sshape in sp:
+                size = int(np.prod(sshape))
+                views[sname] = self.state[off:off + size].reshape(sshape)
+                sl[sname] = (off, off + size, tuple(sshape))
+                off += size
+            self._state_slices.append(sl)
+            layer.init_state(views)
+            layer.bind_state(views)
 
     def _ensure_built(self, X: np.ndarray) -> None:
         if not self.built:
@@ -157,6 +179,15 @@ class Sequential:
     def param_slices(self) -> list[dict[str, tuple[int, int, tuple[int, ...]]]]:
         """For each layer, ``{name: (start, stop, shape)}`` of its parameters in :attr:`params`."""
         return self._slices
+
+    @property
+    def n_state(self) -> int:
+        """Length of :attr:`state`: the values the layers keep but do not train."""
+        return int(self.state.shape[0])
+
+    def state_slices(self) -> list[dict[str, tuple[int, int, tuple[int, ...]]]]:
+        """For each layer, ``{name: (start, stop, shape)}`` of its state in :attr:`state`."""
+        return self._state_slices
 
     # ---------------------------------------------------------------- loss
     @property
@@ -485,6 +516,7 @@ class Sequential:
         other = Sequential.from_config(cfg)
         if self.built:
             other.params[...] = self.params
+            other.state[...] = self.state
         return other
 
     def set_params(self, flat: np.ndarray) -> None:
@@ -493,6 +525,15 @@ class Sequential:
         if flat.shape != self.params.shape:
             raise ValueError(f"parameter vector has shape {flat.shape}, the model has {self.params.shape}")
         self.params[...] = flat
+
+    def set_state(self, flat: np.ndarray) -> None:
+        """Copy a flat state vector (see :attr:`state`) into the model."""
+        flat = np.asarray(flat)
+        if flat.shape != self.state.shape:
+            raise ValueError(f"state vector has shape {flat.shape}, the model keeps {self.state.shape}")
+        if flat.size and not np.isfinite(flat).all():
+            raise ValueError("state vector holds NaN or infinite values")
+        self.state[...] = flat
 
     def save(self, path: str | os.PathLike[str], optimizer: "optim_mod.Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
@@ -527,19 +568,10 @@ def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, 
         "name": name, "dtype": np.dtype(dtype).name, "seed": seed,
         "input_shape": list(input_shape) if input_shape else None,
         "loss": loss.name if isinstance(loss, losses_mod.Loss) else loss,
-        "layers": [{"class": type(l).__name__, "config": l.get_config()} for l in layers],
+        "layers": [layer_to_config(l) for l in layers],
     }
 
 
 def layers_from_config(specs: Sequence[dict[str, Any]]) -> list[Layer]:
     """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
-    layers = []
-    for i, spec in enumerate(specs):
-        klass = REGISTRY.get(spec["class"])
-        if klass is None:
-            raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
-        if not isinstance(spec["config"], dict):
-            raise ValueError(f"layer {i} ({spec['class']}): config must be a dict of its arguments, "
-                             f"got {spec['config']!r}")
-        layers.append(klass.from_config(dict(spec["config"])))
-    return layers
+    return [layer_from_config(spec, f"layer {i}") for i, spec in enumerate(specs)]

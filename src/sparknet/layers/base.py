@@ -6,6 +6,12 @@ the model's single flat parameter buffer and single flat gradient buffer.
 ``forward`` keeps what ``backward`` needs; ``backward(dy)`` overwrites the
 layer's gradient views for the last batch and returns ``dx``.  ``backward``
 may overwrite ``dy``.
+
+A layer may also keep arrays that are not trained (BatchNormalization's running
+statistics): it declares them with :meth:`Layer.state_specs` and is bound to views of
+the model's flat *state* buffer (:meth:`Layer.bind_state`), which model files,
+checkpoints and the trainers carry beside the parameters.  ``forward(x, training=True)``
+may update them in place; nothing else writes them.
 """
 from __future__ import annotations
 
@@ -52,6 +58,7 @@ class Layer:
         self.dtype: np.dtype = np.dtype(np.float32)
         self.params: dict[str, np.ndarray] = {}
         self.grads: dict[str, np.ndarray] = {}
+        self.state: dict[str, np.ndarray] = {}
         self.rng: np.random.Generator = np.random.default_rng(0)
 
     # -- construction -----------------------------------------------------
@@ -76,6 +83,17 @@ class Layer:
     def bind(self, params: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> None:
         self.params = params
         self.grads = grads
+
+    def state_specs(self) -> list[ParamSpec]:
+        """``[(name, shape), ...]`` of the arrays this layer keeps but does not train
+        (after build); empty for most layers."""
+        return []
+
+    def init_state(self, state: dict[str, np.ndarray]) -> None:
+        """Fill freshly allocated state views in place (the buffer starts at zero)."""
+
+    def bind_state(self, state: dict[str, np.ndarray]) -> None:
+        self.state = state
 
     def compute_mask(self, mask: np.ndarray | None) -> np.ndarray | None:
         """The (N, T) mask that applies to this layer's output, given its input's."""
@@ -108,6 +126,10 @@ class Layer:
     def n_params(self) -> int:
         return int(sum(int(np.prod(s)) for _, s in self.param_specs()))
 
+    @property
+    def n_state(self) -> int:
+        return int(sum(int(np.prod(s)) for _, s in self.state_specs()))
+
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items() if k != "name")
         return f"{type(self).__name__}({args})"
@@ -121,6 +143,24 @@ class Layer:
         self._check_built()
         assert self.input_shape is not None and self.output_shape is not None
         return self.input_shape, self.output_shape
+
+
+def layer_to_config(layer: Layer) -> dict[str, Any]:
+    """``{"class": ..., "config": ...}``: one layer of a saved architecture."""
+    return {"class": type(layer).__name__, "config": layer.get_config()}
+
+
+def layer_from_config(spec: Any, where: str = "layer") -> Layer:
+    """The layer a :func:`layer_to_config` entry describes (``where`` names it in errors)."""
+    if not isinstance(spec, dict) or "class" not in spec or "config" not in spec:
+        raise ValueError(f"{where}: expected {{'class': ..., 'config': {{...}}}}, got {spec!r}")
+    klass = REGISTRY.get(spec["class"])
+    if klass is None:
+        raise ValueError(f"unknown layer class {spec['class']!r} in model architecture")
+    if not isinstance(spec["config"], dict):
+        raise ValueError(f"{where} ({spec['class']}): config must be a dict of its arguments, "
+                         f"got {spec['config']!r}")
+    return klass.from_config(dict(spec["config"]))
 
 
 class MaskedLayer(Protocol):
