@@ -355,6 +355,8 @@ def load_model(path: PathLike, with_optimizer: bool = False, with_extra: bool = 
             optimizer state; the message names the file and the member.
     """
     path = _fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path!r} is a folder; load_model reads one .npz model file. " + _folder_hint(path))
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no model file at {path!r}")
     f = _ModelFile(path)
@@ -368,3 +370,16 @@ def load_model(path: PathLike, with_optimizer: bool = False, with_extra: bool = 
     finally:
         f.close()
     return result[0] if len(result) == 1 else tuple(result)
+
+
+def _folder_hint(path: str) -> str:
+    """What a folder given to :func:`load_model` probably holds, and what loads it."""
+    if os.path.isfile(os.path.join(path, "manifest.json")):
+        return "It holds a model-parallel model: load it with sparknet.cluster.ModelParallel.load(folder)."
+    if os.path.isdir(os.path.join(path, "metadata")):
+        return ("It holds a saved Spark ML stage: load it with its class, e.g. "
+                "sparknet.ml.SparkNetClassificationModel.load(folder).")
+    found = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
+    if found:
+        return f"It holds {len(found)} .npz file(s), e.g. {os.path.join(path, found[-1])!r}: pass one of them."
+    return "It holds no model file."

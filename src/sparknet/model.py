@@ -68,6 +68,9 @@ class Sequential:
                  name: str = "sequential") -> None:
         self.layers: list[Layer] = []
         self.built = False
+        if isinstance(layers, Layer):
+            raise TypeError(f"Sequential takes a list of layers, got a single {type(layers).__name__}: "
+                            f"write Sequential([{type(layers).__name__}(...), ...])")
         for layer in layers:
             self.add(layer)
         try:  # np.dtype(None) would be float64
@@ -240,10 +243,19 @@ class Sequential:
         return arr
 
     def _prepare_y(self, y: Any, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
-        out_shape = self._built_shapes()[1]
-        if loss.is_classification:
-            return check_labels(y, n, out_shape[-1], name=name, lead_shape=out_shape[:-1])
-        return check_targets(y, n, out_shape, self.dtype, name=name)
+        in_shape, out_shape = self._built_shapes()
+        try:
+            if loss.is_classification:
+                return check_labels(y, n, out_shape[-1], name=name, lead_shape=out_shape[:-1])
+            return check_targets(y, n, out_shape, self.dtype, name=name)
+        except ValueError as exc:
+            if len(out_shape) > 1 and np.ndim(y) == 1:
+                raise ValueError(
+                    f"{exc}: the model gives an output of per-sample shape {out_shape} for inputs of "
+                    f"per-sample shape {in_shape} (Dense acts on the last axis, once per position), "
+                    f"while {name} has one value per sample; add Flatten() (or a global pooling layer) "
+                    f"before the first Dense to get one output per sample") from None
+            raise
 
     def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "losses_mod.Loss | None" = None,
                       mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
@@ -358,6 +370,8 @@ class Sequential:
         self._ensure_built(X)
         if not was_built:
             self.layers[0].check_input(X)
+        if lo is None and self._loss is None:
+            self._check_implicit_mse(y)
         lo = lo or self.loss
         y = self._prepare_y(y, X.shape[0], lo)
         mask = check_mask(mask, X.shape)
@@ -367,9 +381,10 @@ class Sequential:
             sample_weight = check_sample_weight(sample_weight, X.shape[0], self.dtype)
         val = self._prepare_validation(validation_data, lo)
         opt = self._get_optimizer(optimizer)
+        opt.bind_owner(self)  # an optimizer that stepped for another model fails here
         opt.init_state(self.n_params, self.dtype)  # loaded state of another model fails here
         self._loss = lo if loss is not None else self._loss
-        guard = StepGuard(self.params, self.grads, opt)
+        guard = StepGuard(self.params, self.grads, opt, self.state)
         history = History()
         cbl = CallbackList(callbacks, self, self, FitControl(self, opt))
         cbl.on_fit_begin()
@@ -431,6 +446,25 @@ class Sequential:
             cbl.on_epoch_end(epoch, logs)
             if cbl.stop_training:
                 break
+
+    def _check_implicit_mse(self, y: Any) -> None:
+        """Refuse class labels that would silently train as regression: no loss was given and
+        the model does not end in softmax, so the default is mean squared error."""
+        if self._softmax_head:
+            return
+        labels = np.asarray(y)
+        if labels.dtype.kind not in "iub" or labels.size == 0:
+            return
+        classes = np.unique(labels)
+        if classes.size <= 2:
+            return
+        last = self.layers[-1]
+        raise ValueError(
+            f"y holds {classes.size} distinct integer labels ({classes[0]}..{classes[-1]}) but the model "
+            f"ends in {type(last).__name__} {last.name!r} without a softmax and no loss was given, so it "
+            f"would train as mean squared error on the label values: for classification end with "
+            f"Dense({classes.size}, activation='softmax'); for regression on integer targets pass "
+            f"loss='mse'")
 
     def _prepare_validation(self, validation_data: ValidationData | None, lo: losses_mod.Loss
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
@@ -524,6 +558,12 @@ class Sequential:
         flat = np.asarray(flat)
         if flat.shape != self.params.shape:
             raise ValueError(f"parameter vector has shape {flat.shape}, the model has {self.params.shape}")
+        if flat.dtype.kind not in "fiu":
+            raise ValueError(f"parameter vector has dtype {flat.dtype}, expected floats")
+        bad = ~np.isfinite(flat)
+        if bad.any():
+            raise ValueError(f"parameter vector holds {int(bad.sum())} NaN or infinite value(s), first at "
+                             f"index {int(np.argmax(bad))}; the model keeps its parameters")
         self.params[...] = flat
 
     def set_state(self, flat: np.ndarray) -> None:

@@ -28,6 +28,7 @@ the global factor comes from :meth:`Optimizer.clip_scale`, and each part is scal
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any, Mapping, MutableMapping
 
 import numpy as np
@@ -116,10 +117,41 @@ class Optimizer:
         self.state: dict[str, np.ndarray] = {}
         #: True while ``state`` came from a load and no step has checked it against the parameters
         self._loaded = False
+        #: the model whose parameters ``state`` follows (set by :meth:`bind_owner`)
+        self._owner: weakref.ReferenceType[Any] | None = None
 
     def state_keys(self) -> tuple[str, ...]:
         """Names of the per-parameter state arrays this configuration needs."""
         return ()
+
+    def bind_owner(self, owner: Any) -> None:
+        """Tie the state to ``owner``, the model this optimizer trains.
+
+        Raises ``ValueError`` when the optimizer has already stepped for another model that
+        is still alive: its moving averages and step count belong to that model's
+        parameters, and carrying them over to a second model would train it differently
+        without a word.  :meth:`reset` starts over."""
+        current = self._owner() if self._owner is not None else None
+        if current is not None and current is not owner and self.t > 0:
+            raise ValueError(
+                f"this {type(self).__name__} has already taken {self.t} steps for another model, and "
+                f"its state follows that model's parameters: give each model its own optimizer "
+                f"(optimizer={type(self).__name__}(lr={self.lr:g}, ...)) or call optimizer.reset() "
+                f"to start over")
+        self._owner = weakref.ref(owner)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the owner is a weak reference to a model in this process: it does not travel
+        state = self.__dict__.copy()
+        state["_owner"] = None
+        return state
+
+    def reset(self) -> None:
+        """Forget the state and the step count (and the model they belonged to)."""
+        self.state = {}
+        self.t = 0
+        self._loaded = False
+        self._owner = None
 
     def init_state(self, n: int, dtype: Any) -> None:
         """Make ``state`` hold zeroed arrays of length ``n`` (kept when already right).

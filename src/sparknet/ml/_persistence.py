@@ -256,6 +256,10 @@ class SparkNetReader(MLReader[_S]):
         self.cls = cls
 
     def load(self, path: str) -> _S:
+        if str(path).endswith(".npz") and os.path.isfile(path):
+            raise ValueError(f"{path!r} is a sparknet model file (.npz), not a saved Spark ML stage: "
+                             f"load it with sparknet.load_model({path!r}), or wrap a network in a Model "
+                             f"by fitting an Estimator")
         try:
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
