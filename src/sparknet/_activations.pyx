@@ -4,9 +4,29 @@
 Backward passes are written in terms of the forward *output* ``y`` so that a
 layer only keeps its output: relu' = [y > 0], tanh' = 1 - y^2,
 sigmoid' = y (1 - y), softmax: dz = y * (dy - <dy, y>) per row.
+
+GELU is not invertible, so its derivative is written through the *input* ``z``
+(``act_needs_input``; a layer keeps ``z`` and calls ``act_backward_input_row``):
+
+- exact: gelu(z) = z Phi(z) = 0.5 z (1 + erf(z / sqrt 2)),
+  gelu'(z) = Phi(z) + z phi(z), phi(z) = exp(-z^2 / 2) / sqrt(2 pi);
+- tanh form (``torch.nn.functional.gelu(approximate="tanh")``):
+  gelu(z) = 0.5 z (1 + t), t = tanh(u), u = sqrt(2 / pi) (z + 0.044715 z^3),
+  gelu'(z) = 0.5 (1 + t) + 0.5 z (1 - t^2) sqrt(2 / pi) (1 + 3 * 0.044715 z^2).
+
+In float32 the gelus run as vectorised C loops over branch-free ``sn_expf`` and
+``sn_phif`` (``_activations.pxd``), the tanh form as ``0.5 (1 + tanh u) = s =
+sigmoid(2 u)``: gelu(z) = z s, gelu'(z) = s + 2 z s (1 - s) u'(z).  float64 calls libm.
 """
 from cython cimport floating
-from libc.math cimport exp, tanh, expf, tanhf
+from libc.math cimport erf, exp, tanh, expf, tanhf
+from sparknet._activations cimport (sn_gelu_f, sn_gelu_back_f, sn_gelu_tanh_f,
+                                    sn_gelu_tanh_back_f)
+
+cdef double _SQRT1_2 = 0.70710678118654752440        # 1 / sqrt(2)
+cdef double _INV_SQRT_2PI = 0.39894228040143267794   # 1 / sqrt(2 pi)
+cdef double _SQRT_2_PI = 0.79788456080286535588      # sqrt(2 / pi)
+cdef double _GELU_C = 0.044715
 
 cdef inline floating _exp(floating x) noexcept nogil:
     if floating is float:
@@ -33,14 +53,29 @@ cdef void act_forward_row(int act, floating* z, Py_ssize_t n) noexcept nogil:
     cdef floating m, s
     if act == ACT_RELU:
         for j in range(n):
-            if z[j] < 0:
-                z[j] = 0
+            # a select, not a branch: vectorised, no mispredictions on mixed signs
+            z[j] = 0 if z[j] < 0 else z[j]
     elif act == ACT_TANH:
         for j in range(n):
             z[j] = _tanh(z[j])
     elif act == ACT_SIGMOID:
         for j in range(n):
             z[j] = _sigmoid(z[j])
+    elif act == ACT_GELU:
+        if floating is float:
+            sn_gelu_f(z, n)
+        else:
+            for j in range(n):
+                # 0.5 z (1 + erf(z / sqrt 2)) = z Phi(z)
+                z[j] = 0.5 * z[j] * (1 + erf(z[j] * _SQRT1_2))
+    elif act == ACT_GELU_TANH:
+        if floating is float:
+            sn_gelu_tanh_f(z, n)
+        else:
+            for j in range(n):
+                # 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + c z^3)
+                m = z[j]
+                z[j] = 0.5 * m * (1 + tanh(_SQRT_2_PI * (m + _GELU_C * m * m * m)))
     elif act == ACT_SOFTMAX:
         if n == 0:
             return
@@ -62,8 +97,7 @@ cdef void act_backward_row(int act, const floating* y, floating* dy, Py_ssize_t 
     cdef floating s
     if act == ACT_RELU:
         for j in range(n):
-            if y[j] <= 0:
-                dy[j] = 0
+            dy[j] = 0 if y[j] <= 0 else dy[j]
     elif act == ACT_TANH:
         for j in range(n):
             dy[j] = dy[j] * (1 - y[j] * y[j])
@@ -76,6 +110,31 @@ cdef void act_backward_row(int act, const floating* y, floating* dy, Py_ssize_t 
             s = s + dy[j] * y[j]
         for j in range(n):
             dy[j] = y[j] * (dy[j] - s)
+
+
+cdef void act_backward_input_row(int act, const floating* z, floating* dy,
+                                 Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t j
+    cdef floating x, t
+    if act == ACT_GELU:
+        if floating is float:
+            sn_gelu_back_f(z, dy, n)
+        else:
+            for j in range(n):
+                # dy (Phi(z) + z phi(z))
+                x = z[j]
+                dy[j] = dy[j] * (0.5 * (1 + erf(x * _SQRT1_2))
+                                 + x * _INV_SQRT_2PI * exp(-0.5 * x * x))
+    elif act == ACT_GELU_TANH:
+        if floating is float:
+            sn_gelu_tanh_back_f(z, dy, n)
+        else:
+            for j in range(n):
+                # dy (0.5 (1 + t) + 0.5 z (1 - t^2) sqrt(2/pi) (1 + 3 c z^2)), t = tanh(u)
+                x = z[j]
+                t = tanh(_SQRT_2_PI * (x + _GELU_C * x * x * x))
+                dy[j] = dy[j] * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_PI
+                                 * (1 + 3 * _GELU_C * x * x))
 
 
 def forward(int act, floating[:, ::1] z):
@@ -93,10 +152,14 @@ def forward(int act, floating[:, ::1] z):
 
 
 def backward(int act, const floating[:, ::1] y, floating[:, ::1] dy):
-    """``dy <- dy * f'(z)`` in place, written through the forward output ``y``."""
+    """``dy <- dy * f'(z)`` in place, written through the forward output ``y``
+    (:func:`backward_input` for the gelus, whose derivative needs ``z``)."""
     cdef Py_ssize_t i, rows = y.shape[0], cols = y.shape[1]
     if dy.shape[0] != rows or dy.shape[1] != cols:
         raise ValueError(f"activation backward: y is ({rows}, {cols}), dy is ({dy.shape[0]}, {dy.shape[1]})")
+    if act_needs_input(act):
+        raise ValueError(f"activation backward: activation id {act} (a gelu) has no derivative "
+                         f"through its output; keep its input z and call backward_input")
     if act == ACT_IDENTITY or rows == 0 or cols == 0:
         return
     with nogil:
@@ -105,3 +168,18 @@ def backward(int act, const floating[:, ::1] y, floating[:, ::1] dy):
                 act_backward_row(act, &y[i, 0], &dy[i, 0], cols)
         else:
             act_backward_row(act, &y[0, 0], &dy[0, 0], rows * cols)
+
+
+def backward_input(int act, const floating[:, ::1] z, floating[:, ::1] dy):
+    """``dy <- dy * f'(z)`` in place, written through the forward input ``z`` (the gelus)."""
+    cdef Py_ssize_t rows = z.shape[0], cols = z.shape[1]
+    if dy.shape[0] != rows or dy.shape[1] != cols:
+        raise ValueError(f"activation backward: z is ({rows}, {cols}), "
+                         f"dy is ({dy.shape[0]}, {dy.shape[1]})")
+    if not act_needs_input(act):
+        raise ValueError(f"activation backward_input: activation id {act} is written through its "
+                         f"output; call backward")
+    if rows == 0 or cols == 0:
+        return
+    with nogil:
+        act_backward_input_row(act, &z[0, 0], &dy[0, 0], rows * cols)
