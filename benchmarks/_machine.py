@@ -4,7 +4,8 @@ Figures from different machines differ by more than any change being measured (o
 sgemm ran ~205 GFLOP/s where ``README.md`` was written, ~92 on another machine of the same
 kind), so each benchmark's header names the CPU model, its cache sizes and the one-thread
 sgemm rate measured right then through the BLAS the kernels call (``sparknet._blas``), with
-the load average (the machine is often shared)::
+the load average (the machine is often shared), and the CPU's bfloat16/AMX flags with the
+paths sparknet's products take (``sparknet.precision``)::
 
     from _machine import machine_header
     print(machine_header())
@@ -97,9 +98,36 @@ def blas_banner() -> str:
     return f"{libs}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}"
 
 
+def cpu_flags(names: tuple[str, ...] = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+              ) -> dict[str, bool]:
+    """Which of ``names`` the CPU lists in ``/proc/cpuinfo`` (all False where it is unreadable)."""
+    have: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {n: n in have for n in names}
+
+
+def precision_banner() -> str:
+    """The CPU's AVX-512/bfloat16/AMX flags and the paths sparknet's products take."""
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in cpu_flags().items())
+    try:
+        from sparknet.precision import describe
+
+        paths = "; ".join(describe().splitlines())
+    except Exception as exc:  # pragma: no cover - a banner never stops a benchmark
+        paths = f"unknown ({exc})"
+    return f"CPU flags: {flags}\nsparknet paths: {paths}"
+
+
 def machine_header() -> str:
-    """Two lines naming the machine: CPU model, CPUs, caches, the one-thread sgemm rate now,
-    the load average; then the BLAS in use."""
+    """Lines naming the machine: CPU model, CPUs, caches, the one-thread sgemm rate now,
+    the load average; then the BLAS in use; then the bfloat16/AMX flags and paths."""
     caches = cache_sizes()
     cache = ", ".join(f"{k} {v}" for k, v in caches.items()) or "cache sizes unknown"
     best, median = sgemm_gflops()
@@ -109,7 +137,7 @@ def machine_header() -> str:
         load = "load average unknown"
     return (f"machine: {cpu_model()}, {os.cpu_count()} CPUs; {cache}; "
             f"sgemm 1 thread (1024^3): {best:.0f} GFLOP/s best, {median:.0f} median; {load}\n"
-            f"BLAS: {blas_banner()}")
+            f"BLAS: {blas_banner()}\n{precision_banner()}")
 
 
 if __name__ == "__main__":

@@ -25,12 +25,18 @@ less than writing the whole column matrix to main memory and reading it back.  A
 convolution with stride 1 and no padding skips im2col: ``X`` itself is the column matrix.
 
 float32 GEMMs run on the AVX-512 kernel of ``csrc/sgemm_avx512.h`` when the CPU has
-AVX-512 (:func:`set_gemm_backend` switches to BLAS); float64 always uses BLAS.
+AVX-512 (:func:`set_gemm_backend` switches to BLAS); float64 always uses BLAS.  In float32
+the three products may take bfloat16 operands with float32 accumulation
+(:mod:`sparknet._bf16`, ``precision="bf16"``): the forward given the kernel packed
+(``w16``), the backward given ``bf16=True`` and the kernel's transpose packed (``wt16``).
 """
 from cython cimport floating
+from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
 from posix.time cimport clock_gettime, timespec, CLOCK_THREAD_CPUTIME_ID
 from sparknet._blas cimport gemm
+from sparknet._bf16 cimport PackedB
+from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed
 from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY, ACT_RELU
 
 cdef extern from "conv_kernels.h" nogil:
@@ -81,41 +87,54 @@ def gemm_backend():
     return "avx512" if _own_gemm else "blas"
 
 
-cdef inline void _gemm_nn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
-                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
-                          Py_ssize_t ldc) noexcept nogil:
-    """``C = A @ B`` (row-major, overwritten)."""
+cdef inline int _gemm_nn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                         Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
+                         Py_ssize_t ldc, const int32_t* b16=NULL) noexcept nogil:
+    """``C = A @ B`` (row-major, overwritten); with ``b16`` (B packed) in bfloat16.  Returns
+    -1 when out of memory."""
     if floating is float:
+        if b16 != NULL:
+            return bf16_gemm_packed(False, M, N, K, A, lda, b16, C, ldc, False)
         if _own_gemm:
             sn_sgemm_avx512(M, N, K, A, lda, 1, B, ldb, C, ldc, 0, 1024)
-            return
+            return 0
     gemm(False, False, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
          <floating>0, C, <int>ldc)
+    return 0
 
 
-cdef inline void _gemm_tn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
-                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
-                          Py_ssize_t ldc, bint accumulate) noexcept nogil:
-    """``C = A.T @ B`` (or ``C += A.T @ B``) with A stored (K, M), row-major."""
+cdef inline int _gemm_tn(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                         Py_ssize_t lda, const floating* B, Py_ssize_t ldb, floating* C,
+                         Py_ssize_t ldc, bint accumulate, bint bf16=False) noexcept nogil:
+    """``C = A.T @ B`` (or ``C += A.T @ B``) with A stored (K, M), row-major; in bfloat16
+    when ``bf16``.  Returns -1 when out of memory."""
     if floating is float:
+        if bf16:
+            return bf16_gemm(True, False, M, N, K, A, lda, B, ldb, C, ldc, accumulate)
         if _own_gemm:
             sn_sgemm_avx512(M, N, K, A, 1, lda, B, ldb, C, ldc, accumulate, 128)
-            return
+            return 0
     gemm(True, False, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
          <floating>1 if accumulate else <floating>0, C, <int>ldc)
+    return 0
 
 
-cdef inline void _gemm_nt(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
-                          Py_ssize_t lda, const floating* B, Py_ssize_t ldb,
-                          const floating* BT, floating* C, Py_ssize_t ldc) noexcept nogil:
+cdef inline int _gemm_nt(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const floating* A,
+                         Py_ssize_t lda, const floating* B, Py_ssize_t ldb,
+                         const floating* BT, floating* C, Py_ssize_t ldc,
+                         const int32_t* bt16=NULL) noexcept nogil:
     """``C = A @ B.T`` with B stored (N, K); ``BT`` is the same matrix transposed, (K, N)
-    row-major (the AVX-512 kernel reads it)."""
+    row-major (the AVX-512 kernel reads it); with ``bt16`` (B.T packed) in bfloat16.
+    Returns -1 when out of memory."""
     if floating is float:
+        if bt16 != NULL:
+            return bf16_gemm_packed(False, M, N, K, A, lda, bt16, C, ldc, False)
         if _own_gemm:
             sn_sgemm_avx512(M, N, K, A, lda, 1, BT, N, C, ldc, 0, 1024)
-            return
+            return 0
     gemm(False, True, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
          <floating>0, C, <int>ldc)
+    return 0
 
 
 cdef inline void _bias_act(floating* y, const floating* b, Py_ssize_t rows, Py_ssize_t F,
@@ -304,7 +323,7 @@ def _check_shapes(X, Wt, Y, int sh, int sw, int ph, int pw, int dh, int dw):
 def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
             const floating[::1] b, floating[:, :, :, ::1] Y,
             int sh=1, int sw=1, int ph=0, int pw=0, int dh=1, int dw=1,
-            int act=ACT_IDENTITY):
+            int act=ACT_IDENTITY, PackedB w16=None):
     """``Y[...] = act(conv(X, Wt) + b)``.
 
     Args:
@@ -315,10 +334,16 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         sh, sw, ph, pw, dh, dw: strides, zero paddings (top/left; the bottom/right
             padding is whatever the output size implies) and dilations.
         act: activation id (``sparknet.activations.activation_id``), fused.
+        w16: ``Wt`` as the matrix (K, F) packed by :func:`sparknet._bf16.pack` (float32
+            only): the product then takes bfloat16 operands.
     """
     cdef Py_ssize_t N, H, W_, C, KH, KW, F, OH, OW
     N, H, W_, C, KH, KW, F, OH, OW = _check_shapes(X, Wt, Y, sh, sw, ph, pw, dh, dw)
     cdef Py_ssize_t P = N * OH * OW, K = KH * KW * C
+    if w16 is not None and (floating is double or w16.K != K or w16.N != F or w16.trans):
+        raise ValueError(f"conv: w16 must be the kernel as a ({K}, {F}) matrix, packed (float32)")
+    cdef const int32_t* w16p = w16.data if w16 is not None else NULL
+    cdef int rc = 0
     cdef bint direct = _is_direct(KH, KW, sh, sw, ph, pw)
     cdef bint has_b = b is not None
     if has_b and b.shape[0] != F:
@@ -349,11 +374,13 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
                 c = cbase
                 _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, c)
                 t = _tick(0, t)
-            _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F)
+            rc |= _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F, w16p)
             t = _tick(1, t)
             _bias_act(yp + r0 * F, bp, r1 - r0, F, act)
             t = _tick(2, t)
             r0 = r1
+    if rc != 0:
+        raise MemoryError()
 
 
 def im2col(const floating[:, :, :, ::1] X, floating[:, ::1] cols, int KH, int KW,
@@ -391,7 +418,7 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
              const floating[:, :, :, ::1] Y, floating[:, :, :, ::1] dY,
              floating[:, :, :, ::1] dX, floating[:, :, :, ::1] dW, floating[::1] db,
              int sh=1, int sw=1, int ph=0, int pw=0, int dh=1, int dw=1,
-             int act=ACT_IDENTITY):
+             int act=ACT_IDENTITY, bint bf16=False, PackedB wt16=None):
     """Backward pass of :func:`forward`; gradients are overwritten, never accumulated.
 
     The columns of ``X`` are rebuilt chunk by chunk (as in the forward pass) rather than
@@ -405,6 +432,8 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         dX: gradient w.r.t. ``X`` (same shape), or None to skip it.
         dW: gradient w.r.t. ``Wt`` (same shape).
         db: gradient w.r.t. the bias, or None.
+        bf16: the products take bfloat16 operands (float32 only); ``wt16`` is then the
+            kernel's transpose, (F, K), packed (needed when ``dX`` is not None).
     """
     cdef Py_ssize_t N, H, W_, C, KH, KW, F, OH, OW
     N, H, W_, C, KH, KW, F, OH, OW = _check_shapes(X, Wt, Y, sh, sw, ph, pw, dh, dw)
@@ -418,6 +447,12 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         raise ValueError("conv backward: dX does not match X")
     if has_db and db.shape[0] != F:
         raise ValueError("conv backward: db does not match the number of filters")
+    if bf16 and (floating is double or (has_dx and (wt16 is None or wt16.K != F
+                                                    or wt16.N != KH * KW * C or not wt16.trans))):
+        raise ValueError("conv backward: bf16 needs float32 and, for dX, the kernel's "
+                         "transpose packed as wt16")
+    cdef const int32_t* wt16p = wt16.data if bf16 and has_dx else NULL
+    cdef int rc = 0
     cdef floating* dwp = &dW[0, 0, 0, 0] if K * F > 0 else NULL
     cdef Py_ssize_t j
     if P == 0 or F == 0 or K == 0:
@@ -445,7 +480,7 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
             dcbase = &dcols_buf[0, 0]
     # the kernel transposed, (F, K), for the AVX-512 GEMM of the input gradient
     cdef const floating* wtp = NULL
-    if has_dx:
+    if has_dx and not bf16:
         wt_t = np.ascontiguousarray(np.asarray(Wt).reshape(K, F).T)
         wtp = &wt_t[0, 0]
     cdef const floating* xp = &X[0, 0, 0, 0]
@@ -471,18 +506,21 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
                 c = cbase
                 t = _tick(0, t)
             # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
-            _gemm_tn(K, F, r1 - r0, c, K, dzp + r0 * F, F, dwp, F, r0 > 0)
+            rc |= _gemm_tn(K, F, r1 - r0, c, K, dzp + r0 * F, F, dwp, F, r0 > 0, bf16)
             t = _tick(4, t)
             if has_dx:
                 if direct:
                     # dX rows (rows, C) = dZ (rows, F) @ Wt^T (F, C)
-                    _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dxp + r0 * K, K)
+                    rc |= _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dxp + r0 * K, K,
+                                   wt16p)
                     t = _tick(5, t)
                 else:
                     # dcols (rows, K) = dZ (rows, F) @ Wt^T (F, K), then scattered back
-                    _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dcbase, K)
+                    rc |= _gemm_nt(r1 - r0, K, F, dzp + r0 * F, F, wp, F, wtp, dcbase, K, wt16p)
                     t = _tick(5, t)
                     _col2im_rows(dxp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw,
                                  r0, r1, dcbase)
                     t = _tick(6, t)
             r0 = r1
+    if rc != 0:
+        raise MemoryError()

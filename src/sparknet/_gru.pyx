@@ -32,6 +32,9 @@ step's ``dh``, weight-gradient and ``dx`` products.  Float64, or other CPUs, use
 one product for every step's input projection before the time loop, two per step for the
 recurrence, one per weight gradient after the backward loop.  The gate rows are fused C
 loops (below) over the float32 rational tanh/sigmoid of ``csrc/recurrent_kernels.h``.
+
+bfloat16 (``bf16=True``, float32 only; :mod:`sparknet._bf16`): the products of the BLAS order
+take bfloat16 operands and accumulate in float32, ``W_hh``'s blocks packed once per call.
 """
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy, memset
@@ -39,12 +42,14 @@ from libc.string cimport memcpy, memset
 from cython cimport floating
 
 from sparknet._blas cimport gemm
+from sparknet._bf16 cimport pack_alloc
 from sparknet._recurrent cimport (
     check,
     check_forward_buffers,
     init_state,
     own_kernel,
     pack_panels,
+    product,
     step_grad_scratch,
     to_batch_major,
     to_time_major,
@@ -227,7 +232,7 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                 const floating[:, ::1] w_hh, const floating[::1] b_ih, const floating[::1] b_hh,
                 const floating[:, ::1] h0, const unsigned char[:, ::1] mask,
                 floating[:, :, ::1] xt, floating[:, :, ::1] gates, floating[:, :, ::1] hs,
-                floating[:, :, ::1] y):
+                floating[:, :, ::1] y, bint bf16=False):
     """GRU forward over all ``T`` steps.
 
     Args:
@@ -239,10 +244,12 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         gates: ``(T, N, 4H)``; on return ``r, z, n, W_hn h_{t-1} + b_hn`` per step and row.
         hs: ``(T + 1, N, H)``; on return the states (``hs[0] = h0``, ``hs[t+1]`` after step t).
         y: ``(N, T, H)`` per-step output (zeros at masked steps), or None.
+        bf16: the products take bfloat16 operands (float32 accumulation; float32 only).
     """
     cdef Py_ssize_t N = x.shape[0], T = x.shape[1], F = x.shape[2]
     cdef Py_ssize_t H = w_hh.shape[1], G = 3 * H
     cdef bint has_h0 = h0 is not None
+    check(not bf16 or floating is float, "gru_forward: bf16 needs float32")
     check(F > 0, "gru_forward: the input has no features (F == 0)")
     check(w_ih.shape[0] == G and w_ih.shape[1] == F and w_hh.shape[0] == G and b_ih.shape[0] == G
           and b_hh.shape[0] == G, "gru_forward: weight shapes disagree (want (3H, F), (3H, H), (3H,))")
@@ -251,9 +258,10 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         if N > 0 and H > 0:
             init_state(&hs[0, 0, 0], &h0[0, 0] if has_h0 else NULL, N * H)
         return
-    cdef bint own = floating is float and own_kernel()
+    cdef bint own = floating is float and own_kernel() and not bf16
     # [b_ir + b_hr, b_iz + b_hz, b_in, b_hn] and, when own, W_ih^T and W_hh^T in panels: the
-    # r, z blocks (2H columns) and the n block (H columns) apart
+    # r, z blocks (2H columns) and the n block (H columns) apart (bf16: W_hh^T's blocks in
+    # bfloat16 panels, or NULL: then the BLAS)
     cdef void* bufs[5]
     cdef floating* b = <floating*>malloc(4 * H * sizeof(floating))
     cdef Py_ssize_t j
@@ -264,6 +272,9 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         bufs[2] = pack_panels(&w_ih[2 * H, 0], F, F, H, True)
         bufs[3] = pack_panels(&w_hh[0, 0], H, H, 2 * H, True)
         bufs[4] = pack_panels(&w_hh[2 * H, 0], H, H, H, True)
+    elif bf16:
+        bufs[3] = pack_alloc(<const float*>&w_hh[0, 0], H, True, H, 2 * H)
+        bufs[4] = pack_alloc(<const float*>&w_hh[2 * H, 0], H, True, H, H)
     if b == NULL or (own and (bufs[1] == NULL or bufs[2] == NULL or bufs[3] == NULL
                               or bufs[4] == NULL)):
         _free_all(bufs, 5)
@@ -279,9 +290,9 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
             to_time_major(&x[0, 0, 0], &xt[0, 0, 0], N, T, F)
             if not own:
                 # gates[:, :, 0:3H] (T*N, 3H) = xt (T*N, F) @ W_ih^T, every step at once
-                gemm(False, True, <int>(T * N), <int>G, <int>F, <floating>1, &xt[0, 0, 0],
-                     <int>F, &w_ih[0, 0], <int>F, <floating>0, &gates[0, 0, 0], <int>(4 * H))
-            _gru_forward_loop(x, w_hh, mask, xt, gates, hs, y, b, own, has_h0,
+                product(False, True, T * N, G, F, &xt[0, 0, 0], F, &w_ih[0, 0], F, NULL, bf16,
+                         False, &gates[0, 0, 0], 4 * H)
+            _gru_forward_loop(x, w_hh, mask, xt, gates, hs, y, b, own, bf16, has_h0,
                               <float*>bufs[1], <float*>bufs[2], <float*>bufs[3], <float*>bufs[4])
     finally:
         _free_all(bufs, 5)
@@ -290,11 +301,13 @@ def gru_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
 cdef void _gru_forward_loop(const floating[:, :, ::1] x, const floating[:, ::1] w_hh,
                             const unsigned char[:, ::1] mask, floating[:, :, ::1] xt,
                             floating[:, :, ::1] gates, floating[:, :, ::1] hs,
-                            floating[:, :, ::1] y, const floating* b, bint own, bint has_h0,
+                            floating[:, :, ::1] y, const floating* b, bint own, bint bf16,
+                            bint has_h0,
                             const float* wi_rz, const float* wi_n, const float* wh_rz,
                             const float* wh_n) noexcept nogil:
     """The time loop of :func:`gru_forward`: each step's products into ``gates[t]`` (the input
-    projection too when ``own``), then the gate row of every unmasked batch row."""
+    projection too when ``own``), then the gate row of every unmasked batch row.  With ``bf16``
+    ``wh_rz``, ``wh_n`` are W_hh^T's blocks in bfloat16 panels (or NULL)."""
     cdef Py_ssize_t N = x.shape[0], T = x.shape[1], F = x.shape[2]
     cdef Py_ssize_t H = w_hh.shape[1], W = 4 * H
     cdef bint has_mask = mask is not None, has_y = y is not None
@@ -320,10 +333,9 @@ cdef void _gru_forward_loop(const floating[:, :, ::1] x, const floating[:, ::1] 
                                        <float*>g + 3 * H, <int>W, 0)
         elif rec:
             # [a_r, a_z] (N, 2H) += h_{t-1} (N, H) @ W_h[rz]^T;  a_hn (N, H) = h_{t-1} @ W_hn^T
-            gemm(False, True, <int>N, <int>(2 * H), <int>H, <floating>1, h, <int>H, &w_hh[0, 0],
-                 <int>H, <floating>1, g, <int>W)
-            gemm(False, True, <int>N, <int>H, <int>H, <floating>1, h, <int>H, &w_hh[2 * H, 0],
-                 <int>H, <floating>0, g + 3 * H, <int>W)
+            product(False, True, N, 2 * H, H, h, H, &w_hh[0, 0], H, wh_rz, bf16, True, g, W)
+            product(False, True, N, H, H, h, H, &w_hh[2 * H, 0], H, wh_n, bf16, False,
+                     g + 3 * H, W)
         if not rec:
             for n in range(N):
                 memset(g + n * W + 3 * H, 0, H * sizeof(floating))
@@ -346,7 +358,7 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                  const floating[:, :, ::1] dy, const floating[:, ::1] dh_last,
                  floating[:, ::1] dh_a, floating[:, ::1] dh_b, floating[:, :, ::1] dxt,
                  floating[:, :, ::1] dx, floating[:, ::1] dw_ih, floating[:, ::1] dw_hh,
-                 floating[::1] db_ih, floating[::1] db_hh):
+                 floating[::1] db_ih, floating[::1] db_hh, bint bf16=False):
     """BPTT through the steps of the last :func:`gru_forward` (buffers as it left them).
 
     Args:
@@ -357,9 +369,11 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
         dh_a, dh_b: scratch ``(N, H)``.
         dxt: scratch ``(T, N, F)`` and dx ``(N, T, F)``: the input gradient, or both None.
         dw_ih, dw_hh, db_ih, db_hh: parameter gradients, overwritten.
+        bf16: the products take bfloat16 operands (float32 accumulation; float32 only).
     """
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = W // 4, G = 3 * H
+    check(not bf16 or floating is float, "gru_backward: bf16 needs float32")
     cdef bint has_dy = dy is not None, has_dx = dx is not None
     check(W == 4 * H and xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == G
           and w_ih.shape[1] == F and w_hh.shape[0] == G and w_hh.shape[1] == H,
@@ -379,7 +393,8 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
           and dw_hh.shape[1] == H and db_ih.shape[0] == G and db_hh.shape[0] == G,
           "gru_backward: gradient shapes")
     check(mask is None or (mask.shape[0] == N and mask.shape[1] == T), "gru_backward: mask shape")
-    cdef bint own = floating is float and own_kernel() and T > 0 and N > 0 and H > 0 and F > 0
+    cdef bint own = (floating is float and own_kernel() and T > 0 and N > 0 and H > 0 and F > 0
+                     and not bf16)
     # db (4H) summed over rows and steps; when own: W_hh's r, z rows (2H, H) and n rows (H, H)
     # in panels for every step's dh product, W_ih (3H, F) for its dx product, the step's
     # states and inputs in panels, and the step's pre-activation gradients (N, 4H)
@@ -394,6 +409,10 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
             bufs[3] = pack_panels(&w_ih[0, 0], F, G, F, False)
         bufs[4] = step_grad_scratch(N, F, H)
         bufs[5] = malloc(N * (4 * H + _PAD) * sizeof(float))
+    elif bf16 and T > 1 and N > 0 and H > 0:
+        # W_hh's r, z rows (2H, H) and n rows (H, H) in bfloat16 panels (NULL: the BLAS)
+        bufs[1] = pack_alloc(<const float*>&w_hh[0, 0], H, False, 2 * H, H)
+        bufs[2] = pack_alloc(<const float*>&w_hh[2 * H, 0], H, False, H, H)
     if bufs[0] == NULL or (own and (bufs[1] == NULL or bufs[2] == NULL or bufs[4] == NULL
                                     or bufs[5] == NULL or (has_dx and bufs[3] == NULL))):
         _free_all(bufs, 6)
@@ -409,11 +428,11 @@ def gru_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                     memset(&dx[0, 0, 0], 0, N * T * F * sizeof(floating))
             else:
                 _gru_backward_loop(xt, w_ih, w_hh, mask, gates, hs, dy, dh_last, dh_a, dh_b, dxt,
-                                   dw_ih, dw_hh, db, own, <float*>bufs[1], <float*>bufs[2],
+                                   dw_ih, dw_hh, db, own, bf16, <float*>bufs[1], <float*>bufs[2],
                                    <float*>bufs[3] if has_dx else NULL, <float*>bufs[4],
                                    <floating*>bufs[5])
                 if not own:
-                    _backward_products(xt, w_ih, gates, hs, dxt, dw_ih, dw_hh, has_dx)
+                    _backward_products(xt, w_ih, gates, hs, dxt, dw_ih, dw_hh, has_dx, bf16)
                 if has_dx:
                     to_batch_major(&dxt[0, 0, 0], &dx[0, 0, 0], N, T, F)
             # b_ih's gradient is [da_r, da_z, da_in] summed, b_hh's [da_r, da_z, da_hn]
@@ -431,12 +450,14 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
                              const floating[:, :, ::1] dy, const floating[:, ::1] dh_last,
                              floating[:, ::1] dh_a, floating[:, ::1] dh_b,
                              floating[:, :, ::1] dxt, floating[:, ::1] dw_ih,
-                             floating[:, ::1] dw_hh, floating* db, bint own, const float* wh_rz,
+                             floating[:, ::1] dw_hh, floating* db, bint own, bint bf16,
+                             const float* wh_rz,
                              const float* wh_n, const float* wip, float* scratch,
                              floating* dgs) noexcept nogil:
     """The time loop of :func:`gru_backward`.  When ``own`` step t's pre-activation gradients go
     to ``dgs`` and its weight and input gradients are accumulated right away; otherwise they
-    overwrite ``gates[t]`` and :func:`_backward_products` follows the loop."""
+    overwrite ``gates[t]`` and :func:`_backward_products` follows the loop.  With ``bf16``
+    ``wh_rz``, ``wh_n`` are W_hh's blocks in bfloat16 panels (or NULL)."""
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = W // 4
     cdef bint has_mask = mask is not None, has_dy = dy is not None
@@ -473,10 +494,10 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
                 sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>dg + 3 * H, <int>S, wh_n,
                                        <float*>DH2, <int>H, 1)
             else:
-                gemm(False, False, <int>N, <int>H, <int>(2 * H), <floating>1, dg, <int>W,
-                     &w_hh[0, 0], <int>H, <floating>1, DH2, <int>H)
-                gemm(False, False, <int>N, <int>H, <int>H, <floating>1, dg + 3 * H, <int>W,
-                     &w_hh[2 * H, 0], <int>H, <floating>1, DH2, <int>H)
+                product(False, False, N, H, 2 * H, dg, W, &w_hh[0, 0], H, wh_rz, bf16, True,
+                         DH2, H)
+                product(False, False, N, H, H, dg + 3 * H, W, &w_hh[2 * H, 0], H, wh_n, bf16,
+                         True, DH2, H)
             tmp = DH
             DH = DH2
             DH2 = tmp
@@ -509,22 +530,21 @@ cdef void _step_weight_grads(const float* dg, const float* h, const float* x, fl
 cdef void _backward_products(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                              const floating[:, :, ::1] gates, const floating[:, :, ::1] hs,
                              floating[:, :, ::1] dxt, floating[:, ::1] dw_ih,
-                             floating[:, ::1] dw_hh, bint has_dx) noexcept nogil:
+                             floating[:, ::1] dw_hh, bint has_dx, bint bf16) noexcept nogil:
     """After the BLAS path's loop, one product each over all ``T*N`` rows of the
-    pre-activation gradients left in ``gates (T*N, 4H)``."""
+    pre-activation gradients left in ``gates (T*N, 4H)`` (in bfloat16 when ``bf16``)."""
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], W = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = W // 4
     cdef int R = <int>(T * N)
     cdef const floating* dg = &gates[0, 0, 0]
     # dW_ih (3H, F) = [da_r, da_z, da_in]^T (3H, T*N) @ xt (T*N, F)
-    gemm(True, False, <int>(3 * H), <int>F, R, <floating>1, dg, <int>W, &xt[0, 0, 0], <int>F,
-         <floating>0, &dw_ih[0, 0], <int>F)
+    product(True, False, 3 * H, F, R, dg, W, &xt[0, 0, 0], F, NULL, bf16, False, &dw_ih[0, 0], F)
     # dW_hh[r, z] (2H, H) = [da_r, da_z]^T @ hs[0:T];  dW_hh[n] (H, H) = da_hn^T @ hs[0:T]
-    gemm(True, False, <int>(2 * H), <int>H, R, <floating>1, dg, <int>W, &hs[0, 0, 0], <int>H,
-         <floating>0, &dw_hh[0, 0], <int>H)
-    gemm(True, False, <int>H, <int>H, R, <floating>1, dg + 3 * H, <int>W, &hs[0, 0, 0], <int>H,
-         <floating>0, &dw_hh[2 * H, 0], <int>H)
+    product(True, False, 2 * H, H, R, dg, W, &hs[0, 0, 0], H, NULL, bf16, False, &dw_hh[0, 0],
+             H)
+    product(True, False, H, H, R, dg + 3 * H, W, &hs[0, 0, 0], H, NULL, bf16, False,
+             &dw_hh[2 * H, 0], H)
     if has_dx:
         # dxt (T*N, F) = [da_r, da_z, da_in] (T*N, 3H) @ W_ih (3H, F)
-        gemm(False, False, R, <int>F, <int>(3 * H), <floating>1, dg, <int>W, &w_ih[0, 0], <int>F,
-             <floating>0, &dxt[0, 0, 0], <int>F)
+        product(False, False, R, F, 3 * H, dg, W, &w_ih[0, 0], F, NULL, bf16, False,
+                 &dxt[0, 0, 0], F)

@@ -10,7 +10,9 @@ LSTM formulas (as ``torch.nn.LSTM``, gate order i, f, g, o; two biases ``b_ih`` 
 
 The layout (time-major inside, one product for every step's input projection, one per step
 for the recurrence, one per weight gradient), masks and the float32 AVX-512 products are
-those of :mod:`sparknet._recurrent`, which holds the code the LSTM shares with the simple RNN.
+those of :mod:`sparknet._recurrent`, which holds the code the LSTM shares with the simple RNN;
+in float32 its products may take bfloat16 operands (``bf16=True``, :mod:`sparknet._bf16`), in the
+order of the BLAS path (one input projection over all steps, one product per step).
 The gate rows themselves are fused C loops in ``csrc/recurrent_kernels.h``.
 """
 from libc.stdlib cimport free, malloc
@@ -18,7 +20,11 @@ from libc.string cimport memcpy, memset
 
 from cython cimport floating
 
+from sparknet._bf16 cimport pack_alloc
 from sparknet._recurrent cimport (
+    ON_BF16,
+    ON_BLAS,
+    ON_PANELS,
     backward_products,
     check,
     check_forward_buffers,
@@ -28,6 +34,7 @@ from sparknet._recurrent cimport (
     init_state,
     own_kernel,
     pack_panels,
+    product,
     step_grad_scratch,
     step_product,
     step_weight_grads,
@@ -82,7 +89,8 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
                  const floating[:, ::1] h0, const floating[:, ::1] c0,
                  const unsigned char[:, ::1] mask,
                  floating[:, :, ::1] xt, floating[:, :, ::1] gates, floating[:, :, ::1] hs,
-                 floating[:, :, ::1] cs, floating[:, :, ::1] tcs, floating[:, :, ::1] y):
+                 floating[:, :, ::1] cs, floating[:, :, ::1] tcs, floating[:, :, ::1] y,
+                 bint bf16=False):
     """LSTM forward over all ``T`` steps.
 
     Args:
@@ -95,9 +103,11 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
         hs, cs: ``(T + 1, N, H)``; on return the states (``hs[0] = h0``, ``hs[t+1]`` after step t).
         tcs: ``(T, N, H)``; on return ``tanh(c_t)``.
         y: ``(N, T, H)`` per-step output (zeros at masked steps), or None.
+        bf16: the products take bfloat16 operands (float32 accumulation; float32 only).
     """
     cdef Py_ssize_t N = x.shape[0], T = x.shape[1], F = x.shape[2]
     cdef Py_ssize_t G = w_ih.shape[0], H = w_hh.shape[1]
+    check(not bf16 or floating is float, "lstm_forward: bf16 needs float32")
     cdef bint has_h0 = h0 is not None, has_c0 = c0 is not None
     cdef bint has_mask = mask is not None, has_y = y is not None
     cdef Py_ssize_t t, n
@@ -109,9 +119,10 @@ def lstm_forward(const floating[:, :, ::1] x, const floating[:, ::1] w_ih,
     check(not has_c0 or (c0.shape[0] == N and c0.shape[1] == H), "lstm_forward: c0 shape")
     if N == 0 or H == 0:
         return
-    cdef bint own = floating is float and own_kernel()
+    cdef int own = ON_BF16 if bf16 else (ON_PANELS if floating is float and own_kernel()
+                                         else ON_BLAS)
     # the input projection inside each step's product (float32 AVX-512 kernel, F > 0)
-    cdef bint fuse = own and fused_steps() and F > 0
+    cdef bint fuse = own == ON_PANELS and fused_steps() and F > 0
     cdef floating* b = NULL
     cdef float* whT = NULL
     cdef float* wiT = NULL
@@ -159,7 +170,7 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
                   const floating[:, ::1] dc_last, floating[:, ::1] dh_a, floating[:, ::1] dh_b,
                   floating[:, ::1] dc, floating[:, :, ::1] dxt, floating[:, :, ::1] dx,
                   floating[:, ::1] dw_ih, floating[:, ::1] dw_hh, floating[::1] db_ih,
-                  floating[::1] db_hh):
+                  floating[::1] db_hh, bint bf16=False):
     """BPTT through the steps of the last :func:`lstm_forward` (buffers as it left them).
 
     Args:
@@ -170,12 +181,16 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
         dh_a, dh_b, dc: scratch ``(N, H)``.
         dxt: scratch ``(T, N, F)`` and dx ``(N, T, F)``: the input gradient, or both None.
         dw_ih, dw_hh, db_ih, db_hh: parameter gradients, overwritten.
+        bf16: the products take bfloat16 operands (float32 accumulation; float32 only).
     """
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], G = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = G // 4
     cdef bint has_mask = mask is not None, has_dy = dy is not None
     cdef bint has_dx = dx is not None
-    cdef bint own = floating is float and own_kernel() and T > 1 and N > 0 and H > 0
+    check(not bf16 or floating is float, "lstm_backward: bf16 needs float32")
+    cdef bint steps = T > 1 and N > 0 and H > 0
+    cdef int own = (ON_BF16 if bf16 else ON_PANELS if floating is float and own_kernel() and steps
+                    else ON_BLAS)
     cdef float* whp = NULL
     cdef float* scratch = NULL
     check(xt.shape[0] == T and xt.shape[1] == N and w_ih.shape[0] == G and w_ih.shape[1] == F
@@ -199,10 +214,17 @@ def lstm_backward(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,
     check(not has_mask or (mask.shape[0] == N and mask.shape[1] == T), "lstm_backward: mask shape")
     # the fused order (see use_fused_steps): per step, the gate gradients go to a scratch
     # (N, 4H) that stays in cache for the step's dh, weight-gradient and dx products
-    cdef bint fuse = own and fused_steps()
+    cdef bint fuse = own == ON_PANELS and fused_steps()
     cdef float* wip = NULL
     cdef floating* dgs = NULL
-    if own:
+    if own == ON_BF16:
+        # W_hh (4H, H) and W_ih (4H, F) in bfloat16 panels for every step's dh and dx products
+        # (NULL, out of memory: those products use the BLAS)
+        if steps:
+            whp = <float*>pack_alloc(<float*>&w_hh[0, 0], H, False, G, H)
+        if has_dx and F > 0 and N > 0:
+            wip = <float*>pack_alloc(<float*>&w_ih[0, 0], F, False, G, F)
+    if own == ON_PANELS:
         # W_hh (4H, H) in panels, read in place by every step's dh product
         whp = pack_panels(&w_hh[0, 0], H, G, H, False)
         if fuse:
@@ -238,17 +260,20 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                               floating[:, ::1] dh_b, floating[:, ::1] dc, floating[:, :, ::1] dxt,
                               floating[:, :, ::1] dx, floating[:, ::1] dw_ih,
                               floating[:, ::1] dw_hh, floating[::1] db_ih, floating[::1] db_hh,
-                              bint own, float* whp, float* scratch, floating* dgs,
+                              int own, float* whp, float* scratch, floating* dgs,
                               float* wip) noexcept:
     """The time loop of :func:`lstm_backward`.  With ``dgs`` (the fused order) step t's gate
     gradients go to ``dgs`` and its weight and input gradients are accumulated right away;
-    otherwise they overwrite ``gates[t]`` and the products over all steps come after the loop."""
+    otherwise they overwrite ``gates[t]`` and the products over all steps come after the loop,
+    except in bfloat16 (``ON_BF16``): its weight and input gradients are also accumulated step by
+    step, while ``gates[t]`` is in cache (``wip``: W_ih in bfloat16 panels, or NULL)."""
     cdef Py_ssize_t T = gates.shape[0], N = gates.shape[1], G = gates.shape[2]
     cdef Py_ssize_t F = xt.shape[2], H = G // 4
     cdef bint has_mask = mask is not None, has_dy = dy is not None
     cdef bint has_dx = dx is not None
     cdef bint has_dh = dh_last is not None, has_dc = dc_last is not None
     cdef bint fuse = dgs != NULL
+    cdef bint steps16 = own == ON_BF16
     cdef Py_ssize_t t, n
     cdef floating* DH
     cdef floating* DH2
@@ -264,7 +289,7 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
             DH2 = &dh_b[0, 0]
             init_state(DH, &dh_last[0, 0] if has_dh else NULL, N * H)
             init_state(&dc[0, 0], &dc_last[0, 0] if has_dc else NULL, N * H)
-            if fuse and F == 0:
+            if (fuse or steps16) and F == 0:
                 memset(&dw_ih[0, 0], 0, G * F * sizeof(floating))
             for t in range(T - 1, -1, -1):
                 dg = dgs if fuse else &gates[t, 0, 0]
@@ -295,7 +320,18 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                         # dx_t (N, F) = dgates[t] (N, 4H) @ W_ih (4H, F)
                         sn_sgemm_panels_avx512(<int>N, <int>F, <int>G, <float*>dg, <int>G, wip,
                                                <float*>&dxt[t, 0, 0], <int>F, 0)
+                elif steps16:
+                    # dW_hh (+)= dgates[t]^T @ h_{t-1}, dW_ih (+)= dgates[t]^T @ x_t and
+                    # dx_t = dgates[t] @ W_ih, in bfloat16
+                    product(True, False, G, H, N, dg, G, &hs[t, 0, 0], H, NULL, True, t < T - 1,
+                            &dw_hh[0, 0], H)
+                    if F > 0:
+                        product(True, False, G, F, N, dg, G, &xt[t, 0, 0], F, NULL, True,
+                                t < T - 1, &dw_ih[0, 0], F)
+                        if has_dx:
+                            product(False, False, N, F, G, dg, G, &w_ih[0, 0], F, wip, True,
+                                    False, &dxt[t, 0, 0], F)
             backward_products(own, &gates[0, 0, 0], &hs[0, 0, 0], &xt[0, 0, 0], &w_ih[0, 0],
                               &dw_ih[0, 0], &dw_hh[0, 0], &db_ih[0], &db_hh[0],
                               &dxt[0, 0, 0] if has_dx else NULL, &dx[0, 0, 0] if has_dx else NULL,
-                              N, T, F, G, H, fuse)
+                              N, T, F, G, H, fuse or steps16)

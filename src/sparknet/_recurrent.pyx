@@ -21,6 +21,10 @@ time-major: ``x`` is transposed once into ``xt (T, N, F)`` so that
   step, contiguous, and the backward computes ``dW_hh = dgates^T @ hs[0:T]`` with ONE gemm
   over all steps at the end (likewise ``dW_ih = dgates^T @ xt`` and ``dxt = dgates @ W_ih``).
 
+bfloat16 (``precision="bf16"``, :mod:`sparknet._bf16`): the products of the BLAS order
+above run on the bfloat16 kernel (float32 accumulation), the recurrent weights packed once
+per call into bfloat16 panels like the float32 ones (``ON_BF16`` in ``_recurrent.pxd``).
+
 Float32 on AVX-512 CPUs.  The products above run in the built-in kernels of this module
 (8 x 32 register blocks, 16 zmm accumulators) instead of the BLAS: the recurrent weights are
 packed once per call into 32-column panels and read in place by all ``T`` step products,
@@ -44,11 +48,13 @@ incoming state gradient passes through unchanged while the step's gate gradients
 Truncated BPTT: no gradient flows into the initial state (it is a constant of the chunk).
 """
 from libc.stdlib cimport free, malloc
+from libc.stdint cimport int32_t
 from libc.string cimport memcpy, memset
 
 from cython cimport floating
 
 from sparknet._blas cimport gemm
+from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed, pack_alloc
 
 
 cdef extern from "recurrent_kernels.h":
@@ -140,10 +146,14 @@ cdef float* pack_panels(const floating* src, Py_ssize_t ld, Py_ssize_t K, Py_ssi
 # (float32 on an AVX-512 CPU) and on the BLAS otherwise.  ``rows`` is T*N for whole-sequence
 # products, N for one time step; ``G`` is the gate width (4H for the LSTM, H for the RNN).
 
-cdef void project_inputs(bint own, const floating* xt, const floating* w_ih, floating* out,
+cdef void project_inputs(int own, const floating* xt, const floating* w_ih, floating* out,
                           Py_ssize_t rows, Py_ssize_t F, Py_ssize_t G) noexcept nogil:
     """out (rows, G) = xt (rows, F) @ W_ih^T, W_ih (G, F): every step's input projection at once."""
-    cdef float* wp = pack_panels(w_ih, F, F, G, True) if own else NULL
+    if floating is float:
+        if own == ON_BF16 and bf16_gemm(False, True, rows, G, F, xt, F, w_ih, F, out, G,
+                                        False) == 0:
+            return
+    cdef float* wp = pack_panels(w_ih, F, F, G, True) if own == ON_PANELS else NULL
     if wp != NULL:
         sn_sgemm_panels_avx512(<int>rows, <int>G, <int>F, <float*>xt, <int>F, wp, <float*>out, <int>G, 0)
         free(wp)
@@ -152,12 +162,17 @@ cdef void project_inputs(bint own, const floating* xt, const floating* w_ih, flo
              <floating>0, out, <int>G)
 
 
-cdef void times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t K,
+cdef void times_packed(int own, const floating* a, Py_ssize_t rows, Py_ssize_t K,
                         const float* bp, const floating* b, bint b_transposed, Py_ssize_t Nc,
                         floating* c, bint accumulate) noexcept nogil:
     """c (rows, Nc) (+)= a (rows, K) @ B, B = b^T (b is (Nc, K)) when ``b_transposed``, else b
-    (K, Nc); ``bp`` is B already packed in panels (used when ``own``)."""
-    if own:
+    (K, Nc); ``bp`` is B already packed in panels (used unless ``ON_BLAS``)."""
+    if floating is float:
+        if own == ON_BF16 and bp != NULL and bf16_gemm_packed(False, rows, Nc, K, a, K,
+                                                              <const int32_t*>bp, c, Nc,
+                                                              accumulate) == 0:
+            return
+    if own == ON_PANELS:
         sn_sgemm_panels_avx512(<int>rows, <int>Nc, <int>K, <float*>a, <int>K, bp, <float*>c, <int>Nc,
                                1 if accumulate else 0)
     elif b_transposed:
@@ -168,10 +183,33 @@ cdef void times_packed(bint own, const floating* a, Py_ssize_t rows, Py_ssize_t 
              <floating>(1 if accumulate else 0), c, <int>Nc)
 
 
-cdef void weight_grad(bint own, const floating* dg, const floating* src, floating* dw,
+cdef void product(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                  const floating* A, Py_ssize_t lda, const floating* B, Py_ssize_t ldb,
+                  const void* b16, bint bf16, bint accumulate, floating* C,
+                  Py_ssize_t ldc) noexcept nogil:
+    """C (M, N) (+)= op(A) @ op(B) (row-major, as ``_blas.gemm``): in bfloat16 when ``bf16``
+    (``b16``: op(B) already packed, or NULL to pack it here), else on the BLAS (also when a
+    bfloat16 product cannot get its buffers)."""
+    if floating is float:
+        if bf16 and b16 != NULL:
+            if bf16_gemm_packed(trans_a, M, N, K, A, lda, <const int32_t*>b16, C, ldc,
+                                accumulate) == 0:
+                return
+        elif bf16:
+            if bf16_gemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate) == 0:
+                return
+    gemm(trans_a, trans_b, <int>M, <int>N, <int>K, <floating>1, A, <int>lda, B, <int>ldb,
+         <floating>(1 if accumulate else 0), C, <int>ldc)
+
+
+cdef void weight_grad(int own, const floating* dg, const floating* src, floating* dw,
                        Py_ssize_t rows, Py_ssize_t G, Py_ssize_t K) noexcept nogil:
     """dw (G, K) = dg^T (G, rows) @ src (rows, K): one product over all T*N rows."""
-    cdef float* bp = pack_panels(src, K, rows, K, False) if own else NULL
+    if floating is float:
+        if own == ON_BF16 and bf16_gemm(True, False, G, K, rows, dg, G, src, K, dw, K,
+                                        False) == 0:
+            return
+    cdef float* bp = pack_panels(src, K, rows, K, False) if own == ON_PANELS else NULL
     if bp != NULL:
         sn_sgemm_panels_tn_avx512(<int>G, <int>K, <int>rows, <float*>dg, <int>G, bp, <float*>dw,
                                   <int>K, 0)
@@ -260,19 +298,24 @@ cdef int check_forward_buffers(str kernel, const floating[:, :, ::1] x, floating
     return 0
 
 
-cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_t G,
+cdef int forward_buffers(int own, const floating* w_hh, Py_ssize_t H, Py_ssize_t G,
                          floating** b, float** whT, const floating* w_ih=NULL, Py_ssize_t F=0,
                          float** wiT=NULL) except -1:
     """``b[0]`` = room for the summed bias ``(G,)``; ``whT[0]`` = W_hh^T ``(H, G)`` in panels, read
-    in place by every step's product (when ``own``, else NULL); likewise ``wiT[0]`` = W_ih^T
-    ``(F, G)`` when ``wiT`` is given (a per-step input projection).  The caller frees them."""
+    in place by every step's product (unless ``ON_BLAS``: NULL; bfloat16 panels ``ON_BF16``);
+    likewise ``wiT[0]`` = W_ih^T ``(F, G)`` when ``wiT`` is given (a per-step input projection,
+    ``ON_PANELS``).  The caller frees them."""
     b[0] = <floating*>malloc(G * sizeof(floating))
     whT[0] = NULL
     if wiT != NULL:
         wiT[0] = NULL
     if b[0] == NULL:
         raise MemoryError()
-    if own:
+    if floating is float:
+        if own == ON_BF16:
+            # a NULL here makes the step products run on the BLAS
+            whT[0] = <float*>pack_alloc(w_hh, H, True, H, G)
+    if own == ON_PANELS:
         whT[0] = pack_panels(w_hh, H, H, G, True)
         if wiT != NULL and whT[0] != NULL:
             wiT[0] = pack_panels(w_ih, F, F, G, True)
@@ -285,7 +328,7 @@ cdef int forward_buffers(bint own, const floating* w_hh, Py_ssize_t H, Py_ssize_
     return 0
 
 
-cdef void forward_prologue(bint own, const floating* x, const floating* w_ih, const floating* b_ih,
+cdef void forward_prologue(int own, const floating* x, const floating* w_ih, const floating* b_ih,
                            const floating* b_hh, const floating* h0, floating* b, floating* xt,
                            floating* pre, floating* hs, Py_ssize_t N, Py_ssize_t T, Py_ssize_t F,
                            Py_ssize_t G, Py_ssize_t H, bint project=True) noexcept nogil:
@@ -313,7 +356,7 @@ cdef void zero_grads(floating* dw_ih, floating* dw_hh, floating* db_hh, Py_ssize
     memset(db_hh, 0, G * sizeof(floating))
 
 
-cdef void backward_products(bint own, const floating* dg, const floating* hs, const floating* xt,
+cdef void backward_products(int own, const floating* dg, const floating* hs, const floating* xt,
                             const floating* w_ih, floating* dw_ih, floating* dw_hh,
                             const floating* db_ih, floating* db_hh, floating* dxt, floating* dx,
                             Py_ssize_t N, Py_ssize_t T, Py_ssize_t F, Py_ssize_t G,
@@ -329,14 +372,24 @@ cdef void backward_products(bint own, const floating* dg, const floating* hs, co
         if dx != NULL:
             if not steps_done:
                 # dxt (T*N, F) = dg (T*N, G) @ W_ih (G, F)
-                gemm(False, False, <int>(T * N), <int>F, <int>G, <floating>1, dg, <int>G, w_ih,
-                     <int>F, <floating>0, dxt, <int>F)
+                _dx_product(own, dg, w_ih, dxt, T * N, F, G)
             to_batch_major(dxt, dx, N, T, F)
     if not steps_done:
         # dW_hh (G, H) = dg^T (G, T*N) @ hs[0:T] (T*N, H)
         weight_grad(own, dg, hs, dw_hh, T * N, G, H)
     # both biases receive the same gradient
     memcpy(db_hh, db_ih, G * sizeof(floating))
+
+
+cdef void _dx_product(int own, const floating* dg, const floating* w_ih, floating* dxt,
+                      Py_ssize_t rows, Py_ssize_t F, Py_ssize_t G) noexcept nogil:
+    """dxt (rows, F) = dg (rows, G) @ W_ih (G, F)."""
+    if floating is float:
+        if own == ON_BF16 and bf16_gemm(False, False, rows, F, G, dg, G, w_ih, F, dxt, F,
+                                        False) == 0:
+            return
+    gemm(False, False, <int>rows, <int>F, <int>G, <floating>1, dg, <int>G, w_ih, <int>F,
+         <floating>0, dxt, <int>F)
 
 
 # ---------------------------------------------------------------------------- for tests

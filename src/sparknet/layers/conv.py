@@ -35,7 +35,7 @@ from numpy.typing import DTypeLike
 
 import sparknet._conv as _conv
 import sparknet._pool as _pool
-from sparknet import initializers
+from sparknet import initializers, precision
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.layers.base import Layer, ParamSpec, register
@@ -193,10 +193,17 @@ class Conv2D(FusedActivation, Layer):
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         x = _check_batch(self, x)
         y = np.empty((x.shape[0],) + self._shapes()[1], dtype=self.dtype)
+        # bfloat16 products (inside fit(precision="bf16")): the kernel packed once per step
+        self._bf16 = precision.active() and self.dtype == np.float32
+        w16 = precision.packed(self, "kernel", self._kernel_matrix(), False) if self._bf16 else None
         _conv.forward(x, self.params["kernel"], self.params.get("bias"), y,
-                      act=self._kernel_act, **self._geometry())
+                      act=self._kernel_act, w16=w16, **self._geometry())
         self._x, self._y = x, y
         return y
+
+    def _kernel_matrix(self) -> np.ndarray:
+        """The kernel as the (kh * kw * C, filters) matrix of the im2col products."""
+        return self.params["kernel"].reshape(-1, self.filters)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         d = _writable(dy, self.dtype)
@@ -205,8 +212,11 @@ class Conv2D(FusedActivation, Layer):
                              f"the output was {self._y.shape}")
         # the model's first layer is told to skip its input gradient during training
         dx = np.empty_like(self._x) if self.need_input_grad else None
+        wt16 = (precision.packed(self, "kernel.T", self._kernel_matrix(), True)
+                if self._bf16 and dx is not None else None)
         _conv.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
-                       self.grads.get("bias"), act=self._kernel_act, **self._geometry())
+                       self.grads.get("bias"), act=self._kernel_act, bf16=self._bf16, wt16=wt16,
+                       **self._geometry())
         return dx
 
     def get_config(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import numpy as np
 
 import sparknet._activations as _activations
 import sparknet._dense as _dense
-from sparknet import initializers
+from sparknet import initializers, precision
 from sparknet._validation import check_bool, check_float, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.layers.base import Layer, ParamSpec, register
@@ -22,9 +22,10 @@ class Dense(FusedActivation, Layer):
 
     Args:
         units: number of output neurons.
-        activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
-            ``"softmax"``. A softmax on the model's last layer is fused with the
-            cross-entropy loss (the loss then reads logits).
+        activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"``,
+            ``"softmax"``, ``"gelu"`` or ``"gelu_tanh"`` (``torch.nn.functional.gelu`` with
+            ``approximate="none"`` / ``"tanh"``). A softmax on the model's last layer is
+            fused with the cross-entropy loss (the loss then reads logits).
         use_bias: add a bias vector.
         kernel_initializer: ``"auto"`` (He for relu, Glorot otherwise) or an
             initializer name from :mod:`sparknet.initializers`.
@@ -35,6 +36,8 @@ class Dense(FusedActivation, Layer):
     Parameters: ``kernel`` of shape ``(units, in_features)`` (as ``torch.nn.Linear``),
     ``bias`` of shape ``(units,)``.
     """
+
+    fuses_input_activations = True
 
     def __init__(self, units: int, activation: str | None = None, use_bias: bool = True,
                  kernel_initializer: str = "auto", name: str | None = None) -> None:
@@ -72,7 +75,13 @@ class Dense(FusedActivation, Layer):
         lead = x.shape[:-1]
         x2 = np.ascontiguousarray(x.reshape(-1, self.in_features), dtype=self.dtype)
         y = np.empty((x2.shape[0], self.units), dtype=self.dtype)
-        _dense.forward(x2, self.params["kernel"], self.params.get("bias"), y, self._kernel_act)
+        self._z = np.empty_like(y) if self._keeps_input else None
+        # bfloat16 products (inside fit(precision="bf16")): W.T packed once per step
+        self._bf16 = precision.active() and self.dtype == np.float32
+        wt16 = (precision.packed(self, "kernel.T", self.params["kernel"], True) if self._bf16
+                else None)
+        _dense.forward(x2, self.params["kernel"], self.params.get("bias"), y, self._kernel_act,
+                       self._z, wt16)
         self._x, self._y = x2, y
         return y.reshape(lead + (self.units,))
 
@@ -82,8 +91,10 @@ class Dense(FusedActivation, Layer):
         if not d.flags.writeable:
             d = d.copy()
         dx = np.empty_like(self._x) if self.need_input_grad else None
+        w16 = (precision.packed(self, "kernel", self.params["kernel"], False)
+               if self._bf16 and dx is not None else None)
         _dense.backward(self._x, self.params["kernel"], self._y, d, dx, self.grads["kernel"],
-                        self.grads.get("bias"), self._kernel_act)
+                        self.grads.get("bias"), self._kernel_act, self._z, self._bf16, w16)
         return None if dx is None else dx.reshape(lead + (self.in_features,))
 
     def get_config(self) -> dict[str, Any]:
@@ -96,8 +107,11 @@ class Activation(FusedActivation, Layer):
     """Elementwise activation layer (softmax acts on the last axis).
 
     Args:
-        activation: ``"identity"``, ``"relu"``, ``"tanh"``, ``"sigmoid"`` or ``"softmax"``.
+        activation: ``"identity"``, ``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"softmax"``,
+            ``"gelu"`` or ``"gelu_tanh"``.
     """
+
+    fuses_input_activations = True
 
     def __init__(self, activation: str, name: str | None = None) -> None:
         super().__init__(name)
@@ -105,6 +119,7 @@ class Activation(FusedActivation, Layer):
 
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
         y = np.array(x, dtype=self.dtype, order="C", copy=True)
+        self._z = y.copy() if self._keeps_input else None
         if y.size and self._kernel_act:
             _activations.forward(self._kernel_act, y.reshape(-1, y.shape[-1]))
         self._y = y
@@ -112,7 +127,10 @@ class Activation(FusedActivation, Layer):
 
     def backward(self, dy: np.ndarray) -> np.ndarray:
         d = np.array(dy, dtype=self.dtype, order="C", copy=True)
-        if d.size and self._kernel_act:
+        if d.size and self._z is not None:
+            _activations.backward_input(self._kernel_act, self._z.reshape(-1, d.shape[-1]),
+                                        d.reshape(-1, d.shape[-1]))
+        elif d.size and self._kernel_act:
             _activations.backward(self._kernel_act, self._y.reshape(-1, d.shape[-1]),
                                   d.reshape(-1, d.shape[-1]))
         return d

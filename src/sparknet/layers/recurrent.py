@@ -12,7 +12,8 @@ The math runs in the nogil kernels of :mod:`sparknet._rnn`, :mod:`sparknet._lstm
 :mod:`sparknet._gru` (their shared machinery in :mod:`sparknet._recurrent`): one gemm for the input
 projection of every time step, one gemm on the batch per step for the recurrence, fused
 gate nonlinearities, and backpropagation through time with one gemm for each weight
-gradient over all steps.
+gradient over all steps.  Inside ``fit(precision="bf16")`` the LSTM's and GRU's products take
+bfloat16 operands and accumulate in float32 (:mod:`sparknet.precision`).
 
 Truncated backpropagation through time: with ``stateful=True`` the final state of one
 call is the initial state of the next (no gradient flows into it), until
@@ -31,7 +32,7 @@ import sparknet._embedding as _embedding
 import sparknet._gru as _gru
 import sparknet._lstm as _lstm
 import sparknet._rnn as _rnn
-from sparknet import initializers, threads
+from sparknet import initializers, precision, threads
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import activation_id, canonical_name
 from sparknet.layers.base import Layer, ParamSpec, register
@@ -177,7 +178,11 @@ class _Recurrent(Layer):
         self._last_state = last
         if self.stateful:
             self._state = tuple(s.copy() for s in last)
-        self._fwd = {"N": N, "T": T, "mask": mask}
+        self._fwd = {"N": N, "T": T, "mask": mask, "bf16": self._bf16_now()}
+
+    def _bf16_now(self) -> bool:
+        """True when this call's products run in bfloat16 (inside fit(precision="bf16"))."""
+        return precision.active() and self.dtype == np.float32
 
     def _begin_backward(self, dy: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None]:
         """What every backward starts with: the last forward's record, ``dy`` checked against
@@ -358,7 +363,8 @@ class LSTM(_Recurrent):
         p = self.params
         with threads.capped():
             _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
-                               m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y)
+                               m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y,
+                               bf16=self._bf16_now())
         self._end_forward((b["hs"][T], b["cs"][T]), N, T, m)
         if y is not None:
             return y
@@ -387,7 +393,8 @@ class LSTM(_Recurrent):
             _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
                                 b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
                                 b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
-                                g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+                                g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
+                                bf16=f["bf16"])
         return dx
 
     def get_config(self) -> dict[str, Any]:
@@ -440,7 +447,7 @@ class GRU(_Recurrent):
         p = self.params
         with threads.capped():
             _gru.gru_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, m,
-                             b["xt"], b["gates"], b["hs"], y)
+                             b["xt"], b["gates"], b["hs"], y, bf16=self._bf16_now())
         hT = b["hs"][T].copy()
         self._end_forward((hT,), N, T, m)
         return hT if y is None else y
@@ -454,7 +461,8 @@ class GRU(_Recurrent):
             _gru.gru_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"],
                               b["hs"], dy_seq, dh_last, b["dh_a"], b["dh_b"],
                               b["dxt"] if dx is not None else None, dx,
-                              g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
+                              g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
+                              bf16=f["bf16"])
         return dx
 
 

@@ -1,0 +1,296 @@
+"""bfloat16 against float32 training, one thread: sparknet and PyTorch in the same run.
+
+Four nets, each trained on the same random batches by four contenders that alternate in
+rounds (so that all see the same machine load):
+
+- sparknet float32, and sparknet with ``precision="bf16"`` (the steps ``fit`` runs: bfloat16
+  products with float32 accumulation, weights packed once per step);
+- PyTorch float32, and PyTorch under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+
+Nets: MLP 784-512-256-10 (batch 128); CNN c5x5x32-p2-c5x5x64-p2-d128-d10 on 28x28x1
+(batch 64); LSTM 28->128 over 28 steps + dense 10 (batch 128); GRU the same.  RMSprop
+(lr 1e-3) everywhere.  Printed per net: training samples/s (median over rounds) of each
+contender, the ratios, and the rate at which each sparknet step runs its matrix products
+(the products' floating-point operations over the whole step's time) against the one-thread
+sgemm rate of the header.  A last table gives the bfloat16 kernel's own rate on the MLP's
+products against the float32 BLAS on the same shapes.
+
+    python benchmarks/bench_bf16.py [--only mlp,cnn,lstm,gru] [--rounds 9] [--steps 10]
+    python benchmarks/bench_bf16.py --quick        # a check that everything runs
+
+The header names the machine, its one-thread sgemm rate and its bfloat16/AMX flags.  On a
+CPU without AVX512-BF16, sparknet's bf16 column trains in float32 (a warning says so).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+try:
+    import sparknet  # noqa: F401
+except ImportError:  # running from a checkout without an install
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _machine import machine_header, sgemm_gflops  # noqa: E402
+
+from sparknet import (  # noqa: E402
+    GRU,
+    LSTM,
+    Conv2D,
+    Dense,
+    Flatten,
+    MaxPool2D,
+    RMSprop,
+    Sequential,
+    _bf16,
+    _blas,
+    precision,
+)
+
+NETS = ("mlp", "cnn", "lstm", "gru")
+CONTENDERS = ("sparknet_fp32", "sparknet_bf16", "torch_fp32", "torch_bf16")
+#: (batch size, per-sample input shape) of each net
+SHAPES = {"mlp": (128, (784,)), "cnn": (64, (28, 28, 1)), "lstm": (128, (28, 28)),
+          "gru": (128, (28, 28))}
+
+
+# ---------------------------------------------------------------------------- the nets
+def sparknet_net(name: str) -> Sequential:
+    shape = SHAPES[name][1]
+    if name == "mlp":
+        layers = [Dense(512, activation="relu"), Dense(256, activation="relu"),
+                  Dense(10, activation="softmax")]
+    elif name == "cnn":
+        layers = [Conv2D(32, 5, activation="relu"), MaxPool2D(2), Conv2D(64, 5, activation="relu"),
+                  MaxPool2D(2), Flatten(), Dense(128, activation="relu"),
+                  Dense(10, activation="softmax")]
+    else:
+        layers = [(LSTM if name == "lstm" else GRU)(128), Dense(10, activation="softmax")]
+    return Sequential(layers, input_shape=shape, seed=0)
+
+
+def torch_net(name: str) -> Any:
+    import torch
+    nn = torch.nn
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                             nn.Linear(256, 10))
+    if name == "cnn":
+        return nn.Sequential(nn.Conv2d(1, 32, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 5),
+                             nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 4 * 4, 128),
+                             nn.ReLU(), nn.Linear(128, 10))
+    rnn_cls = nn.LSTM if name == "lstm" else nn.GRU
+
+    class Recurrent(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = rnn_cls(28, 128, batch_first=True)
+            self.fc = nn.Linear(128, 10)
+
+        def forward(self, x: Any) -> Any:
+            out, _ = self.rnn(x)
+            return self.fc(out[:, -1])
+
+    return Recurrent()
+
+
+def gemm_flops(model: Sequential, batch: int) -> float:
+    """Floating-point operations of one training step's matrix products (forward, weight
+    gradient, input gradient except the first layer's)."""
+    total = 0.0
+    for i, layer in enumerate(model.layers):
+        products = 2 if i == 0 else 3          # the first layer computes no input gradient
+        if isinstance(layer, Dense):
+            total += products * 2.0 * batch * layer.in_features * layer.units
+        elif isinstance(layer, Conv2D):
+            oh, ow, f = layer.output_shape
+            kh, kw = layer.kernel_size
+            total += products * 2.0 * batch * oh * ow * kh * kw * layer.in_channels * f
+        elif isinstance(layer, (LSTM, GRU)):
+            g = (4 if isinstance(layer, LSTM) else 3) * layer.units
+            t, f, h = layer.timesteps, layer.in_features, layer.units
+            # forward x W_ih^T and h W_hh^T; dW_ih, dW_hh; dh (and dx unless first)
+            total += 2.0 * batch * t * g * ((f + h) * 2 + h + (0 if i == 0 else f))
+    return total
+
+
+# ---------------------------------------------------------------------------- the contenders
+def sparknet_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[[int], None]:
+    model, opt = sparknet_net(name), RMSprop(lr=1e-3)
+    opt.init_state(model.n_params, model.dtype)
+
+    def step(i: int) -> None:
+        # as in fit: a new step token before the forward pass, then loss, gradients, update
+        precision.next_step()
+        model.loss_and_grad(X[i % len(X)], y[i % len(y)])
+        opt.step(model.params, model.grads)
+
+    if not bf16:
+        return step
+
+    def step_bf16(i: int) -> None:
+        with precision.autocast("bf16"):
+            step(i)
+
+    return step_bf16
+
+
+def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[[int], None]:
+    import torch
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch_net(name)
+    opt = torch.optim.RMSprop(net.parameters(), lr=1e-3)
+    lossf = torch.nn.CrossEntropyLoss()
+    Xt = torch.from_numpy(X.transpose(0, 1, 4, 2, 3).copy() if name == "cnn" else X)
+    yt = torch.from_numpy(y)
+
+    def step(i: int) -> None:
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = net(Xt[i % len(Xt)])
+        loss = lossf(out.float(), yt[i % len(yt)])
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True) -> dict[str, Any]:
+    """Training samples/s of the four contenders on net ``name`` (median over rounds)."""
+    batch, shape = SHAPES[name]
+    rng = np.random.default_rng(0)
+    X = rng.random((4, batch) + shape, dtype=np.float32)
+    y = rng.integers(0, 10, (4, batch))
+    steppers: dict[str, Callable[[int], None]] = {
+        "sparknet_fp32": sparknet_step(name, X, y, False),
+        "sparknet_bf16": sparknet_step(name, X, y, True)}
+    if torch:
+        try:
+            steppers["torch_fp32"] = torch_step(name, X, y, False)
+            steppers["torch_bf16"] = torch_step(name, X, y, True)
+        except ImportError as exc:
+            print(f"PyTorch not importable ({exc}); sparknet only", file=sys.stderr)
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    with threadpool_limits(1):
+        for st in steppers.values():        # warm-up
+            for i in range(2):
+                st(i)
+        for _ in range(rounds):
+            for k, st in steppers.items():
+                t0 = time.perf_counter()
+                for i in range(n_steps):
+                    st(i)
+                times[k].append(time.perf_counter() - t0)
+    rate = {k: batch * n_steps / float(np.median(v)) for k, v in times.items()}
+    flops = gemm_flops(sparknet_net(name), batch)
+    return {"net": name, "batch": batch, "rounds": rounds, "steps_per_round": n_steps,
+            "samples_per_s": rate, "gemm_gflop_per_step": flops / 1e9,
+            "gemm_gflops": {k: flops * rate[k] / batch / 1e9 for k in rate
+                            if k.startswith("sparknet")}}
+
+
+def kernel_rates(repeats: int = 20) -> list[dict[str, Any]]:
+    """The bfloat16 kernel (weights packed beforehand) against the float32 BLAS on the MLP
+    step's products, GFLOP/s (best of ``repeats``)."""
+    shapes = [("784->512 forward", 128, 512, 784, False, True),
+              ("784->512 weight grad", 512, 784, 128, True, False),
+              ("512->256 input grad", 128, 512, 256, False, False),
+              ("512->256 forward", 128, 256, 512, False, True)]
+    rng = np.random.default_rng(0)
+    out = []
+    for label, M, N, K, ta, tb in shapes:
+        A = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+        B = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+        C = np.zeros((M, N), np.float32)
+        flops = 2.0 * M * N * K
+        sgemm = partial(_blas.py_gemm, ta, tb, 1.0, A, B, 0.0, C)
+        row: dict[str, Any] = {"product": label, "M": M, "N": N, "K": K,
+                               "sgemm": _best_gflops(sgemm, flops, repeats)}
+        if precision.available():
+            packed = _bf16.pack(B, tb)
+            bf16 = partial(_bf16.py_gemm_packed, A, packed, C, ta)
+            row["bf16"] = _best_gflops(bf16, flops, repeats)
+        out.append(row)
+    return out
+
+
+def _best_gflops(f: Callable[[], None], flops: float, repeats: int) -> float:
+    """``flops`` over the best of ``repeats`` timed calls of ``f``, in GFLOP/s."""
+    f()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return flops / min(ts) / 1e9
+
+
+def report(res: dict[str, Any], sgemm: float) -> None:
+    r = res["samples_per_s"]
+    print(f"{res['net'].upper()} (batch {res['batch']}, {res['rounds']} rounds x "
+          f"{res['steps_per_round']} steps; GEMMs {res['gemm_gflop_per_step']:.3f} GFLOP/step)")
+    for k in CONTENDERS:
+        if k in r:
+            extra = ""
+            if k in res["gemm_gflops"]:
+                g = res["gemm_gflops"][k]
+                extra = f"   step's GEMM rate {g:6.1f} GFLOP/s = {100 * g / sgemm:4.0f}% of sgemm"
+            print(f"  {k:14s} {r[k]:9.0f} samples/s{extra}")
+
+    def ratio(a: str, b: str) -> str:
+        return f"{r[a] / r[b]:.2f}x" if a in r and b in r else "-"
+    print(f"  sparknet bf16 / PyTorch bf16 {ratio('sparknet_bf16', 'torch_bf16')}; "
+          f"sparknet bf16 / sparknet fp32 {ratio('sparknet_bf16', 'sparknet_fp32')}; "
+          f"sparknet fp32 / PyTorch fp32 {ratio('sparknet_fp32', 'torch_fp32')}; "
+          f"PyTorch bf16 / PyTorch fp32 {ratio('torch_bf16', 'torch_fp32')}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default=",".join(NETS),
+                    help="comma-separated subset of " + ",".join(NETS))
+    ap.add_argument("--rounds", type=int, default=9, help="alternating rounds per net")
+    ap.add_argument("--steps", type=int, default=10, help="training steps per round")
+    ap.add_argument("--no-torch", action="store_true", help="sparknet only")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 1 step: a check that it runs")
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 2, 1
+    print(machine_header())
+    sgemm = sgemm_gflops()[0]
+    results: dict[str, Any] = {"sgemm_gflops": sgemm, "capabilities": precision.capabilities(),
+                               "nets": []}
+    for name in [n.strip() for n in args.only.split(",") if n.strip()]:
+        if name not in NETS:
+            raise SystemExit(f"unknown net {name!r}; choose from {', '.join(NETS)}")
+        print()
+        res = run(name, rounds=args.rounds, n_steps=args.steps, torch=not args.no_torch)
+        report(res, sgemm)
+        results["nets"].append(res)
+    print("\nbf16 kernel on the MLP's products (GFLOP/s, best of "
+          f"{3 if args.quick else 20}; sgemm 1024^3 = {sgemm:.0f}):")
+    results["kernel"] = kernel_rates(3 if args.quick else 20)
+    for row in results["kernel"]:
+        bf = (f"bf16 {row['bf16']:6.1f} ({row['bf16'] / row['sgemm']:.2f}x)" if "bf16" in row
+              else "bf16 -")
+        print(f"  {row['product']:22s} M{row['M']:<4d} N{row['N']:<4d} K{row['K']:<4d} "
+              f"sgemm {row['sgemm']:6.1f}  {bf}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+# cython: language_level=3
+"""The bfloat16 GEMM of ``csrc/bf16_gemm.h`` for the other kernels (float32 operands rounded to
+bfloat16 as they are packed, float32 accumulation and result).  Row-major, as ``_blas.pxd``.
+Call the products only when :c:func:`kernel_on` is true (the layers check it through
+:mod:`sparknet.precision` before they choose the bfloat16 path)."""
+
+from libc.stdint cimport int32_t
+
+
+# B (K, N) packed in panels of 32 columns of bfloat16 pairs, for any number of products
+cdef class PackedB:
+    cdef int32_t* data
+    cdef readonly Py_ssize_t K, N
+    cdef readonly bint trans
+    cdef int fill(self, const float* src, Py_ssize_t ld) except -1 nogil
+
+
+# True when the AVX512-BF16 kernel is usable (CPU has it, not switched off)
+cdef bint kernel_on() noexcept nogil
+
+# panels of B (K, N) = src (row stride ld), or src^T (src is (N, K)) when trans; malloc'd (the
+# caller frees it), NULL if out of memory
+cdef int32_t* pack_alloc(const float* src, Py_ssize_t ld, bint trans, Py_ssize_t K,
+                         Py_ssize_t N) noexcept nogil
+
+# C (M, N) (+)= op(A) (M, K) @ B, B in panels; op(A) = A (M, K) or A^T (A is (K, M)) when
+# trans_a.  numpy: C[...] = (A.T if trans_a else A) @ B (+ C).  Returns -1 if out of memory.
+cdef int gemm_packed(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* A,
+                     Py_ssize_t lda, const int32_t* Bp, float* C, Py_ssize_t ldc,
+                     bint accumulate) noexcept nogil
+
+# C (M, N) (+)= op(A) @ op(B), both packed here for this one product (activations, gradients).
+# numpy: C[...] = (A.T if trans_a else A) @ (B.T if trans_b else B) (+ C).  -1 if out of memory.
+cdef int gemm(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+              const float* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
+              Py_ssize_t ldc, bint accumulate) noexcept nogil

@@ -1,0 +1,158 @@
+"""Mixed precision: bfloat16 matrix products with float32 accumulation.
+
+How it works.  ``Sequential.fit(..., precision="bf16")`` runs its steps inside
+:func:`autocast`.  While it is active, the matrix products of :class:`~sparknet.Dense`,
+:class:`~sparknet.Conv2D`, :class:`~sparknet.LSTM` and :class:`~sparknet.GRU` (forward,
+input gradient and weight gradient) take bfloat16 operands, rounded to nearest even as the
+kernel packs them, and accumulate in float32 on the AVX512-BF16 kernel of
+:mod:`sparknet._bf16`.  Everything else stays float32: the master weights and the flat
+gradient buffer, the optimizer and its state, biases, activations between layers, the loss
+and softmax, normalisation statistics.  Products of two bfloat16 values are exact in float32,
+so a product's only error beyond float32's is the rounding of its operands (a relative
+2**-8 at most, each).
+
+Weights are cast once per step, not once per product: :func:`packed` keeps a layer's packed
+bfloat16 weights keyed on a step token that :func:`next_step` renews (``fit`` calls it before
+each step's forward pass; entering and leaving :func:`autocast` renew it too), so a weight
+changed by the optimizer, a callback or ``set_params`` is never read stale.  The recurrent
+kernels pack their weights once per call (one forward and one backward per step), never per
+time step.
+
+On a CPU without AVX512-BF16 (or with ``SPARKNET_BF16=fallback`` set, see
+:mod:`sparknet._bf16`) ``precision="bf16"`` trains in float32 and warns once per process.
+Model-parallel blocks and the data-parallel trainers train in float32.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+
+import sparknet._bf16 as _bf16
+
+#: the values ``precision=`` takes
+PRECISIONS = ("fp32", "bf16")
+
+_tokens = itertools.count(1)
+_warned = False
+
+
+class _Scope(threading.local):
+    """Per thread: whether bfloat16 products are on, and the current step's token."""
+
+    active = False
+    token = 0
+
+
+_scope = _Scope()
+
+
+class PrecisionFallbackWarning(UserWarning):
+    """``precision="bf16"`` was asked for where the bfloat16 kernel is unavailable: float32
+    is used."""
+
+
+def check_precision(value: Any, what: str = "precision") -> str:
+    """``value`` when it is ``"fp32"`` or ``"bf16"``; else ``ValueError`` naming ``what``."""
+    if not isinstance(value, str) or value not in PRECISIONS:
+        raise ValueError(f"{what} must be 'fp32' or 'bf16', got {value!r}")
+    return value
+
+
+def available() -> bool:
+    """True when bfloat16 products run on the AVX512-BF16 kernel here (this CPU, not switched
+    off with ``sparknet._bf16.set_backend("fallback")`` or ``SPARKNET_BF16=fallback``)."""
+    return bool(_bf16.backend() == "avx512_bf16")
+
+
+def resolve(precision: Any, what: str = "precision") -> str:
+    """The precision training will use: ``precision`` itself, or ``"fp32"`` (with one warning
+    per process) for ``"bf16"`` where :func:`available` is false."""
+    global _warned
+    value = check_precision(precision, what)
+    if value == "bf16" and not available():
+        if not _warned:
+            _warned = True
+            cpu = _bf16.cpu_features()
+            why = ("its bfloat16 kernel is switched off (sparknet._bf16.set_backend or "
+                   "SPARKNET_BF16=fallback)" if cpu["avx512_bf16"]
+                   else "this CPU has no AVX512-BF16 instructions")
+            warnings.warn(f"{what}='bf16' trains in float32 here: {why}. bfloat16 needs a CPU "
+                          f"with AVX512-BF16 (Intel Cooper Lake / Sapphire Rapids or later, AMD "
+                          f"Zen 4 or later); see `python -m sparknet info`.",
+                          PrecisionFallbackWarning, stacklevel=3)
+        return "fp32"
+    return value
+
+
+def active() -> bool:
+    """True inside :func:`autocast` with bfloat16 in effect (in this thread)."""
+    return _scope.active
+
+
+def next_step() -> None:
+    """Mark that weights may have changed: the next :func:`packed` call packs them again."""
+    _scope.token = next(_tokens)
+
+
+@contextlib.contextmanager
+def autocast(precision: str = "bf16", what: str = "precision") -> Iterator[str]:
+    """Within the block, the layers' matrix products run in ``precision`` (resolved by
+    :func:`resolve`; yields the precision in effect).  Nests; per thread."""
+    value = resolve(precision, what)
+    before = _scope.active
+    _scope.active = value == "bf16"
+    next_step()
+    try:
+        yield value
+    finally:
+        _scope.active = before
+        next_step()
+
+
+def packed(layer: Any, key: str, w: np.ndarray, trans: bool) -> _bf16.PackedB:
+    """The matrix ``w`` (``trans=False``) or ``w.T`` (``trans=True``) packed for the bfloat16
+    kernel, at most once per step: kept on ``layer`` under ``key`` with the step token (and refilled
+    in place at the next step)."""
+    cache: dict[str, tuple[int, _bf16.PackedB]] = layer.__dict__.setdefault("_bf16_packed", {})
+    token = _scope.token
+    hit = cache.get(key)
+    if hit is not None and hit[0] == token:
+        return hit[1]
+    w2 = np.ascontiguousarray(w, dtype=np.float32)
+    if w2.ndim != 2:
+        raise ValueError(f"packed: {key!r} must be a matrix, got shape {w2.shape}")
+    K, N = (w2.shape[1], w2.shape[0]) if trans else w2.shape
+    if hit is not None and (hit[1].K, hit[1].N, hit[1].trans) == (K, N, trans):
+        pb = hit[1]
+        pb.refill(w2)
+    else:
+        pb = _bf16.pack(w2, trans)
+    cache[key] = (token, pb)
+    return pb
+
+
+def capabilities() -> dict[str, Any]:
+    """The paths sparknet's matrix products take here (see :func:`sparknet._bf16.capabilities`)."""
+    return dict(_bf16.capabilities())
+
+
+def describe() -> str:
+    """One line per path, for ``python -m sparknet info`` and benchmark headers."""
+    caps = capabilities()
+    cpu = caps["cpu"]
+    fp32 = ("AVX-512 kernels (conv, recurrent) + BLAS (dense)" if caps["fp32"] == "avx512"
+            else "BLAS")
+    if caps["bf16"]:
+        bf16 = "AVX512-BF16 kernel (vdpbf16ps): precision='bf16' available"
+    elif cpu["avx512_bf16"]:
+        bf16 = "CPU has AVX512-BF16, kernel switched off: precision='bf16' trains in float32"
+    else:
+        bf16 = "no AVX512-BF16 on this CPU: precision='bf16' trains in float32"
+    amx = ("CPU has AMX-BF16 tiles; not used by this build (bf16 runs on AVX512-BF16)"
+           if cpu["amx_bf16"] else "no AMX on this CPU")
+    return f"fp32 products: {fp32}\nbf16 products: {bf16}\nAMX: {amx}"
