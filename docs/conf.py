@@ -28,6 +28,8 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|pyspark|py4j|pandas|pyarrow|mlflow|os|pathlib|enum|threading|typing|collections)(\..*)?"),
     (r"py:.*", r"(SparkContext|SparkSession|DataFrame|RDD|Broadcast|Column|Row|Signature|ModelInfo)"),
+    (r"py:.*", r"(onnx|onnxruntime|torch|nn|keras)(\..*)?"),     # sparknet.onnx, sparknet.interop
+    (r"py:class", r"(Module|Tensor)"),
     (r"py:.*", r"[a-z][\w-]*"),                       # a word of a type field: "a", "whether", "params"
     (r"py:.*", r"(tuple|list|dict|set)\[.*|'.*'|\d+|[\w.]*\]"),
     (r"py:.*", r"sparknet(\.\w+)*\._\w+(\.\w+)*"),     # private modules and classes
