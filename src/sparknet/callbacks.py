@@ -73,12 +73,20 @@ class FitControl:
         self.optimizer.lr = check_float(lr, "lr", 0.0, low_open=True)
 
     def get_weights(self) -> Any:
-        """A copy of the weights (what :meth:`set_weights` takes back)."""
-        return np.array(self.model.params, copy=True)
+        """A copy of the weights (what :meth:`set_weights` takes back): the flat parameters,
+        followed by the layers' state (running statistics) when they keep any."""
+        model = self.model
+        state = getattr(model, "state", None)
+        if state is None or not state.size:
+            return np.array(model.params, copy=True)
+        return np.concatenate([model.params, state])
 
     def set_weights(self, weights: Any) -> None:
         """Put weights from :meth:`get_weights` back into the model."""
-        self.model.params[...] = weights
+        n = self.model.params.shape[0]
+        self.model.params[...] = weights[:n]
+        if weights.shape[0] > n:
+            self.model.state[...] = weights[n:]
 
 
 class Callback:
@@ -293,8 +301,8 @@ class EarlyStopping(Callback):
         patience: epochs without improvement before the fit stops (0: at the first).
         min_delta: the least change that counts as an improvement.
         restore_best_weights: when the fit ends, put back the weights of the best epoch
-            (the flat buffer ``model.params``; a model-parallel model through its
-            save and restore files).
+            (the flat buffer ``model.params`` and the layers' ``model.state``; a
+            model-parallel model through its save and restore files).
 
     Attributes:
         best: the best value seen; ``best_epoch``: its epoch; ``stopped_epoch``: the

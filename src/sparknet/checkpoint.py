@@ -491,5 +491,8 @@ class CheckpointStore:
                 if size != ckpt.files[f]["bytes"] or digest != ckpt.files[f]["sha256"]:
                     raise CheckpointError(f"checkpoint {ckpt.path}: {f} does not match its manifest "
                                           "(size or checksum): damaged or tampered")
-                out[n] = read_npy(p, expect_bytes=ckpt.files[f]["bytes"])
+                try:
+                    out[n] = read_npy(p, expect_bytes=ckpt.files[f]["bytes"])
+                except CheckpointError as exc:  # written so by its writer: named with its checkpoint
+                    raise CheckpointError(f"checkpoint {ckpt.path}: {exc}") from None
         return out

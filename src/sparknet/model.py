@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Iterable, Sequence, cast
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
+from sparknet import precision as precision_mod
 from sparknet._validation import (
     check_array,
     check_bool,
@@ -26,6 +26,7 @@ from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.divergence import StepGuard
+from sparknet.epochs import run_epochs
 from sparknet.history import History
 from sparknet.layers.base import Layer, MaskedLayer, layer_from_config, layer_to_config
 from sparknet.progress import FitProgress, check_verbose
@@ -314,7 +315,8 @@ class Sequential:
             validation_data: ValidationData | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
             loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
             sample_weight: Any = None, verbose: int = 1,
-            callbacks: Sequence[Callback] = (), num_threads: int | None = 0) -> History:
+            callbacks: Sequence[Callback] = (), num_threads: int | None = 0,
+            precision: str = "fp32") -> History:
         """Train with minibatch gradient descent.
 
         Args:
@@ -332,13 +334,19 @@ class Sequential:
             shuffle: reshuffle every epoch (seeded by the model's seed).
             mask: ``(N, T)`` mask of valid time steps for sequence input.
             sample_weight: ``(N,)`` per-sample weights.
-            verbose: 0 silent, 1 a progress bar per epoch.
+            verbose: 0 silent, 1 a live progress bar and a line per epoch (stderr), 2 the
+                line per epoch alone (stdout) (:class:`~sparknet.progress.FitProgress`).
             callbacks: :class:`sparknet.callbacks.Callback` objects (``on_batch_end``
                 after every step; a per-step ``LearningRateScheduler`` sets every step's
                 rate) or callables ``f(epoch, logs)`` run after each epoch (one returning
                 ``True`` stops training).
             num_threads: BLAS threads while training (default: :func:`sparknet.threads.get_num_threads`,
                 one unless changed; ``None`` leaves BLAS alone).
+            precision: ``"fp32"`` (default) or ``"bf16"``: the matrix products of the dense,
+                convolution and recurrent layers take bfloat16 operands and accumulate in
+                float32; weights, gradients, optimizer state, losses stay float32 (see
+                :mod:`sparknet.precision`).  Needs a float32 model; on a CPU without
+                AVX512-BF16 it trains in float32 and warns once.
 
         Returns:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
@@ -347,12 +355,18 @@ class Sequential:
         Raises:
             ValueError: for any bad argument or data (naming it), before the first step.
             sparknet.errors.TrainingDiverged: a loss, gradient or parameter became NaN or
-                infinite (the error names the epoch and step); the model keeps the weights,
-                and the optimizer the state, of before that step.
+                infinite (the error names the epoch and step); the model keeps the last
+                weights whose loss was finite, and the optimizer its state of then: a
+                non-finite loss at step ``k`` (computed at the weights step ``k - 1`` made)
+                puts back those of before step ``k - 1`` (:mod:`sparknet.divergence`).
         """
         if num_threads is not None:
             num_threads = non_negative_int(num_threads, "num_threads")
-        with blas_threads(num_threads):
+        if precision_mod.check_precision(precision) == "bf16" and self.dtype != np.float32:
+            raise ValueError(f"precision='bf16' trains float32 models; this model is "
+                             f"{self.dtype.name} (build it with dtype='float32')")
+        precision = precision_mod.resolve(precision)  # "fp32", warning once, without bf16
+        with blas_threads(num_threads), precision_mod.autocast(precision):
             return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
                              mask, sample_weight, verbose, callbacks)
 
@@ -389,63 +403,10 @@ class Sequential:
         cbl = CallbackList(callbacks, self, self, FitControl(self, opt))
         cbl.on_fit_begin()
         with FitProgress(epochs, verbose, step_unit="batches") as progress:
-            self._epochs(X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt, guard, history,
-                         cbl, progress)
+            run_epochs(self, X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt, guard,
+                       history, cbl, progress)
         cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return history
-
-    def _epochs(self, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, shuffle: bool, mask: Any,
-                sample_weight: Any, lo: losses_mod.Loss, val: Any, opt: optim_mod.Optimizer, guard: StepGuard,
-                history: History, cbl: CallbackList, progress: FitProgress) -> None:
-        n = X.shape[0]
-        n_batches = (n + batch_size - 1) // batch_size
-        step = 0
-        schedule = cbl.step_schedule(n_batches)
-        for epoch in range(epochs):
-            cbl.on_epoch_begin(epoch)
-            lr0 = opt.lr
-            t0 = time.perf_counter()
-            order = self._rng.permutation(n) if shuffle else np.arange(n)
-            tot_s = tot_w = tot_c = 0.0
-            bar = progress.rounds(n_batches, f"epoch {epoch + 1}/{epochs}")
-            for b in range(n_batches):
-                idx = order[b * batch_size:(b + 1) * batch_size]
-                xb, yb = X[idx], y[idx]
-                mb = None if mask is None else mask[idx]
-                swb = None if sample_weight is None else sample_weight[idx]
-                if schedule is not None:
-                    opt.lr = schedule.lr(epoch, b, n_batches)
-                    cbl.record_steps((opt.lr,))
-                    lr0 = opt.lr if b == 0 else lr0
-                s, w, c = self.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
-                step += 1
-                guard.check_loss(s, epoch=epoch + 1, step=step)
-                guard.before_step(epoch=epoch + 1, step=step)
-                opt.step(self.params, self.grads)
-                guard.after_step(epoch=epoch + 1, step=step)
-                tot_s += s
-                tot_w += w
-                tot_c += c
-                cbl.on_batch_end(b, {"loss": s / max(w, 1e-12), "size": float(len(idx))})
-                bar.update(1)
-                if b % 10 == 0 or b == n_batches - 1:
-                    post = {"loss": f"{tot_s / max(tot_w, 1e-12):.4f}"}
-                    if lo.is_classification:
-                        post["acc"] = f"{tot_c / max(tot_w, 1e-12):.4f}"
-                    bar.set_postfix(post, refresh=False)
-            logs = {"loss": tot_s / max(tot_w, 1e-12)}
-            if lo.is_classification:
-                logs["accuracy"] = tot_c / max(tot_w, 1e-12)
-            if val is not None:
-                ev = self.evaluate(val[0], val[1], mask=val[2], loss=lo, _validated=True)
-                logs.update({f"val_{k}": v for k, v in ev.items()})
-            logs["time"] = time.perf_counter() - t0
-            logs["lr"] = lr0
-            history.append(epoch, **logs)
-            progress.epoch_end(epoch + 1, logs)
-            cbl.on_epoch_end(epoch, logs)
-            if cbl.stop_training:
-                break
 
     def _check_implicit_mse(self, y: Any) -> None:
         """Refuse class labels that would silently train as regression: no loss was given and
@@ -519,6 +480,7 @@ class Sequential:
             y = self._prepare_y(y, X.shape[0], lo)
         batch_size = positive_int(batch_size, "batch_size")
         tot_s = tot_w = tot_c = 0.0
+        precision_mod.next_step()  # bf16 copies of the weights (fit's validation) are stale
         with blas_threads():
             for i in range(0, X.shape[0], batch_size):
                 mb = None if mask is None else mask[i:i + batch_size]

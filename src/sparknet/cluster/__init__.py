@@ -16,7 +16,7 @@ _EXPORTS = {
     "get_spark": "session", "check_java": "session", "JavaNotFoundError": "session",
     "Resident": "resident", "Shard": "resident", "ShardInfo": "resident",
     "ResidentStateLost": "resident",
-    "DataParallelTrainer": "data_parallel", "demo": "data_parallel",
+    "DataParallelTrainer": "data_parallel", "demo": "demo_job",
     "ParameterServer": "params",
     "RoundCostModel": "cost", "SparkCosts": "cost", "NetworkCosts": "cost", "Prediction": "cost",
     "predict": "cost", "plan": "planner", "Plan": "planner",

@@ -120,7 +120,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sparknet.cluster import data_parallel as dp
-from sparknet.cluster import guards
+from sparknet.cluster import guards, layer_state
 from sparknet.cluster.async_jobs import Launch, PartitionThread, _AsyncLog, _Epoch, executor_message
 from sparknet.cluster.fit import FitContext, RoundEnd, round_hook
 from sparknet.cluster.params import STATS, RoundResult
@@ -226,12 +226,12 @@ class _AsyncRun:
         self.delta_weight = (1.0 / self.P if self.opts.delta_weight is None
                              else float(self.opts.delta_weight))
         self.group = f"sparknet-async-{uuid.uuid4().hex[:8]}"
-        self.version = 0            # updates applied so far
-        self.dispatched = 0         # rows handed out, all epochs
+        self.version, self.dispatched = 0, 0  # updates applied so far, rows handed out (all epochs)
         self.cursor = {p: [0, 0] for p in range(self.P)}  # partition -> [pass, chunk]
         self.est: dict[int, float | None] = dict.fromkeys(range(self.P))  # EMA of a round's wall seconds
         self._bcs: dict[int, list] = {}                  # version -> [broadcast, refs]
         self.rebuilds = 0
+        self.layer_states = layer_state.LatestStates()  # each partition's newest running statistics
         saved = ctx.mode_resume  # the server's counters from the checkpoint resumed from
         if saved:
             self.version, self.dispatched = int(saved["version"]), int(saved["dispatched"])
@@ -245,7 +245,7 @@ class _AsyncRun:
     def _acquire(self) -> Any:
         ent = self._bcs.get(self.version)
         if ent is None:
-            ent = [self.engine.ship(np.ascontiguousarray(self.model.params)), 0]
+            ent = [self.engine.ship(layer_state.shipped(self.model.params, self.model.state)), 0]
             self._bcs[self.version] = ent
         ent[1] += 1
         return ent[0]
@@ -267,9 +267,8 @@ class _AsyncRun:
                 log.debug("broadcast cleanup failed: %s", exc)
 
     def _drop_broadcasts(self) -> None:
-        for v in list(self._bcs):
-            if self._bcs[v][1] <= 0:
-                self._destroy(v)
+        for v in [v for v, ent in self._bcs.items() if ent[1] <= 0]:
+            self._destroy(v)
 
     def checkpoint_meta(self) -> dict[str, Any]:
         """The server's counters a checkpoint holds (taken at an epoch's end, nothing in flight)."""
@@ -456,9 +455,9 @@ class _AsyncRun:
 
     def _apply(self, st: _Epoch, res: RoundResult, staleness: int, weight: float,
                ok: bool, p: int) -> tuple[int, float, bool]:
-        """``params += weight * delta / rows`` when ``ok`` and the round had rows;
-        returns (rows, the round's mean loss, whether it was applied).  A non-finite
-        delta or loss of partition ``p`` is never applied (``TrainingDiverged``)."""
+        """``params += weight * delta / rows``, the layers' state from the partitions' newest,
+        when ``ok`` and the round had rows; returns (rows, mean loss, whether it was applied).
+        A non-finite delta or loss of partition ``p`` is never applied (``TrainingDiverged``)."""
         model = self.model
         st.log.stats += res.stats
         st.log.compute += max(res.times) if res.times else 0.0
@@ -472,6 +471,7 @@ class _AsyncRun:
         before = np.array(model.params, copy=True)
         model.params += (res.vec * model.dtype.type(weight / rows)).astype(model.dtype, copy=False)
         guards.check_params(model.params, before, **where)
+        self.layer_states.arrive(p, res, model)
         self.version += 1
         st.applied += 1
         st.staleness.append(staleness)

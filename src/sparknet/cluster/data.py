@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from sparknet._validation import positive_int
+from sparknet.cluster.labels import check_label_range
 from sparknet.cluster.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
-from sparknet.cluster.resident import Resident, ShardInfo
+from sparknet.cluster.resident import Resident
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
@@ -243,7 +244,10 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
             raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {names})")
     schema = {f.name: f.dataType for f in df.schema.fields}
     ftype = schema[features_col]
-    fcol = F.col(features_col)
+
+    def named(name: str) -> Any:  # backquoted: a dot in a name is part of it, not a struct field
+        return F.col("`" + name.replace("`", "``") + "`")
+    fcol = named(features_col)
     kind: str | None
     if isinstance(ftype, VectorUDT):
         kind = "vector"
@@ -255,12 +259,12 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
                          f"use an ML Vector column or an array of numbers")
     ltype = schema[label_col]
     if isinstance(ltype, T.NumericType) or isinstance(ltype, T.BooleanType):
-        lcol = F.col(label_col).cast("double")
+        lcol = named(label_col).cast("double")
     elif (not classification and isinstance(ltype, T.ArrayType)
           and isinstance(ltype.elementType, T.NumericType)):
-        lcol, kind = F.col(label_col).cast("array<double>"), None
+        lcol, kind = named(label_col).cast("array<double>"), None
     elif not classification and isinstance(ltype, VectorUDT):
-        lcol, kind = vector_to_array(F.col(label_col), dtype="float64"), None
+        lcol, kind = vector_to_array(named(label_col), dtype="float64"), None
     else:
         want = "numeric class ids (index strings with StringIndexer)" if classification \
             else "numbers, arrays of numbers or Vectors"
@@ -574,26 +578,3 @@ def release_shards() -> int:
     executors' hosts, store entries, anchors); returns how many sets.  A set a running
     fit holds is deleted when that fit ends."""
     return _REUSE.release()
-
-
-def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:
-    """Smallest and largest class id over all shards (None without labels)."""
-    los = [i.meta["y_min"] for i in infos if "y_min" in i.meta]
-    his = [i.meta["y_max"] for i in infos if "y_max" in i.meta]
-    return (min(los), max(his)) if los else None
-
-
-def label_desc(source: str, label_col: str) -> str:
-    return {"dataframe": f"label column {label_col!r}", "rdd": "y of the (x, y) pairs"}.get(source, "y")
-
-
-def check_label_range(infos: list[ShardInfo], n_classes: int, what: str, ldesc: str) -> None:
-    """Raise ``ValueError`` when a class id lies outside ``[0, n_classes)``."""
-    rng = label_range(infos)
-    if rng is None:
-        return
-    lo, hi = rng
-    if lo < 0 or hi >= n_classes:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{what}: {ldesc} holds the label {bad:g}, outside [0, {n_classes}) "
-                         f"(the model has {n_classes} outputs)")

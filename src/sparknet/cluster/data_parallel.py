@@ -81,7 +81,7 @@ from sparknet.cluster.params import STATS, ParameterServer
 from sparknet.cluster.rounds import FitSpec
 from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
-from sparknet.progress import FitProgress, check_verbose
+from sparknet.progress import FitProgress, check_verbose, status
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -271,9 +271,10 @@ class DataParallelTrainer:
                 executors: a DataFrame (same columns), an RDD of pairs or ``(X, y)``.
             features_col: features column of DataFrames.
             label_col: label column of DataFrames.
-            verbose: 1 (default) one live progress bar over the epochs (the round within
-                the epoch, running train figures, validation and Spark's share); 2 one
-                line per epoch; 0 nothing (:class:`~sparknet.progress.FitProgress`).
+            verbose: 1 (default) a line while Spark starts and the data loads, then one
+                live progress bar over the epochs (the round within the epoch, running
+                train figures, validation and Spark's share) with a line kept per epoch;
+                2 the lines alone; 0 nothing (:class:`~sparknet.progress.FitProgress`).
             reuse_data: keep the shards of a cached DataFrame (``df.cache()``) or a
                 persisted RDD on the executors after the fit, and reuse them in the next
                 fit (or :meth:`evaluate`) on the same data, columns and partitions: no
@@ -338,11 +339,14 @@ class DataParallelTrainer:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
         history = FitHistory()
+        if verbose and self._spark is None:
+            status("sparknet: starting Spark (or joining the running session) ...", verbose)
         engine = engine_for(self.spark)
         parts = self._partitions_for(data, batch_size)
+        status("sparknet: loading the data onto the executors and sizing the rounds ...", verbose)
         with fit_data.resident_data(self, data, y, validation_data, (features_col, label_col),
                                     classification, key, reuse_data, parts) as (train, val):
-            ps = ParameterServer(engine, model.params, reduce=self.reduce)
+            ps = ParameterServer(engine, model.params, reduce=self.reduce, state=model.state)
             tag = f"sparknet-fit-{key}"
             engine.add_tag(tag)
             try:
@@ -479,6 +483,8 @@ class DataParallelTrainer:
         epochs = ctx.epochs
         desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
         bar = ctx.progress.rounds(ctx.rounds, desc)
+        if ctx.val is not None and self.mode == "sync":
+            ctx.progress.validation_every(ctx.epochs_per_round)
         if self.mode == "sync":
             rl = ctx.sync_epoch(epoch, bar, span, start, carry, t0)
             ctx.resize(rl, span)
@@ -544,7 +550,7 @@ class DataParallelTrainer:
         parts = None if self.num_partitions in (None, "auto") else int(self.num_partitions)
         d = fit_data.load(self, data, y, (features_col, label_col), classification, parts,
                           "evaluation data", f"eval-{key}")
-        ps = ParameterServer(engine_for(self.spark), model.params, reduce=self.reduce)
+        ps = ParameterServer(engine_for(self.spark), model.params, self.reduce, state=model.state)
         try:
             ctx = FitContext(self, self._spec(key, 1, classification), d, None, ps, 1, 1)
             out = ctx.evaluate(d, "sparknet evaluate")
@@ -566,34 +572,3 @@ def _is_classifier(model: Sequential) -> bool:
         return model.loss.is_classification
     last = model.layers[-1] if model.layers else None
     return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
-
-
-def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,
-         verbose: "int | bool" = 1) -> float:
-    """Train a 64-128-10 MLP on scikit-learn's digits on Spark (tau-averaging rounds) and
-    return its accuracy on the held-out quarter.
-
-    Args:
-        spark: a SparkSession (default: the active one, or a new ``local[*]`` one; Java
-            17+ is checked first).
-        epochs: passes over the training set (35 reach 97-98 %).
-        seed: seeds the split, the initial weights and the shuffles.
-        num_partitions: data shards.
-        verbose: 0 nothing, 1 (default) one live progress bar, 2 one line per epoch
-            (test accuracy shown as ``val_acc``).
-
-    Returns:
-        test accuracy.
-
-    Raises:
-        JavaNotFoundError: no Java 17+ when a new session is needed.
-    """
-    from sparknet.datasets import load_digits
-    from sparknet.layers import Dense
-
-    X, y, Xt, yt = load_digits(seed=seed)
-    model = Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], seed=seed)
-    trainer = DataParallelTrainer(model, spark, num_partitions=num_partitions, sync="average",
-                                  optimizer=optim_mod.RMSprop(lr=3e-3))
-    trainer.fit(X, y, epochs=epochs, batch_size=16, validation_data=(Xt, yt), verbose=verbose)
-    return float(model.evaluate(Xt, yt)["accuracy"])

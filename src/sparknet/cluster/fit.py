@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from sparknet.cluster import guards
+from sparknet.cluster import guards, layer_state
 from sparknet.cluster.cost import RoundCostModel
 from sparknet.cluster.data import ShardedData
 from sparknet.cluster.params import STATS, ParameterServer, RoundResult
@@ -300,6 +300,10 @@ class FitContext:
         rng = np.random.default_rng([spec.seed, 98])
         shape = (b,) + tuple(spec.input_shape)
         x = np.zeros(shape, np.int64) if spec.int_input else rng.standard_normal(shape).astype(model.dtype)
+        try:
+            model.layers[0].check_input(x)
+        except ValueError:  # values the first layer refuses (category ids): zeros are valid ids
+            x = np.zeros_like(x)
         if spec.classification:
             from sparknet.cluster.fit_data import n_outputs
             out = tuple(model.output_shape or ())  # per-step labels of a sequence output: (b, T)
@@ -501,7 +505,9 @@ class FitContext:
     def _apply(self, res: RoundResult, **where: Any) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient
         (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``), added
-        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`).
+        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`);
+        the layers' state becomes the partitions' row-weighted mean
+        (:mod:`sparknet.cluster.layer_state`).
         A non-finite result, or parameters made non-finite by the step, raise
         :class:`~sparknet.errors.TrainingDiverged` with the parameters as before the
         round (``where``: the epoch and round, 1-based, for its message)."""
@@ -514,6 +520,7 @@ class FitContext:
         before = np.array(model.params, copy=True)
         self._step(res)
         guards.check_params(model.params, before, lr=lr, **where)
+        layer_state.take(model, res)  # the partitions' running statistics, row-weighted
 
     def _step(self, res: RoundResult) -> None:
         """Apply a checked round result (see :meth:`_apply`)."""

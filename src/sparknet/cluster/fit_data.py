@@ -15,8 +15,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from sparknet.cluster.data import ShardedData, _is_dataframe, _is_rdd, check_label_range, label_desc, shard_data
+from sparknet.cluster.data import ShardedData, _is_dataframe, _is_rdd, shard_data
 from sparknet.cluster.engine import engine_for, is_connect
+from sparknet.cluster.labels import check_label_range, label_desc
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel import DataParallelTrainer

@@ -1,5 +1,5 @@
-"""Divergence guards of data-parallel training: a NaN or infinite loss, gradient, delta or
-parameter stops the fit with :class:`sparknet.errors.TrainingDiverged` before it is
+"""Divergence guards of data-parallel training: a NaN or infinite loss, gradient, delta,
+layer state (running statistics) or parameter stops the fit with :class:`sparknet.errors.TrainingDiverged` before it is
 applied, so the model keeps its last finite weights and no checkpoint of the diverged
 state is written.
 
@@ -31,14 +31,16 @@ def is_finite(vec: np.ndarray | None) -> bool:
 
 
 def scan(index: int, res: RoundResult, vec_name: str) -> list[tuple[int, str]]:
-    """Executor side: ``[(partition, what)]`` for a task result whose loss or vector
-    (``vec_name``: ``"gradient"`` or ``"delta"``) is not finite."""
+    """Executor side: ``[(partition, what)]`` for a task result whose loss, vector
+    (``vec_name``: ``"gradient"`` or ``"delta"``) or layer state is not finite."""
     bad = []
     loss = np.asarray(res.stats)[..., STATS.index("loss_sum")]
     if not np.isfinite(loss).all():
         bad.append((index, "loss"))
     if not is_finite(res.vec):
         bad.append((index, vec_name))
+    if not is_finite(res.state):
+        bad.append((index, "layer state"))
     return bad
 
 
@@ -52,6 +54,8 @@ def check_result(res: RoundResult, vec_name: str, lr: float | None = None, **whe
         raise TrainingDiverged.describe("loss", _value(res, "loss"), lr=lr, **where)
     if not is_finite(res.vec):
         raise TrainingDiverged.describe(vec_name, None, lr=lr, **where)
+    if not is_finite(res.state):
+        raise TrainingDiverged.describe("layer state", None, lr=lr, **where)
 
 
 def check_params(params: np.ndarray, before: np.ndarray, lr: float | None = None, **where: Any) -> None:

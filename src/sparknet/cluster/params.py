@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyspark.accumulators import AccumulatorParam
 
+from sparknet.cluster.layer_state import merge, shipped
+
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
 
@@ -52,6 +54,10 @@ class RoundResult:
             :mod:`sparknet.cluster.guards`).
         states: partition -> its resident optimizer state after the round (``{name:
             array}``), when the round was asked for it (a checkpoint follows it).
+        state: the row-weighted mean of the training tasks' layer states after the round
+            (BatchNormalization's running statistics; :mod:`sparknet.cluster.layer_state`),
+            or ``None`` when the model keeps none.
+        state_rows: the rows that mean is weighted by.
     """
 
     vec: np.ndarray | None = None
@@ -60,6 +66,8 @@ class RoundResult:
     step_time: float = 0.0
     nonfinite: list[tuple[int, str]] = field(default_factory=list)
     states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    state: np.ndarray | None = None
+    state_rows: float = 0.0
 
     def add(self, other: "RoundResult | None") -> "RoundResult":
         """In-place sum (vectors and statistics add, times concatenate); returns self."""
@@ -75,6 +83,7 @@ class RoundResult:
         self.nonfinite = self.nonfinite + list(other.nonfinite)
         if other.states:
             self.states = {**self.states, **other.states}
+        self.state, self.state_rows = merge(self.state, self.state_rows, other.state, other.state_rows)
         self.step_time = max(self.step_time, other.step_time)
         return self
 
@@ -106,6 +115,8 @@ class ParameterServer:
             (a Spark Connect session sends the parameters inside each round's query).
         params: the flat parameter buffer (the model's ``params``; read, not copied, at
             each :meth:`broadcast`).
+        state: the model's flat layer state (``state``), sent after the parameters
+            (:func:`sparknet.cluster.layer_state.shipped`); ``None``: none.
         reduce: ``"tree"`` (``treeAggregate``, default) or ``"accumulator"``.
         tree_depth: depth of ``treeAggregate``.
 
@@ -114,7 +125,7 @@ class ParameterServer:
     """
 
     def __init__(self, sc: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
-                 tree_depth: int = 2) -> None:
+                 tree_depth: int = 2, state: np.ndarray | None = None) -> None:
         from sparknet.cluster.engine import engine_for
 
         if reduce not in ("tree", "accumulator"):
@@ -122,15 +133,17 @@ class ParameterServer:
         self.engine = engine_for(sc)
         self.sc = getattr(self.engine, "sc", None)  # the SparkContext (None under Spark Connect)
         self.params, self.reduce, self.tree_depth = params, reduce, int(tree_depth)
+        self.state = np.zeros(0, dtype=params.dtype) if state is None else state
         self._bc: Shipped | None = None
         self.bytes_out = 0
 
     def broadcast(self) -> Shipped:
-        """A ``Broadcast`` of the current parameters (under Spark Connect, the value the
-        round's query carries); the previous one is unpersisted."""
+        """A ``Broadcast`` of the current parameters and layer state (under Spark Connect,
+        the value the round's query carries); the previous one is unpersisted."""
         self._drop(destroy=False)
-        bc = self._bc = self.engine.ship(np.ascontiguousarray(self.params))
-        self.bytes_out += int(self.params.nbytes)
+        vec = shipped(self.params, self.state)
+        bc = self._bc = self.engine.ship(vec)
+        self.bytes_out += int(vec.nbytes)
         return bc
 
     def gather(self, rdd: Any) -> RoundResult:

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from sparknet.cluster import cost
+from sparknet.cluster.memory import DATA_PARALLEL as _DATA_PARALLEL
+from sparknet.cluster.memory import memory_need, memory_per_executor
 
 if TYPE_CHECKING:
     from sparknet.cluster.blocks import BlockPlan
@@ -46,13 +47,10 @@ if TYPE_CHECKING:
     from sparknet.model import Sequential
 
 MODES = ("gradient", "average", "async", "model_parallel", "hybrid")
-_DATA_PARALLEL = ("gradient", "average", "async")
 #: candidates predicted within this share of the fastest count as equally fast
 TOLERANCE = 0.05
 #: a dense layer is worth cutting into blocks from this many parameters on
 MIN_BLOCKED_PARAMS = 1 << 20
-#: optimizer state kept per parameter (RMSprop's running average) besides weights and gradient
-_STATE_SLOTS = 1
 #: a predictor: ``(mode, net, spark_costs, samples, settings) -> Prediction``
 Predictor = Callable[[str, "NetworkCosts", "SparkCosts", int, dict], "Prediction"]
 #: models whose parameters exceed this are costed from their FLOPs, not timed in this process
@@ -110,6 +108,26 @@ class Plan:
                 kw["local_steps"] = s["tau"]
             return kw
         return {"plan": s["plan"], "replicas": s.get("D", 1)}
+
+    def __repr__(self) -> str:
+        """A few lines: the best candidate and the runner-up; :meth:`explain` gives their
+        breakdowns, :meth:`table` every candidate."""
+        ru = self.runner_up
+        counts = f"{len(self.candidates)} candidates" + (f", {len(self.ruled_out)} ruled out"
+                                                         if self.ruled_out else "")
+        return "\n".join([f"Plan({self.samples:,} samples per epoch, {counts};",
+                          f"  best:      {describe(self.best)}",
+                          f"  runner-up: {'none' if ru is None else describe(ru)};",
+                          "  .explain(): why, .table(): every candidate, .trainer_kwargs(): the settings)"])
+
+    def __str__(self) -> str:
+        return self.explain()
+
+    def table(self) -> str:
+        """Every candidate, one line each, best first, then those ruled out with the reason."""
+        lines = [f"{i + 1:>4}. {describe(p)}" for i, p in enumerate(self.candidates)]
+        lines += [f"   -. {describe(r.prediction)}: ruled out, {r.reason}" for r in self.ruled_out]
+        return "\n".join(lines)
 
     def explain(self) -> str:
         """The best candidate and the runner-up, their breakdowns, and why the best wins."""
@@ -311,51 +329,6 @@ def enumerate_candidates(modes: Sequence[str], sc: "SparkCosts", samples: int, b
                 if "hybrid" in modes and K >= 2:
                     for D in _grid(top // K)[1:]:
                         yield "hybrid", {"blocks": K, "paired": paired, "replicas": D, "threads": t, **lay}
-
-
-# ------------------------------------------------------------------ memory
-def memory_need(mode: str, net: "NetworkCosts", settings: dict, samples: int, sample_bytes: float,
-                sc: "SparkCosts", layout: DenseLayout | None = None) -> float:
-    """Bytes one executor needs for a candidate: per data-parallel task the parameters
-    (broadcast copy, the task's model, its gradient or delta, the optimizer state), its
-    shard and a minibatch's activations; per block slot its weights and optimizer state
-    and the batch's activations at its layers.  Tasks spread evenly over the executors."""
-    state = 2 + _STATE_SLOTS
-    acts = net.batch_size * float(sum(net.activation_bytes)) * 2  # kept for backward, and the deltas
-    executors = max(1, min(sc.executors, sc.hosts) if sc.hosts > 1 else sc.executors)
-    if mode in _DATA_PARALLEL:
-        P = int(settings["partitions"])
-        per_task = (state + 1) * net.param_bytes + math.ceil(samples / P) * sample_bytes + acts
-        return per_task * math.ceil(P / executors)
-    assert layout is not None
-    K, D = int(settings["blocks"]), int(settings.get("replicas", 1))
-    itemsize = net.param_bytes / max(net.n_params, 1) if net.n_params else 4.0
-    blocked = layout.blocked_params() * itemsize
-    per_slot = state * blocked / K + acts / D
-    return per_slot * math.ceil(K * D / executors)
-
-
-def memory_per_executor(spark: Any) -> float | None:
-    """Bytes an executor may use: ``spark.executor.pyspark.memory`` per task slot when set,
-    else this host's memory (local mode) or ``spark.executor.memory`` and its overhead."""
-    sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
-    conf, local = sc.getConf(), str(sc.master).startswith("local")
-    py = conf.get("spark.executor.pyspark.memory", None)
-    if py:
-        return _bytes(py) * max(1, int(sc.defaultParallelism) if local else int(conf.get("spark.executor.cores", "1")))
-    if local:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) if hasattr(os, "sysconf") else None
-    mem = _bytes(conf.get("spark.executor.memory", "1g"))
-    return mem + max(384 << 20, 0.1 * mem)
-
-
-def _bytes(text: str) -> float:
-    """``"512m"``, ``"2g"``, ``"1024k"`` or plain MiB -> bytes (Spark's size strings)."""
-    t = str(text).strip().lower().rstrip("b")
-    scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    if t and t[-1] in scale:
-        return float(t[:-1]) * scale[t[-1]]
-    return float(t) * (1 << 20)
 
 
 # ------------------------------------------------------------------ planning

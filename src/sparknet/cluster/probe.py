@@ -359,10 +359,18 @@ def layer_flops(layer: Any) -> float:
         kh, kw = layer.kernel_size
         oh, ow = out_shape[0], out_shape[1]
         return 2.0 * oh * ow * kh * kw * layer.in_channels * layer.filters
+    if name == "Conv1D":
+        return 2.0 * out_shape[0] * layer.kernel_size * layer.in_channels * layer.filters
     if name in ("LSTM", "SimpleRNN", "GRU"):
         gates = {"LSTM": 4, "GRU": 3}.get(name, 1)
         T = int(in_shape[0])
         return 2.0 * T * gates * layer.units * (int(in_shape[-1]) + layer.units)
+    if name == "MultiHeadAttention":
+        T, D = layer.steps, layer.width
+        return 2.0 * (4 * T * D * D + 2 * T * T * D)  # q, k, v, out projections; scores and mix
+    children = getattr(layer, "children", None)
+    if children:  # Residual, Bidirectional, TransformerEncoder: their layers' sum
+        return float(sum(layer_flops(c) for c in children.values()))
     return 0.0
 
 
@@ -389,6 +397,10 @@ def random_batch(model: "Sequential", rows: int, rng: np.random.Generator) -> tu
         x = rng.integers(0, vocab, size=(rows,) + tuple(model.input_shape))
     else:
         x = rng.random((rows,) + tuple(model.input_shape), dtype=np.float64).astype(model.dtype)
+        try:
+            first.check_input(x)
+        except ValueError:  # values the first layer refuses (category ids): zeros are valid ids
+            x = np.zeros_like(x)
     out = tuple(model.output_shape)
     if model.loss.is_classification:
         y = rng.integers(0, out[-1], size=(rows,) + out[:-1])

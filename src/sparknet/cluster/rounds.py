@@ -32,7 +32,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import threads
-from sparknet.cluster import guards
+from sparknet.cluster import guards, layer_state
 from sparknet.cluster.params import STATS, RoundResult
 from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
@@ -130,7 +130,8 @@ class RoundTask:
 
     Args:
         spec: the fit's :class:`FitSpec`.
-        bc: ``Broadcast`` of the flat parameter vector the round starts from (under Spark
+        bc: ``Broadcast`` of the flat parameter vector the round starts from, followed by
+            the layers' state if any (:mod:`sparknet.cluster.layer_state`; under Spark
             Connect, the vector the query carries; :mod:`sparknet.cluster.engine`).
         kind: what the task computes (:class:`TaskKind`, or its value).
         epoch: the (first) epoch of the round.
@@ -163,12 +164,13 @@ class RoundTask:
             return [RoundResult(None, np.zeros(len(STATS)), [0.0])]
         t0 = time.perf_counter()
         model = worker_model(self.spec)
-        model.set_params(self.bc.value)
+        layer_state.load(model, self.bc.value)  # the parameters, and the layers' state if any
         for i, layer in enumerate(model.layers):  # dropout & co: seeded per task
             layer.rng = np.random.default_rng([self.spec.seed, self.epoch, self.rnd, index, i, 7])
         run = _RUNNERS[self.kind]
         res = run(self, index, shard, model)
         if self.kind.trains:  # the driver must not apply a non-finite result (guards)
+            layer_state.attach(res, model)
             res.nonfinite = guards.scan(index, res, "gradient" if self.kind is TaskKind.GRADIENT else "delta")
         res.times = [time.perf_counter() - t0]
         return [res]
@@ -227,9 +229,9 @@ class RoundTask:
     def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
                      segments: list[np.ndarray], lrs: list[float] | None = None) -> RoundResult:
         """Optimizer steps of ``batch_size`` rows over each segment in turn (step ``i`` at
-        rate ``lrs[i]`` when given); the result holds the row-weighted delta (the driver
-        divides the sum by all partitions' rows), one stats row per segment (epoch) and
-        the seconds of one step."""
+        rate ``lrs[i]`` when given; :func:`~sparknet.cluster.layer_state.minibatch`); the
+        result holds the row-weighted delta (the driver divides the sum by all partitions'
+        rows), one stats row per segment (epoch) and the seconds of one step."""
         n_rows = sum(len(r) for r in segments)
         if n_rows == 0:
             return RoundResult(None, np.zeros(len(STATS)))
@@ -239,9 +241,10 @@ class RoundTask:
         start = np.array(model.params, copy=True)
         per_epoch = np.zeros((len(segments), len(STATS)))
         t_loop, n_steps = time.perf_counter(), 0
+        pairs = model.n_state > 0  # layers with batch statistics: no minibatch of one row
         for e, rows in enumerate(segments):
             for lo in range(0, len(rows), b):
-                xb, yb = self._batch(x, y, rows[lo:lo + b])
+                xb, yb = self._batch(x, y, layer_state.minibatch(rows, lo, b, pairs))
                 s, w, c = model.loss_and_grad(xb, yb, loss)
                 if lrs is not None:
                     opt.lr = lrs[n_steps]

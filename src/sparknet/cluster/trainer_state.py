@@ -11,6 +11,8 @@ What a checkpoint holds
 Arrays:
 
 * ``params`` -- the flat parameter vector;
+* ``state`` -- the layers' untrained state (BatchNormalization's running statistics),
+  when they keep any (:mod:`sparknet.cluster.layer_state`);
 * ``opt_*`` -- the driver's optimizer state (``sync="gradient"``), in the one serialised
   form of :meth:`sparknet.optim.Optimizer.state_arrays`;
 * ``outer_*`` -- the outer optimizer's state (``sync="average"`` with ``outer``);
@@ -70,6 +72,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from sparknet.checkpoint import Checkpoint, CheckpointStore
+from sparknet.cluster import layer_state
 from sparknet.cluster.params import STATS
 from sparknet.cluster.rounds import STATE_PREFIX
 from sparknet.errors import CheckpointError
@@ -403,7 +406,8 @@ class FitState:
         assert self.store is not None
         t0 = time.perf_counter()
         tr, model = self.trainer, ctx.model
-        arrays: dict[str, np.ndarray] = {"params": np.array(model.params, copy=True)}
+        arrays: dict[str, np.ndarray] = {"params": np.array(model.params, copy=True),
+                                         **layer_state.checkpoint_arrays(model)}
         arrays.update(tr.optimizer.state_arrays("opt_"))
         if tr.outer is not None:
             arrays.update(tr.outer.state_arrays("outer_"))
@@ -512,6 +516,7 @@ def resume(state: FitState, ctx: FitContext) -> bool:
         raise CheckpointError(f"checkpoint {ckpt.path}: params has shape {params.shape} of {params.dtype}, "
                               f"the model has {model.params.shape} of {model.params.dtype}")
     model.params[...] = params
+    layer_state.restore(model, arrays, ckpt.path)
     saved_opt = meta["settings"]["optimizer"]
     if saved_opt != [tr.optimizer.name, tr.optimizer.get_config()]:
         log.warning("sparknet: resuming with optimizer %r; the checkpoint was written with %s %s",

@@ -9,7 +9,7 @@ may overwrite ``dy``.
 
 A layer may also keep arrays that are not trained (BatchNormalization's running
 statistics): it declares them with :meth:`Layer.state_specs` and is bound to views of
-the model's flat *state* buffer (:meth:`Layer.bind_state`), which model files,
+the model's flat *state* buffer (``bind_state``), which model files,
 checkpoints and the trainers carry beside the parameters.  ``forward(x, training=True)``
 may update them in place; nothing else writes them.
 """

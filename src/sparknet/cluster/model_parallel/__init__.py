@@ -24,9 +24,11 @@ activations and deltas cross the network:
   the weights it has just updated: a model made of one pair and driver layers needs
   **one** Spark job per step.
 
-Unblocked layers (conv, recurrent, small dense) run on the driver between the
-blocked ones, in :class:`~sparknet.model.Sequential` segments.  The result equals
-single-process backpropagation up to float rounding.
+Unblocked layers (conv, recurrent, small dense, normalisation, residual blocks...) run
+on the driver between the blocked ones, in :class:`~sparknet.model.Sequential` segments.
+The result equals single-process backpropagation up to float rounding.  Layers that keep
+untrained state (BatchNormalization's running statistics) keep it there, on the driver
+stage: saved, checkpointed and restored with that stage's parameters.
 
 Hybrid data x model parallelism (``replicas=D``)
 ------------------------------------------------

@@ -14,7 +14,7 @@ from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
 from sparknet.checkpoint import Checkpoint, CheckpointStore
 from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
-from sparknet.cluster.model_parallel import persistence, recovery
+from sparknet.cluster.model_parallel import persistence, recovery, stages
 from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
@@ -42,7 +42,6 @@ from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 
 log = logging.getLogger(__name__)
-
 
 
 #: bytes of replicas' partial gradients the driver collects per piece when combining them
@@ -331,6 +330,7 @@ class ModelParallel:
         s, w, g = lo.value_and_grad(pred, yb)
         if not np.isfinite(s):
             self.t -= 1
+            stages.rewind_state(self.stages)  # the running statistics as before the step
             raise TrainingDiverged.describe("loss", s, lr=self._lr(), epoch=epoch, step=self.t + 1)
         if pred is not out:
             g = act_grad("softmax", pred, g)
@@ -344,6 +344,7 @@ class ModelParallel:
         except NonFinite as exc:
             if j == len(self.stages) - 1 and exc.what != "parameters":   # nothing updated: no step happened
                 self.t -= 1
+                stages.rewind_state(self.stages)
                 raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})", lr=self._lr(), epoch=epoch,
                                                 step=self.t + 1) from None
             lr = self._lr()
@@ -519,6 +520,7 @@ class ModelParallel:
         for i, sl in enumerate(model.param_slices()):
             for k, (a, b, _shape) in sl.items():
                 model.params[a:b] = weights[i][k].reshape(-1)
+        stages.state_into(self.stages, model)  # the driver stages' running statistics
         return model
 
     # ----------------------------------------------------------- files and checkpoints

@@ -14,6 +14,7 @@ from sparknet.checkpoint import Checkpoint
 from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import files, recovery
 from sparknet.cluster.model_parallel.stages import driver_arrays
+from sparknet.errors import CheckpointError
 
 if TYPE_CHECKING:
     from sparknet.cluster.model_parallel.model import ModelParallel
@@ -35,21 +36,35 @@ def save(mp: "ModelParallel", folder: str) -> str:
 def load(cls: "type[ModelParallel]", folder: str, **options: Any) -> "ModelParallel":
     """:meth:`ModelParallel.load`: a model rebuilt from a :func:`save` folder or a
     checkpoint, its blocks streamed from their files by the executors; ``options`` are
-    the constructor's ``spark``, ``checkpoint_dir``, ``name``, ``replicas``... ."""
+    the constructor's ``spark``, ``checkpoint_dir``, ``name``, ``replicas``... .  Every
+    file is checked before the executors read any (:func:`files.verify_folder`, or the
+    checkpoint's checksums); a damaged one raises
+    :class:`~sparknet.errors.CheckpointError` naming it."""
     from sparknet.model import layers_from_config
 
     folder = os.path.abspath(os.fspath(folder))
     ckpt = recovery.is_checkpoint(folder)
-    m = recovery.open_checkpoint(folder)[1].meta["model"] if ckpt else files.read_manifest(folder)
-    arch = m["architecture"]
-    opt = optim_mod.from_config(m["optimizer"]["name"], m["optimizer"]["config"])
-    mp = cls(layers_from_config(arch["layers"]), BlockPlan.from_dict(m["plan"]), arch["input_shape"],
-             dtype=arch["dtype"], seed=arch["seed"], optimizer=opt, loss=arch.get("loss"), _load=folder, **options)
+    driver = None
+    if ckpt:  # every file's checksum verified by the checkpoint store
+        m = recovery.open_checkpoint(folder)[1].meta["model"]
+    else:
+        m = files.read_manifest(folder)
+        files.verify_folder(folder, m)
+        driver = files.read_driver(folder, int(m["version"]))
     try:
-        if ckpt:
+        arch = m["architecture"]
+        opt = optim_mod.from_config(m["optimizer"]["name"], m["optimizer"]["config"])
+        layers, plan = layers_from_config(arch["layers"]), BlockPlan.from_dict(m["plan"])
+        shape, kw = arch["input_shape"], {"dtype": arch["dtype"], "seed": arch["seed"], "loss": arch.get("loss")}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{folder!r}: its manifest describes no network this sparknet can build "
+                              f"({type(exc).__name__}: {exc})") from None
+    mp = cls(layers, plan, shape, optimizer=opt, _load=folder, **kw, **options)
+    try:
+        if driver is None:
             recovery.restore(mp, folder, blocks=False)
         else:
-            recovery.set_driver_state(mp, files.read_driver(folder, int(m["version"])), int(m["t"]))
+            _set_driver(mp, folder, driver, int(m["t"]))
     except BaseException:
         mp.close()
         raise
@@ -63,5 +78,16 @@ def restore(mp: "ModelParallel", folder: "str | Checkpoint") -> None:
         return
     folder = os.path.abspath(os.fspath(folder))
     m = files.read_manifest(folder)
+    files.verify_folder(folder, m)
+    driver = files.read_driver(folder, int(m["version"]))
     recovery.reload_blocks(mp, folder)
-    recovery.set_driver_state(mp, files.read_driver(folder, int(m["version"])), int(m["t"]))
+    _set_driver(mp, folder, driver, int(m["t"]))
+
+
+def _set_driver(mp: "ModelParallel", folder: str, arrays: dict, t: int) -> None:
+    """The driver's layers and optimizer state from a saved folder's ``driver.npz``."""
+    try:
+        recovery.set_driver_state(mp, arrays, t)
+    except (KeyError, ValueError) as exc:
+        raise CheckpointError(f"{os.path.join(folder, 'driver.npz')!r} does not fit the network of "
+                              f"its manifest ({type(exc).__name__}: {exc})") from None

@@ -155,7 +155,13 @@ def _is_first(stage: Any) -> bool:
 
 
 class DriverStage:
-    """A run of unblocked layers on the driver: a Sequential segment and its optimizer."""
+    """A run of unblocked layers on the driver: a Sequential segment and its optimizer.
+
+    Layers that keep untrained state (BatchNormalization's running statistics) keep it
+    here, in the segment's ``seq.state``: updated by each training forward pass, saved and
+    checkpointed with the stage's parameters (:func:`driver_arrays`), and put back as of
+    the step's start when the step diverges before any weight changed (:func:`rewind_state`).
+    """
 
     kind = "driver"
     #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
@@ -177,8 +183,12 @@ class DriverStage:
             layer.init_params(views, np.random.default_rng([owner.seed, first + j]))
             layer.rng = np.random.default_rng([owner.seed, first + j, 1])
         self.opt = owner.new_optimizer()
+        #: the layer state as of the last training forward pass's start (``None``: no state)
+        self.state_before: np.ndarray | None = None
 
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
+        if training and self.seq.n_state:
+            self.state_before = self.seq.state.copy()
         return self.seq.forward(x, training=training)
 
     def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
@@ -447,12 +457,15 @@ def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> lis
 
 
 def driver_arrays(stages: Sequence[Stage]) -> dict[str, np.ndarray]:
-    """The parameters and optimizer state the stages keep on the driver, for ``driver.npz``
-    (``stage<j>.params`` or ``stage<j>.bias``, and ``stage<j>.opt_*``)."""
+    """The parameters, layer state and optimizer state the stages keep on the driver, for
+    ``driver.npz`` (``stage<j>.params`` or ``stage<j>.bias``, ``stage<j>.state`` when the
+    stage's layers keep any, and ``stage<j>.opt_*``)."""
     out: dict[str, np.ndarray] = {}
     for j, st in enumerate(stages):
         if isinstance(st, DriverStage):
             out[f"stage{j}.params"] = st.seq.params
+            if st.seq.n_state:
+                out[f"stage{j}.state"] = st.seq.state
             out.update(st.opt.state_arrays(f"stage{j}.opt_"))
         elif isinstance(st, PairStage) and st.bias is not None:
             out[f"stage{j}.bias"] = st.bias
@@ -465,10 +478,35 @@ def set_driver_arrays(stages: Sequence[Stage], data: Mapping[str, np.ndarray]) -
     for j, st in enumerate(stages):
         if isinstance(st, DriverStage):
             st.seq.set_params(data[f"stage{j}.params"])
+            if st.seq.n_state:
+                if f"stage{j}.state" not in data:
+                    raise ValueError(f"the saved driver arrays hold no stage{j}.state: the layers "
+                                     f"{st.first}.. of that stage keep running statistics")
+                st.seq.set_state(data[f"stage{j}.state"])
             st.opt.load_state_arrays(data, f"stage{j}.opt_")
         elif isinstance(st, PairStage) and st.bias is not None:
             st.bias[...] = data[f"stage{j}.bias"]
             st.opt.load_state_arrays(data, f"stage{j}.opt_")
+
+
+def rewind_state(stages: Sequence[Stage]) -> None:
+    """Put the driver stages' layer state back as of the start of the step that just failed
+    (its forward pass had updated the running statistics)."""
+    for st in stages:
+        if isinstance(st, DriverStage) and st.state_before is not None:
+            st.seq.state[...] = st.state_before
+
+
+def state_into(stages: Sequence[Stage], model: Any) -> None:
+    """Copy the driver stages' layer state into ``model``, a single-process Sequential of
+    the same layers (:meth:`ModelParallel.to_sequential`)."""
+    slices = model.state_slices()
+    for st in stages:
+        if isinstance(st, DriverStage):
+            for n, sl in enumerate(st.seq.state_slices()):
+                for name, (a, b, _shape) in sl.items():
+                    c, d, _ = slices[st.first + n][name]
+                    model.state[c:d] = st.seq.state[a:b]
 
 
 def assemble(owner: "ModelParallel", index: int, by_idx: Mapping[int, BlockedLayer], parts_all: list,
