@@ -1,6 +1,8 @@
 """What a fit writes to the console, Keras's convention: verbose=0 nothing, 1 one live bar
-(left on screen, labelled train/val figures), 2 one line per epoch; the demo's output has
-one result line, no log lines through the bar and none of Spark's own progress or warnings."""
+(left on screen, the history's metric names) with a line kept per epoch, 2 the lines alone;
+Spark's share in words, validation every k epochs said once and no NaN shown; the demo says
+what it does before its first epoch, has one result line, no log lines through the bar and
+none of Spark's own progress or warnings."""
 from __future__ import annotations
 
 import os
@@ -12,8 +14,8 @@ import pytest
 
 from sparknet import Dense, RMSprop, Sequential
 
-LINE = re.compile(r"^epoch (\d+)/(\d+) - \d+\.\d\ds - train_loss \d\.\d{4} - train_acc \d\.\d{4}"
-                  r"( - val_loss \d+\.\d{4} - val_acc \d\.\d{4})?( - spark \d+%)?$")
+LINE = re.compile(r"^epoch (\d+)/(\d+) - \d+\.\d\ds - loss: \d\.\d{4} - accuracy: \d\.\d{4}"
+                  r"( - val_loss: \d+\.\d{4} - val_accuracy: \d\.\d{4})?( - spark: \d+% of round time)?$")
 
 
 def _mlp():
@@ -29,12 +31,16 @@ def test_one_process_verbose_levels(capsys, digits):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert [LINE.match(ln).group(1) for ln in lines] == ["1", "2", "3"], out
-    assert all("val_acc" in ln for ln in lines) and err == ""
+    assert all("val_accuracy" in ln for ln in lines) and err == ""
     _mlp().fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=1)
     out, err = capsys.readouterr()
     assert out == ""
-    final = err.replace("\r", "\n").strip().splitlines()[-1]
-    assert final.startswith("epoch 3/3") and "100%" not in final and "train_loss=" in final and "val_acc=" in final
+    screen = err.replace("\r", "\n").splitlines()
+    kept = [m.group(1) for m in map(LINE.match, (ln.strip() for ln in screen)) if m]
+    assert kept == ["1", "2", "3"], err  # Keras's verbose=1: a line per epoch stays on screen
+    final = screen[-1]
+    assert final.startswith("epoch 3/3") and "100%" not in final and "loss=" in final
+    assert "val_accuracy=" in final and "train_" not in err and "nan" not in err.lower()
     with pytest.raises(ValueError, match="verbose must be 0 .* got 3"):
         _mlp().fit(X, y, epochs=1, verbose=3)
 
@@ -63,6 +69,30 @@ def test_demo_output_has_one_bar_one_result_and_no_noise(tmp_path):
     err = run.stderr.replace("\r", "\n")
     bar = [ln for ln in err.splitlines() if re.match(r"^epochs? \d", ln)]
     assert bar, err[-2000:]
-    assert re.search(r"\|█{20}\| \[.*train_loss=.*train_acc=.*val_loss=.*val_acc=0\.9\d+", bar[-1]), bar[-1]
-    for noise in ("[Stage", "WARN PythonRDD", "locally checkpointed", " INFO ", "sparknet.cluster", "accuracy=1"):
+    assert re.search(r"\|█{20}\| \[.*loss=.*accuracy=.*val_loss=.*val_accuracy=0\.9\d+", bar[-1]), bar[-1]
+    # before the first epoch: what it is doing (Spark starting, the data loading), not silence
+    first = err.replace("\r", "\n").splitlines()
+    assert any(ln.startswith("sparknet demo: loading scikit-learn's digits") for ln in first), err[:2000]
+    assert any(ln.startswith("sparknet: loading the data onto the executors") for ln in first), err[:2000]
+    assert "spark: " in err and "% of round time" in err and "nan" not in err.lower()
+    for noise in ("[Stage", "WARN PythonRDD", "locally checkpointed", " INFO ", "sparknet.cluster"):
         assert noise not in err, f"{noise!r} in the demo's console:\n{err[-2000:]}"
+    assert not re.search(r"epoch \d+/\d+: loss=", err), err[-2000:]  # the trainer's debug log lines
+
+
+def test_validation_every_k_epochs_is_said_once_and_no_nan_shown(capsys, spark, digits):
+    """Rounds of two epochs (local_steps twice an epoch's): validation runs when a round
+    ends; the console says so once, and the epochs in between show no val_* at all."""
+    from sparknet.cluster import DataParallelTrainer
+
+    X, y, Xt, yt = digits
+    steps_per_epoch = -(-(len(y) // 2) // 32)  # per partition
+    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=2 * steps_per_epoch,
+                                  optimizer=RMSprop(lr=3e-3))
+    trainer.fit(X, y, epochs=4, batch_size=32, validation_data=(Xt, yt), verbose=2)
+    out, err = capsys.readouterr()
+    assert out.count("validation every 2 epochs") == 1, out
+    lines = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
+    assert [("val_loss" in ln) for ln in lines] == [False, True, False, True], out
+    assert "nan" not in out.lower() and "nan" not in err.lower()
+    assert err.startswith("sparknet: loading the data onto the executors"), err

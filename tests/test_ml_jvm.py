@@ -154,6 +154,12 @@ def test_auto_engine_choice(digits_frames):
     conv._set_network(net)
     with pytest.raises(ValueError, match=r"layer '.*' \(Conv2D\) has no JVM kernel"):
         conv.copy({conv.inferenceEngine: "jvm"}).transform(vec)
+    gelu = _model(SparkNetClassificationModel, Sequential([Dense(16, activation="gelu"),
+                                                          Dense(10, activation="softmax")]))
+    with pytest.raises(ValueError, match=r"layer '.*': activation 'gelu' has no JVM kernel"):
+        gelu.copy({gelu.inferenceEngine: "jvm"}).transform(vec)
+    gelu.transform(vec)  # "auto" scores it on the Arrow path
+    assert gelu.lastInferenceEngine == "arrow"
 
 
 def _action_error(df, match):

@@ -106,7 +106,7 @@ def test_pyfunc_predicts_as_the_model(client, trained, digits, tmp_path):
         info = snm.log_model(trained, "model", input_example=X_test[:3])
         tensor = snm.log_model(trained, "tensor", input_schema="tensor", output="proba")
     loaded = mlflow.pyfunc.load_model(info.model_uri)
-    assert loaded.metadata.signature.inputs.input_names() == COLUMNS
+    assert not loaded.metadata.signature.inputs.has_input_names()  # no invented f0..f63: by position
     np.testing.assert_array_equal(loaded.predict(frame), trained.predict(X_test))
     np.testing.assert_allclose(mlflow.pyfunc.load_model(tensor.model_uri).predict(X_test),
                                trained.predict_proba(X_test), rtol=1e-6)
@@ -121,6 +121,24 @@ def test_pyfunc_predicts_as_the_model(client, trained, digits, tmp_path):
     arrays = pd.DataFrame({"features": list(X_test.astype(np.float64))})
     np.testing.assert_allclose(mlflow.pyfunc.load_model(str(path)).predict(arrays), trained.predict_proba(X_test),
                                rtol=1e-6)
+
+
+def test_the_default_signature_takes_numpy_arrays_and_dataframes_of_any_dtype(client, trained, digits, tmp_path):
+    """A user's first calls: ``predict(X)`` and ``predict(pd.DataFrame(X))``, with float32 or
+    float64 rows; named columns only when ``feature_names`` asks for them."""
+    _, _, X_test, _ = digits
+    want = trained.predict(X_test)
+    snm.save_model(trained, tmp_path / "m", input_example=X_test[:2])
+    scorer = mlflow.pyfunc.load_model(str(tmp_path / "m"))
+    for x in (X_test, X_test.astype(np.float64), pd.DataFrame(X_test), pd.DataFrame(X_test.astype(np.float64)),
+              pd.DataFrame(X_test, columns=[f"pixel{i}" for i in range(64)])):
+        np.testing.assert_array_equal(np.asarray(scorer.predict(x)).reshape(-1), want)
+    named = snm.model_signature(trained, feature_names=COLUMNS)
+    assert named.inputs.input_names() == COLUMNS
+    # images: a tensor of the network's shape
+    conv = Sequential([Dense(3, activation="softmax")], input_shape=(4, 2), seed=0)
+    sig = snm.model_signature(conv)
+    assert sig.inputs.is_tensor_spec() and sig.inputs.inputs[0].shape == (-1, 4, 2)
 
 
 def test_spark_udf_scores_a_dataframe_as_the_model(client, spark, trained, digits):
@@ -165,7 +183,7 @@ def test_non_sparknet_models_and_bad_options_fail_clearly(client, trained, tmp_p
     with pytest.raises(ValueError, match="path=.* exists"):
         snm.save_model(trained, tmp_path / "e")
     pyfunc = mlflow.pyfunc.load_model(str(tmp_path / "e"))
-    with pytest.raises(Exception, match="f63"):  # MLflow's schema check names the missing column
+    with pytest.raises(Exception, match="declares 64 inputs .* only has 63"):  # MLflow's schema check
         pyfunc.predict(pd.DataFrame(np.zeros((2, 63)), columns=COLUMNS[:63]))
     with pytest.raises(ValueError, match="model_input has shape \\(2, 5\\)"):
         snm.features_array(np.zeros((2, 5)), trained)

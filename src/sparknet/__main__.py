@@ -1,4 +1,4 @@
-"""Command line: ``python -m sparknet demo | train | plot | info``.
+"""Command line: ``python -m sparknet demo | train | export | plot | info``.
 
 - ``demo``: train an MLP on scikit-learn's bundled digits and print the test accuracy
   (on local Spark through the data-parallel trainer when ``sparknet.cluster`` and Java
@@ -6,8 +6,10 @@
   ``--remote sc://host:port``, or ``--remote local[2]`` for a Connect server pyspark
   starts here);
 - ``train``: train an MLP on digits or on MNIST IDX files and save the model file;
+- ``export``: write a saved model file as an ONNX file (:func:`sparknet.onnx.export`);
 - ``plot``: draw a saved :class:`~sparknet.history.History` (JSON) to a PNG;
-- ``info``: versions and the BLAS the kernels use.
+- ``info``: versions and the BLAS the kernels use, with the thread count they run with, and
+  the paths of float32 and bfloat16 products (AVX-512, AVX512-BF16, AMX) on this CPU.
 """
 from __future__ import annotations
 
@@ -20,6 +22,19 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from sparknet.model import Sequential
+
+_DESCRIPTION = """\
+sparknet: neural networks trained in one process or on Apache Spark.
+
+Run `python -m sparknet COMMAND --help` for a command's options and their defaults."""
+
+_EXAMPLES = """\
+examples:
+  python -m sparknet demo                  digits on local Spark (Java 17+ needed)
+  python -m sparknet demo --local          the same in one process
+  python -m sparknet train --out model.npz
+  python -m sparknet export model.npz model.onnx   an ONNX file (pip install 'sparknet[onnx]')
+  python -m sparknet info                  versions, Java, the BLAS threads in use"""
 
 
 def _digits_mlp(seed: int = 0) -> Sequential:
@@ -43,6 +58,8 @@ def _demo_spark(args: argparse.Namespace) -> float:
     spark = None
     if args.remote:
         from pyspark.sql import SparkSession
+        if not args.quiet and args.verbose:
+            print(f"sparknet demo: connecting to Spark Connect ({args.remote}) ...", file=sys.stderr, flush=True)
         spark = SparkSession.builder.remote(args.remote).getOrCreate()
     return cluster_demo(spark, epochs=args.epochs, seed=args.seed, verbose=0 if args.quiet else args.verbose)
 
@@ -96,6 +113,30 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from sparknet.errors import CheckpointError
+    from sparknet.io import load_model
+    try:
+        from sparknet.onnx import export
+    except ImportError as exc:
+        print(f"sparknet export: needs the onnx package ({exc}): pip install 'sparknet[onnx]'",
+              file=sys.stderr)
+        return 2
+    try:
+        model = load_model(args.model)
+        proto = export(model, args.out, opset=args.opset)
+    except (OSError, ValueError, CheckpointError) as exc:
+        print(f"sparknet export: {exc}", file=sys.stderr)
+        return 2
+
+    def describe(values: list) -> str:
+        dims = [tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim) for v in values]
+        return ", ".join(f"{v.name} {shape}" for v, shape in zip(values, dims))
+    print(f"wrote {args.out} (opset {proto.opset_import[0].version}; "
+          f"inputs: {describe(proto.graph.input)}; outputs: {describe(proto.graph.output)})")
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import numpy
     import scipy
@@ -110,11 +151,24 @@ def cmd_info(args: argparse.Namespace) -> int:
         print("pyspark: not installed")
     try:
         from threadpoolctl import threadpool_info
+
+        from sparknet.threads import get_num_threads
+        limit = get_num_threads()
         for d in threadpool_info():
+            if d.get("user_api") != "blas":
+                continue
+            pool = int(d.get("num_threads") or 1)
+            used = pool if limit is None else min(limit, pool)
             print(f"BLAS: {d.get('internal_api')} {d.get('version')} ({d.get('architecture')}), "
-                  f"{d.get('num_threads')} threads: {d.get('filepath')}")
+                  f"{used} thread{'s' if used != 1 else ''} in sparknet's kernels (its pool: {pool}): "
+                  f"{d.get('filepath')}")
+        runs = "the BLAS pool's count" if limit is None else f"{limit} thread{'s' if limit != 1 else ''}"
+        print(f"BLAS threads: sparknet's kernels run {runs} "
+              f"(sparknet.threads.set_num_threads, or fit(num_threads=...), changes it)")
     except ImportError:
         pass
+    from sparknet.precision import describe
+    print(describe())
     return 0
 
 
@@ -132,36 +186,49 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sparknet", description=__doc__,
+    from sparknet import __version__
+
+    parser = argparse.ArgumentParser(prog="python -m sparknet", description=_DESCRIPTION, epilog=_EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("demo", help="train on the bundled digits and print test accuracy")
-    d.add_argument("--epochs", type=int, default=40)
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--epochs", type=int, default=40, help="passes over the training data (default: %(default)s)")
+    d.add_argument("--seed", type=int, default=0,
+                   help="seeds the split, the initial weights and the shuffles (default: %(default)s)")
     d.add_argument("--local", action="store_true", help="train in one process instead of on local Spark")
     d.add_argument("--remote", default=None, metavar="URL",
-                   help="train from a Spark Connect client: sc://host:port, or local[2] for a local Connect server")
+                   help="train from a Spark Connect client: sc://host:port, or local[2] for a local Connect "
+                        "server (default: local Spark, no Connect)")
     d.add_argument("--quiet", action="store_true", help="no progress output (as --verbose 0)")
     d.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
-                   help="0 nothing, 1 one live progress bar (default), 2 one line per epoch")
-    d.add_argument("--log-level", default="WARNING", help="logging level of sparknet's diagnostics")
+                   help="0 nothing, 1 a live progress bar and a line per epoch, 2 the lines alone "
+                        "(default: %(default)s)")
+    d.add_argument("--log-level", default="WARNING",
+                   help="logging level of sparknet's diagnostics: DEBUG, INFO, WARNING, ERROR (default: %(default)s)")
     d.set_defaults(func=cmd_demo)
     t = sub.add_parser("train", help="train an MLP on digits or MNIST and save it")
-    t.add_argument("--data", choices=["digits", "mnist"], default="digits")
-    t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files")
-    t.add_argument("--hidden", default="512,256", help="hidden layer widths, comma separated")
-    t.add_argument("--epochs", type=int, default=10)
-    t.add_argument("--batch-size", type=int, default=128)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--out", default=None, help="model file to write (.npz)")
+    t.add_argument("--data", choices=["digits", "mnist"], default="digits",
+                   help="scikit-learn's digits, or MNIST from --mnist-dir (default: %(default)s)")
+    t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files (needed by --data mnist)")
+    t.add_argument("--hidden", default="512,256", help="hidden layer widths, comma separated (default: %(default)s)")
+    t.add_argument("--epochs", type=int, default=10, help="passes over the training data (default: %(default)s)")
+    t.add_argument("--batch-size", type=int, default=128, help="rows per optimizer step (default: %(default)s)")
+    t.add_argument("--lr", type=float, default=1e-3, help="RMSprop's learning rate (default: %(default)s)")
+    t.add_argument("--seed", type=int, default=0, help="seeds the initial weights and shuffles (default: %(default)s)")
+    t.add_argument("--out", default=None, help="model file to write (.npz; default: none, nothing is saved)")
     t.set_defaults(func=cmd_train)
+    e = sub.add_parser("export", help="write a saved model (.npz) as an ONNX file")
+    e.add_argument("model", help="a model file written by Sequential.save (.npz)")
+    e.add_argument("out", help="the ONNX file to write (.onnx)")
+    e.add_argument("--opset", type=int, default=None, help="the ai.onnx opset to write (default 17)")
+    e.set_defaults(func=cmd_export)
     p = sub.add_parser("plot", help="draw a saved History (JSON) to a PNG")
     p.add_argument("history", help="a file written by History.save")
     p.add_argument("-o", "--out", default=None, help="picture to write (default: the history's name, .png)")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="the figure's title (default: none)")
     p.set_defaults(func=cmd_plot)
-    i = sub.add_parser("info", help="versions and BLAS")
+    i = sub.add_parser("info", help="versions, Java, and the BLAS threads sparknet's kernels run with")
     i.set_defaults(func=cmd_info)
     args = parser.parse_args(argv)
     level = str(getattr(args, "log_level", "INFO")).upper()

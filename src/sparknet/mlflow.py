@@ -11,11 +11,15 @@ The flavour (:func:`save_model`, :func:`log_model`, :func:`load_model`):
   without pickle) and an ``MLmodel`` file with two flavours: ``python_function``
   (``loader_module: sparknet.mlflow``) and ``sparknet``.  No Python object is pickled;
 - ``mlflow.pyfunc.load_model(uri).predict(...)`` takes what the signature describes
-  (MLflow checks it first): with ``input_schema="columns"`` (the default) a pandas
-  DataFrame of one numeric column per feature, named ``f0``, ``f1``, ... (or
-  ``feature_names``); with ``"array"`` a DataFrame of one column (``features_col``,
-  default ``"features"``) holding a feature array per row; with ``"tensor"`` a numpy
-  array ``(N, *input_shape)`` of the network's dtype;
+  (MLflow checks it first).  The default, ``input_schema="auto"``, is ``"columns"`` for a
+  network of flat rows and ``"tensor"`` otherwise.  ``"columns"``: one numeric column per
+  feature, matched by position (no names are invented), so a numpy array ``(N,
+  features)`` of any float or integer dtype, a pandas DataFrame of those values (whatever
+  its column names) and a Spark UDF's columns all work; with ``feature_names`` the
+  columns are named and matched by name.  ``"array"``: a DataFrame of one column
+  (``features_col``, default ``"features"``) holding a feature array per row.
+  ``"tensor"``: a numpy array ``(N, *input_shape)`` of the network's dtype (MLflow
+  refuses another dtype: ``X.astype("float32")``);
 - it returns, with ``output="predict"`` (the default), what
   :meth:`~sparknet.Sequential.predict` returns: class ids (int64) for a classifier, the
   network's outputs for a regression; with ``output="proba"``, the class
@@ -59,10 +63,11 @@ Example::
     model.fit(X, y, epochs=10, callbacks=[logger])
     uri = logger.model_info.model_uri
 
-    cols = [f"f{i}" for i in range(64)]                # the default "columns" signature
-    mlflow.pyfunc.load_model(uri).predict(pd.DataFrame(X_test, columns=cols))  # == model.predict(X_test)
+    scorer = mlflow.pyfunc.load_model(uri)             # the columns of the rows, by position
+    scorer.predict(X_test)                             # == model.predict(X_test)
+    scorer.predict(pd.DataFrame(X_test))               # the same
     udf = mlflow.pyfunc.spark_udf(spark, uri)         # result type long, from the signature
-    df.withColumn("prediction", udf(*cols))
+    df.withColumn("prediction", udf(*feature_columns))
 
     with mlflow.start_run():                           # probabilities, from numpy input
         info = snm.log_model(model, "proba", output="proba", input_schema="tensor")
@@ -87,8 +92,9 @@ FLAVOR_NAME = "sparknet"
 MODEL_FILE = "model.npz"
 #: what the pyfunc model returns: class ids (or regression outputs), or class probabilities
 OUTPUTS = ("predict", "proba")
-#: the two input signatures: one column per feature, or one column of feature arrays
-INPUT_SCHEMAS = ("columns", "array", "tensor")
+#: the input signatures: "columns" for flat rows, else "tensor" ("auto"); one column per
+#: feature; one column of feature arrays; one tensor
+INPUT_SCHEMAS = ("auto", "columns", "array", "tensor")
 #: MLflow's limits on a parameter (its key and its value's length) and on a batch
 _MAX_PARAM_KEY = 250
 _MAX_PARAM_VALUE = 6000
@@ -146,7 +152,7 @@ def _n_features(net: Sequential) -> int:
 
 
 # ------------------------------------------------------------------ signature
-def model_signature(model: Any, output: str = "predict", input_schema: str = "columns",
+def model_signature(model: Any, output: str = "predict", input_schema: str = "auto",
                     feature_names: Sequence[str] | None = None, features_col: str = "features") -> Any:
     """The MLflow ``ModelSignature`` the flavour saves for ``model``.
 
@@ -154,10 +160,14 @@ def model_signature(model: Any, output: str = "predict", input_schema: str = "co
         model: a built :class:`~sparknet.Sequential` or a fitted :mod:`sparknet.ml` Model.
         output: ``"predict"`` (class ids, or regression outputs) or ``"proba"`` (class
             probabilities; classifiers only).
-        input_schema: ``"columns"`` (one ``double`` column per feature), ``"array"``
-            (one column ``features_col`` of double arrays) or ``"tensor"`` (one tensor
-            ``(-1, *input_shape)`` of the network's dtype: numpy input).
-        feature_names: the column names for ``"columns"`` (default ``f0`` ... ``f{n-1}``).
+        input_schema: ``"auto"`` (default: ``"columns"`` for a network of flat rows,
+            ``"tensor"`` for images or sequences), ``"columns"`` (one ``double`` column
+            per feature: matched by position, so numpy arrays of any numeric dtype and
+            DataFrames with any column names pass; by name with ``feature_names``),
+            ``"array"`` (one column ``features_col`` of double arrays) or ``"tensor"``
+            (one tensor ``(-1, *input_shape)`` of the network's dtype: numpy input of
+            that dtype).
+        feature_names: names for the ``"columns"`` (default: none, matched by position).
         features_col: the array column's name for ``"array"``.
 
     Returns:
@@ -176,12 +186,14 @@ def model_signature(model: Any, output: str = "predict", input_schema: str = "co
     schema = _import("mlflow.types.schema")
     signature = _import("mlflow.models.signature")
     n = _n_features(net)
+    if input_schema == "auto":
+        input_schema = "columns" if len(_shape(net.input_shape)) == 1 else "tensor"
     if input_schema == "array":
         inputs = [schema.ColSpec(schema.Array(schema.DataType.double), features_col)]
     elif input_schema == "tensor":
         inputs = [schema.TensorSpec(np.dtype(net.dtype), (-1,) + _shape(net.input_shape))]
     else:
-        names = [f"f{i}" for i in range(n)] if feature_names is None else [str(c) for c in feature_names]
+        names: list[str | None] = [None] * n if feature_names is None else [str(c) for c in feature_names]
         if len(names) != n:
             raise ValueError(f"feature_names has {len(names)} names, the network reads {n} features "
                              f"(input shape {_shape(net.input_shape)})")
@@ -206,7 +218,7 @@ def default_pip_requirements() -> list[str]:
     return [f"sparknet=={sparknet.__version__}", f"numpy=={np.__version__}"]
 
 
-def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict", input_schema: str = "columns",
+def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict", input_schema: str = "auto",
                feature_names: Sequence[str] | None = None, features_col: str = "features",
                input_example: Any = None, pip_requirements: Sequence[str] | None = None,
                extra_pip_requirements: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
@@ -220,9 +232,10 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
             outputs for a regression) or ``"proba"`` (class probabilities).  Stored as the
             pyfunc ``model_config``; ``mlflow.pyfunc.load_model(uri, model_config=
             {"output": "proba"})`` overrides it (the signature stays the saved one).
-        input_schema: the signature's inputs: ``"columns"``, ``"array"`` or ``"tensor"``
-            (see :func:`model_signature`).
-        feature_names: column names of the ``"columns"`` signature.
+        input_schema: the signature's inputs: ``"auto"`` (default), ``"columns"``,
+            ``"array"`` or ``"tensor"`` (see :func:`model_signature`).
+        feature_names: column names of the ``"columns"`` signature (default: none, the
+            columns are matched by position).
         features_col: column name of the ``"array"`` signature.
         input_example: a few rows of input (numpy or pandas), saved with the model.
         pip_requirements: replaces :func:`default_pip_requirements`.
@@ -248,7 +261,7 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
     import sparknet
     mlflow_model.add_flavor(FLAVOR_NAME, sparknet_version=sparknet.__version__, data=MODEL_FILE,
                             output=output, dtype=net.dtype.name)
-    if input_example is not None and input_schema != "tensor":
+    if input_example is not None and not signature.inputs.is_tensor_spec():
         input_example = _example_frame(input_example, signature, input_schema == "array")
     reqs = list(pip_requirements) if pip_requirements is not None else default_pip_requirements()
     with tempfile.TemporaryDirectory(prefix="sparknet-mlflow-") as tmp:

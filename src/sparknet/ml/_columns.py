@@ -93,9 +93,9 @@ def flat_features(df: DataFrame, col: str, kind: FeatureKind, dtype: str,
     F, vector_to_array = functions_for(df)
     elem = "FLOAT" if dtype == "float32" else "DOUBLE"
     if kind.kind == "vector":
-        return vector_to_array(F.col(col), dtype=dtype)
+        return vector_to_array(F.col(quote(col)), dtype=dtype)
     if kind.kind == "array":
-        return F.col(col).cast(f"array<{elem.lower()}>")
+        return F.col(quote(col)).cast(f"array<{elem.lower()}>")
     if seq_shape is None:
         raise ValueError(f"features column {col!r} holds sequences: pass their (T, F) shape")
     T_, F_ = seq_shape
@@ -120,7 +120,7 @@ def sequence_stats(df: DataFrame, col: str) -> dict[str, Any]:
     from sparknet.cluster.engine import functions_for
 
     F, _ = functions_for(df)
-    c = F.col(col)
+    c = F.col(quote(col))
     step_sizes = F.transform(c, lambda s: F.coalesce(F.size(s), F.lit(-1)))
     row = df.agg(
         F.count(F.lit(1)).alias("rows"),

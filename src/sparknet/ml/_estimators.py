@@ -46,7 +46,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         labelCol: label column (default ``"label"``).
         predictionCol: output column of predicted class ids, double (``"prediction"``).
         probabilityCol: output column of class probabilities, Vector (``"probability"``).
-        rawPredictionCol: output column of the network's logits, Vector (``"rawPrediction"``).
+        rawPredictionCol: output column of raw scores, Vector (``"rawPrediction"``): the
+            network's logits, or ``[-m, m]`` with the margin ``m`` for two classes.
         inputShape: per-row shape the flat features are reshaped to (e.g. ``[8, 8, 1]``).
         epochs: passes over the data (10).
         batchSize: rows per minibatch (32).
@@ -71,12 +72,16 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
             workers, the Cython kernels, Arrow batches), ``"jvm"`` (Java code over the
             rows, for networks of dense layers on a Vector column) or ``"auto"`` (default: the JVM
             for small dense networks, where it is faster; see :mod:`sparknet.ml`).
-        verbose: 1 shows a progress bar.
+        verbose: 1 (default, as Keras) a progress bar and a line per epoch on the driver's
+            console; 2 the lines alone; 0 nothing.  The fitted Model keeps the per-epoch
+            figures as its ``history``.
         checkpointInterval: epochs between checkpoints (1); -1 writes none.  Ignored
             while ``checkpointDir`` is not set.
         checkpointDir: folder (local, shared or a Hadoop URI) for the fit's checkpoints
             (:class:`~sparknet.checkpoint.CheckpointStore`: the newest 3 kept); None
-            (default): none.
+            (default): none.  The fits of a tuning run (``CrossValidator``,
+            ``TrainValidationSplit``: :meth:`fitMultiple`) each write into their own
+            subfolder, ``<uid>_fit<n>_params<i>``.
         resume: continue from the newest complete checkpoint in ``checkpointDir`` (a fresh
             fit when there is none); with ``syncMethod="gradient"`` and the same Params and
             data the resumed fit ends with the weights of an uninterrupted one.
@@ -141,7 +146,11 @@ class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams, Probabilist
 
     ``transform`` adds, like MLlib's probabilistic classifiers (column names are Params):
 
-    - ``rawPredictionCol`` (``"rawPrediction"``): Vector, the network's logits;
+    - ``rawPredictionCol`` (``"rawPrediction"``): Vector, MLlib's raw scores: the
+      network's logits ``z``, and for two classes ``[-m, m]`` with the margin ``m = z1 -
+      z0`` (the log-odds of class 1, as MLlib's binary ``LogisticRegressionModel``), so
+      that ``BinaryClassificationEvaluator`` (which ranks rows by ``rawPrediction[1]``)
+      measures the model's true AUC by default;
     - ``probabilityCol`` (``"probability"``): Vector, their softmax;
     - ``predictionCol`` (``"prediction"``): double, the class id (argmax of
       ``probability / thresholds`` when ``thresholds`` is set).
@@ -163,8 +172,10 @@ class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams, Probabilist
         return int(self._output_shape()[-1])
 
     def predictRaw(self, value: FeatureVector) -> DenseVector:
-        """Logits for one feature vector (on the driver)."""
-        return Vectors.dense(self._local_output(value))
+        """``rawPrediction`` for one feature vector (on the driver): the network's logits,
+        or for two classes ``[-m, m]`` with the margin ``m = z1 - z0``, as MLlib's binary
+        logistic regression."""
+        return Vectors.dense(self._local_raw(value))
 
     def predictProbability(self, value: FeatureVector) -> DenseVector:
         """Class probabilities for one feature vector (on the driver)."""

@@ -1,20 +1,21 @@
 """Batch inference on the executors, through Arrow.
 
-The fitted network travels once as a Spark broadcast (its JSON architecture and its
-flat parameter vector); each Python worker rebuilds it on first use and keeps it in a
-module-global cache, so later batches, tasks and ``transform`` calls on that worker
-reuse it.  Rows arrive as Arrow record batches (``spark.sql.execution.arrow.
-maxRecordsPerBatch`` rows, 10,000 by default) of one flat ``array<float>`` column;
-the features of a whole batch become one ``(rows, *input_shape)`` array without a
-Python loop over rows, go through the network in chunks of ``batch_size`` rows, and
-the outputs return as Arrow list arrays built from the flat result buffers.
+The fitted network travels once as a Spark broadcast (its JSON architecture, its flat
+parameter vector and its layers' flat state: BatchNormalization's running statistics);
+each Python worker rebuilds it on first use and keeps it in a module-global cache, so
+later batches, tasks and ``transform`` calls on that worker reuse it.  Rows arrive as
+Arrow record batches (``spark.sql.execution.arrow.maxRecordsPerBatch`` rows, 10,000 by
+default) of one flat ``array<float>`` column; the features of a whole batch become one
+``(rows, *input_shape)`` array without a Python loop over rows, go through the network in
+chunks of ``batch_size`` rows, and the outputs return as Arrow list arrays built from the
+flat result buffers.
 """
 from __future__ import annotations
 
 import json
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 #: model key -> the rebuilt network, most recently used last (a few per worker).
 _CACHE: OrderedDict[str, Sequential] = OrderedDict()
 _CACHE_SIZE = 4
+#: what the broadcast holds: the architecture as JSON text, the flat parameters, the flat state
+ShippedNetwork = tuple[str, np.ndarray, np.ndarray]
 _LOCK = threading.Lock()
 
 
@@ -38,7 +41,7 @@ def built_shape(shape: tuple[int, ...] | None) -> tuple[int, ...]:
     return shape
 
 
-def _cached_model(key: str, bc: Broadcast[tuple[str, np.ndarray]]) -> Sequential:
+def _cached_model(key: str, bc: Broadcast[ShippedNetwork]) -> Sequential:
     with _LOCK:
         model = _CACHE.get(key)
         if model is not None:
@@ -46,9 +49,10 @@ def _cached_model(key: str, bc: Broadcast[tuple[str, np.ndarray]]) -> Sequential
             return model
     from sparknet.model import Sequential
 
-    config, params = bc.value
+    config, params, state = bc.value
     model = Sequential.from_config(json.loads(config))
     model.set_params(params)
+    model.set_state(state)
     with _LOCK:
         _CACHE[key] = model
         while len(_CACHE) > _CACHE_SIZE:
@@ -86,6 +90,19 @@ def output_type(classification: bool, vector_out: bool = False) -> StructType:
     return T.StructType([T.StructField("pred", VectorUDT() if vector_out else T.DoubleType())])
 
 
+def raw_prediction(logits: np.ndarray) -> np.ndarray:
+    """The ``rawPrediction`` of ``(rows, classes)`` logits, MLlib's convention: for two
+    classes ``[-m, m]`` with the margin ``m = z1 - z0`` (the log-odds of class 1, as
+    MLlib's binary logistic regression), so ``BinaryClassificationEvaluator``, which ranks
+    rows by ``rawPrediction[1]``, ranks them as the probability of class 1 does; for more
+    classes the logits themselves (as MLlib's multinomial models).  Either way the
+    argmax is the predicted class."""
+    if logits.ndim != 2 or logits.shape[1] != 2:
+        return logits
+    m = logits[:, 1] - logits[:, 0]
+    return np.stack([-m, m], axis=1)
+
+
 def features_to_numpy(arr: Union[pa.Array, pa.ChunkedArray], dim: int, column: str) -> np.ndarray:
     """An Arrow list array of equal-length float rows -> ``(rows, dim)`` numpy (no copy
     when the values are contiguous), through the trainer's own Arrow reader.
@@ -118,7 +135,7 @@ class BatchPredictor:
 
     Args:
         key: identifies the fitted network (its cache entry on the workers).
-        bc: broadcast of ``(architecture JSON, flat parameters)``.
+        bc: broadcast of ``(architecture JSON, flat parameters, flat layer state)``.
         column: features column name (for messages).
         classification: emit ``raw``/``prob``/``pred`` (classifier) or ``pred`` (regressor).
         thresholds: MLlib's per-class thresholds (prediction = argmax of
@@ -127,7 +144,7 @@ class BatchPredictor:
         vector_out: regressor with several outputs: ``pred`` is a list, not a double.
     """
 
-    def __init__(self, key: str, bc: Broadcast[tuple[str, np.ndarray]] | None, column: str, classification: bool,
+    def __init__(self, key: str, bc: Broadcast[ShippedNetwork] | None, column: str, classification: bool,
                  thresholds: list[float] | None, batch_size: int, vector_out: bool = False) -> None:
         self.key, self.bc, self.column = key, bc, column
         self.classification, self.thresholds = classification, thresholds
@@ -157,10 +174,11 @@ class BatchPredictor:
         prob = softmax(out) if len(out) else out
         scores = prob if self.thresholds is None else _threshold_scores(prob, self.thresholds)
         pred = scores.argmax(axis=1).astype(np.float64)
-        return pa.StructArray.from_arrays([dense_vectors(out), dense_vectors(prob), pa.array(pred)],
+        return pa.StructArray.from_arrays([dense_vectors(raw_prediction(out)), dense_vectors(prob), pa.array(pred)],
                                           names=["raw", "prob", "pred"])
 
-    def __call__(self, batches: Iterator[pa.Array]) -> Iterator[pa.StructArray]:
+    def _worker_model(self) -> tuple[Sequential, int]:
+        """On a worker: the network (rebuilt once per worker) and its flat row length."""
         from pyspark import TaskContext
 
         from sparknet import threads
@@ -170,9 +188,26 @@ class BatchPredictor:
         if self.bc is None:
             raise ValueError("BatchPredictor: no broadcast network to run on the workers")
         model = _cached_model(self.key, self.bc)
-        dim = int(np.prod(built_shape(model.input_shape)))
+        return model, int(np.prod(built_shape(model.input_shape)))
+
+    def __call__(self, batches: Iterator[pa.Array]) -> Iterator[pa.StructArray]:
+        model, dim = self._worker_model()
         for arr in batches:
             yield self.outputs(model, features_to_numpy(arr, dim, self.column))
+
+    def records(self, batches: Iterator[pa.RecordBatch], features: str, names: Sequence[str],
+                fields: Sequence[tuple[str, str]]) -> Iterator[pa.RecordBatch]:
+        """The ``mapInArrow`` form (a streaming DataFrame's): each batch's columns but
+        ``features`` (the flat features, added for this), named ``names``, then the output
+        columns ``fields`` (``(name, field)``, ``field`` one of the output struct's)."""
+        model, dim = self._worker_model()
+        for batch in batches:
+            i = batch.schema.get_field_index(features)
+            out = self.outputs(model, features_to_numpy(batch.column(i), dim, self.column))
+            keep = [j for j in range(batch.num_columns) if j != i]
+            yield pa.RecordBatch.from_arrays(
+                [batch.column(j) for j in keep] + [out.field(field) for _, field in fields],
+                names=list(names) + [name for name, _ in fields])
 
 
 def _threshold_scores(prob: np.ndarray, thresholds: list[float]) -> np.ndarray:

@@ -72,8 +72,9 @@ def plan(network: Sequential) -> Plan:
     :file:`DenseForward.java`'s layout.
 
     Raises:
-        Unsupported: a layer other than Dense, Activation, Dropout or Flatten, or an
-            input that is not one flat vector.
+        Unsupported: a layer other than Dense, Activation, Dropout or Flatten, an
+            activation other than identity, relu, tanh, sigmoid or softmax, or an input
+            that is not one flat vector.
     """
     from sparknet.layers.core import Activation, Dense, Dropout, Flatten
 
@@ -81,6 +82,10 @@ def plan(network: Sequential) -> Plan:
     parts: list[np.ndarray] = []
     macs = 0
     for layer in network.layers:
+        act = getattr(layer, "_kernel_act", 0)
+        if act > 4:  # DenseForward.java knows identity, relu, tanh, sigmoid and softmax
+            kind = getattr(layer, "activation", act)
+            raise Unsupported(f"layer {layer.name!r}: activation {kind!r} has no JVM kernel")
         if isinstance(layer, Dense):
             if layer.input_shape is None or len(layer.input_shape) != 1:
                 raise Unsupported(f"layer {layer.name!r} reads {layer.input_shape}-shaped rows")
@@ -238,7 +243,8 @@ def score(dataset: DataFrame, network: Sequential, column: str, mode: int,
         mode: 0 classifier, 1 regressor with one output, 2 with several.
         thresholds: MLlib's per-class thresholds, or None.
         specs: the output columns, in order, as ``(name, field, metadata)``, ``field``
-            one of ``raw`` (the network's outputs), ``prob`` (their softmax), ``pred``
+            one of ``raw`` (MLlib's raw scores of the network's outputs: see
+            :func:`sparknet.ml._inference.raw_prediction`), ``prob`` (their softmax), ``pred``
             (MLlib's prediction rule; a regressor's output).
         planned: :func:`plan` of ``network``, if the caller has it already.
     """

@@ -199,7 +199,8 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                           "cut, shorter ones padded); 0 uses the longest training sequence",
                                           typeConverter=_count("maxSequenceLength", positive=False))
     verbose: Param[int] = Param(Params._dummy(), "verbose",
-                                "0 nothing, 1 one live progress bar on the driver, 2 one line per epoch",
+                                "0 nothing, 1 (default) a live progress bar and a line per epoch on the "
+                                "driver, 2 the lines alone",
                                 typeConverter=_count("verbose", positive=False))
 
     def __init__(self) -> None:
@@ -207,7 +208,7 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
         self._setDefault(inputShape=[], epochs=10, batchSize=32, learningRate=1e-3,
                          optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0, clipNorm=0.0, clipValue=0.0,
                          numPartitions=0, mode="sync", syncMethod="average", localSteps=0,
-                         maxSequenceLength=0, verbose=0, seed=_default_seed(type(self)))
+                         maxSequenceLength=0, verbose=1, seed=_default_seed(type(self)))
 
     def getInputShape(self) -> list[int]:
         return self.getOrDefault(self.inputShape)

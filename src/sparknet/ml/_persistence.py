@@ -21,10 +21,11 @@ SHA-256 of its bytes.
 Loading reads the JSON, checks that the class named there is one of sparknet's ML
 classes (and the one asked for), then reads the Parquet bytes and opens them with
 :func:`sparknet.io.load_model`, which uses ``numpy.load(..., allow_pickle=False)`` and
-refuses object arrays: a file crafted to run code on load is rejected with a
-``ValueError`` before anything in it runs.  Weights that are not the ones saved with
-the metadata (another network's, truncated, altered) are refused with a ``ValueError``
-that names both networks or the checksum.
+refuses object arrays: a file crafted to run code on load is rejected before anything
+in it runs.  Weights that are not the ones saved with the metadata (another network's,
+truncated, altered) are refused, naming both networks or the checksum.  Every damaged
+file (metadata, stored network, training history) raises
+:class:`~sparknet.errors.CheckpointError` (a ``ValueError``) naming it.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from sparknet.cluster.engine import is_connect
+from sparknet.errors import CheckpointError
 from sparknet.model import Sequential
 
 #: Classes this reader instantiates (metadata naming anything else is refused).
@@ -71,7 +73,7 @@ def network_from_bytes(blob: bytes, where: str) -> Sequential:
     from sparknet.io import load_model
 
     if not isinstance(blob, (bytes, bytearray)):
-        raise ValueError(f"{where}: the weights entry is not binary data")
+        raise CheckpointError(f"{where}: the weights entry is not binary data")
     with tempfile.TemporaryDirectory(prefix="sparknet-ml-") as tmp:
         path = os.path.join(tmp, "model.npz")
         with open(path, "wb") as fh:
@@ -82,7 +84,7 @@ def network_from_bytes(blob: bytes, where: str) -> Sequential:
             why = str(exc).replace(repr(path), "the stored model").replace(path, "the stored model")
             if not isinstance(exc, ValueError):
                 why = f"the stored model file is damaged ({type(exc).__name__}: {why})"
-            raise ValueError(f"{where}: {why}") from exc
+            raise CheckpointError(f"{where}: {why}") from exc
 
 
 def describe_network(config: dict[str, Any], n_params: int | None) -> str:
@@ -175,6 +177,8 @@ class Persistable(Params, MLReadable[Any], MLWritable):
     _has_network: ClassVar[bool] = False
     #: the fitted network (Models only)
     _network: Sequential | None = None
+    #: the training history of the fit that made a Model (Models only; saved in the metadata)
+    _history: Any = None
 
     def write(self) -> SparkNetWriter:
         return SparkNetWriter(self)
@@ -239,6 +243,9 @@ class SparkNetWriter(MLWriter):
             blob = network_to_bytes(network)
             extra.update(numParams=int(network.n_params), networkSha256=hashlib.sha256(blob).hexdigest(),
                          architecture=network.get_config())
+        history = getattr(inst, "_history", None)
+        if history is not None:  # the per-epoch metrics: a few values an epoch
+            extra["history"] = json.loads(_epoch_metrics(history).to_json())
         DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra)
         if network is not None:
             from pyspark.sql import types as T
@@ -263,13 +270,18 @@ class SparkNetReader(MLReader[_S]):
         try:
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
-            hint = ""
+            hint, error = "", ValueError
             if not is_connect(self.sparkSession):
-                old = _Folder(self.sparkSession, path).leftovers("old")
+                folder = _Folder(self.sparkSession, path)
+                old = folder.leftovers("old")
                 if old:  # killed between moving the old folder aside and renaming the new one in
                     hint = f"; an overwrite of it was interrupted, its previous version is at {old[-1]}"
-            raise ValueError(f"{path!r} holds no readable saved stage (its metadata/ folder: "
-                             f"{_first_line(exc)}){hint}") from None
+                if folder.exists(folder.target):  # there, but unreadable: damaged
+                    error = CheckpointError
+            raise error(f"{path!r} holds no readable saved stage (its metadata/ folder "
+                        f"{os.path.join(path, 'metadata')!r}: {_first_line(exc)}){hint}") from None
+        if not isinstance(metadata, dict):
+            raise CheckpointError(f"{os.path.join(path, 'metadata')!r} is damaged: not a JSON object")
         name = metadata.get("class")
         want = class_name(self.cls)
         if name not in SPARKNET_CLASSES:
@@ -285,6 +297,14 @@ class SparkNetReader(MLReader[_S]):
         DefaultParamsReader.getAndSetParams(instance, metadata)
         if self.cls._has_network:
             instance._set_network(self._network(path, metadata))
+        if metadata.get("history") is not None:
+            from sparknet.history import History
+
+            try:
+                instance._history = History.from_json(json.dumps(metadata["history"]),
+                                                      f"{path!r}: the training history in its metadata")
+            except ValueError as exc:
+                raise CheckpointError(str(exc)) from None
         return instance
 
     def _network(self, path: str, metadata: dict[str, Any]) -> Sequential:
@@ -293,24 +313,35 @@ class SparkNetReader(MLReader[_S]):
             # through Arrow (not collect(), whose rows travel as pickles)
             table = self.sparkSession.read.parquet(os.path.join(path, "data")).select("model").toArrow()
         except Exception as exc:  # a Py4J/Analysis error: missing, truncated or foreign Parquet
-            raise ValueError(f"{path!r}: its stored network (data/) cannot be read: {_first_line(exc)}") from None
+            raise CheckpointError(f"{path!r}: its stored network (data/) cannot be read: "
+                                  f"{_first_line(exc)}") from None
         if table.num_rows != 1:
-            raise ValueError(f"{path!r}: expected one stored network, found {table.num_rows}")
+            raise CheckpointError(f"{path!r}: expected one stored network in data/, found {table.num_rows}")
         blob = table.column(0)[0].as_py()
-        network = network_from_bytes(blob, f"{path!r}")
+        network = network_from_bytes(blob, f"{path!r}: its stored network (data/)")
         saved = metadata.get("architecture")
         want_n = metadata.get("numParams")
         if (want_n is not None and int(want_n) != network.n_params) or \
                 (saved is not None and _layout(network.get_config()) != _layout(saved)):
-            raise ValueError(f"{path!r}: the weights in data/ belong to another network: the metadata "
-                             f"describes {describe_network(saved, want_n) if saved else f'{want_n} parameters'}, "
-                             f"data/ holds "
-                             f"{describe_network(network.get_config(), network.n_params)}")
+            raise CheckpointError(f"{path!r}: the weights in data/ belong to another network: the metadata "
+                                  f"describes {describe_network(saved, want_n) if saved else f'{want_n} parameters'}, "
+                                  f"data/ holds "
+                                  f"{describe_network(network.get_config(), network.n_params)}")
         digest = metadata.get("networkSha256")
         if digest is not None and hashlib.sha256(blob).hexdigest() != digest:
-            raise ValueError(f"{path!r}: the weights in data/ are not the ones saved with its metadata "
-                             f"(SHA-256 differs; same architecture, other or altered values)")
+            raise CheckpointError(f"{path!r}: the weights in data/ are not the ones saved with its metadata "
+                                  f"(SHA-256 differs; same architecture, other or altered values)")
         return network
+
+
+def _epoch_metrics(history: Any) -> Any:
+    """A plain :class:`~sparknet.history.History` of ``history``'s per-epoch metrics (what a
+    saved Model keeps: not a data-parallel fit's set-up times or per-delta records)."""
+    from sparknet.history import History
+
+    plain = History()
+    plain.epoch, plain.history = list(history.epoch), {k: list(v) for k, v in history.history.items()}
+    return plain
 
 
 def _layout(config: dict[str, Any]) -> Any:

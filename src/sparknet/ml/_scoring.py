@@ -2,6 +2,7 @@
 engine picked (:mod:`._jvm` or :mod:`._inference`'s Arrow batches), the outputs added."""
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -13,7 +14,14 @@ from pyspark.ml.linalg import Vector
 
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns, _jvm
-from sparknet.ml._inference import BatchPredictor, arrow_function, built_shape, output_type
+from sparknet.ml._inference import (
+    BatchPredictor,
+    ShippedNetwork,
+    arrow_function,
+    built_shape,
+    output_type,
+    raw_prediction,
+)
 from sparknet.ml._params import _SparkNetParams
 from sparknet.ml._persistence import Persistable
 from sparknet.model import History, Sequential
@@ -36,9 +44,9 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
 
     _has_network = True
     _key: str
-    _bc: Broadcast[tuple[str, np.ndarray]] | None = None
+    _bc: Broadcast[ShippedNetwork] | None = None
     _bc_sc: SparkContext | None = None
-    #: the training history of the ``fit`` that made this Model (None when loaded)
+    #: the training history of the ``fit`` that made this Model (see :attr:`history`)
     _history: History | None = None
     #: the engine the last ``transform`` used: ``"jvm"`` or ``"arrow"`` (None before one)
     lastInferenceEngine: str | None = None
@@ -56,6 +64,15 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         if self._network is None:
             raise ValueError(f"{type(self).__name__} holds no network (load or fit one)")
         return self._network
+
+    @property
+    def history(self) -> History | None:
+        """The per-epoch metrics of the ``fit`` that made this Model, as
+        :meth:`sparknet.cluster.DataParallelTrainer.fit` returns them (``loss``,
+        ``accuracy``, ``time``, ``lr``, ...; ``model.history["loss"][-1]``), like MLlib's
+        ``model.summary``.  Saved with the Model (its per-epoch metrics) and loaded with
+        it; ``None`` for a Model saved without one."""
+        return self._history
 
     @property
     def numFeatures(self) -> int:
@@ -77,18 +94,16 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
             return int(T), int(F1) - 1
         return None
 
-    def _broadcast(self, spark: SparkSession) -> Broadcast[tuple[str, np.ndarray]]:
+    def _broadcast(self, spark: SparkSession) -> Broadcast[ShippedNetwork]:
         from sparknet.cluster.engine import is_connect
 
         if is_connect(spark):  # no broadcasts: the network goes with the query
             from sparknet.cluster.engine_connect import InClosure
 
-            net = self.network
-            return InClosure((json.dumps(net.get_config()), np.ascontiguousarray(net.params)))  # type: ignore[return-value]
+            return InClosure(_shipped(self.network))  # type: ignore[return-value]
         sc = spark.sparkContext
         if self._bc is None or self._bc_sc is not sc:
-            net = self.network
-            self._bc = sc.broadcast((json.dumps(net.get_config()), np.ascontiguousarray(net.params)))
+            self._bc = sc.broadcast(_shipped(self.network))
             self._bc_sc = sc
         return self._bc
 
@@ -163,14 +178,63 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
                 raise ValueError(f"inferenceEngine='jvm' cannot score this model: {why}")
             _log.debug("transform on the Arrow engine: %s", why)
         self.lastInferenceEngine = "arrow"
-        fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
         tmp = f"__sparknet_{self._key[:8]}"
+        if dataset.isStreaming:
+            return self._score_stream(dataset, feats, tmp, mode, specs, thresholds)
+        fn = self._predictor(dataset.sparkSession, mode == 0, thresholds, vector_out=mode == 2)
         # the iterator type hints of ``fn`` choose the kind of UDF
         udf = arrow_udf_for(dataset, fn, output_type(mode == 0, mode == 2))
         out = dataset.withColumn(tmp, udf(feats))
         cols = [F.col(_columns.quote(c)) for c in dataset.columns]
         cols += [F.col(f"{tmp}.{field}").alias(name, metadata=meta) for name, field, meta in specs]
         return out.select(*cols)
+
+    def _score_stream(self, dataset: DataFrame, feats: Column, tmp: str, mode: int,
+                      specs: Sequence[OutputSpec], thresholds: list[float] | None) -> DataFrame:
+        """A streaming DataFrame scored through ``mapInArrow``: the rows pass through whole,
+        the output columns appended.  An Arrow UDF would not do: under Spark's default
+        ``spark.sql.execution.arrow.pythonUDF.columnarInput.enabled`` a streaming query
+        turns the UDF's input rows into columnar batches, which refuses any UDT column
+        (the features Vector, the Vectors the UDF returns).  The columns go in under
+        plain names (pyspark's ``mapInArrow`` resolves them unquoted) and come out under
+        their own."""
+        from pyspark.sql import types as T
+
+        from sparknet.cluster.engine import functions_for
+
+        F, _ = functions_for(dataset)
+
+        predictor = BatchPredictor(self._key, self._broadcast(dataset.sparkSession), self.getFeaturesCol(),
+                                   mode == 0, thresholds, self.getInferenceBatchSize(), mode == 2)
+        types = {f.name: f.dataType for f in output_type(mode == 0, mode == 2).fields}
+        schema = T.StructType(list(dataset.schema.fields) +
+                              [T.StructField(name, types[field], True, meta) for name, field, meta in specs])
+        fields = [(name, field) for name, field, _ in specs]
+        plain = [F.col(_columns.quote(c)).alias(f"c{i}") for i, c in enumerate(dataset.columns)]
+        return dataset.select(*plain, feats.alias(tmp)).mapInArrow(
+            functools.partial(predictor.records, features=tmp, names=dataset.columns, fields=fields), schema)
+
+    def exportOnnx(self, path: str, opset: int | None = None) -> None:
+        """Write the Model as an ONNX file that scores rows as :meth:`transform` does,
+        without Spark or sparknet (needs the ``onnx`` package: ``pip install
+        "sparknet[onnx]"``).
+
+        The graph's input ``features`` is ``(batch, numFeatures)`` doubles (the features
+        column's values); its outputs are ``rawPrediction``, ``probability`` and
+        ``prediction`` for a classifier and ``prediction`` for a regressor, doubles, as the
+        columns ``transform`` adds (see :func:`sparknet.onnx._spark.spark_model_to_onnx`).
+
+        Args:
+            path: the file to write (``.onnx``).
+            opset: the ``ai.onnx`` opset (default 17).
+        """
+        from sparknet.onnx._spark import export_spark_model
+        export_spark_model(self, path, opset)
+
+    def _local_raw(self, value: FeatureVector) -> np.ndarray:
+        """The ``rawPrediction`` of one feature vector (MLlib's convention,
+        :func:`~sparknet.ml._inference.raw_prediction`), on the driver."""
+        return raw_prediction(self._local_output(value)[None, :])[0]
 
     def _local_output(self, value: FeatureVector) -> np.ndarray:
         """The network's output for one feature vector, on the driver."""
@@ -180,3 +244,8 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
             raise ValueError(f"got {x.shape[0]} features, the network expects {self.numFeatures}")
         p = BatchPredictor("local", None, self.getFeaturesCol(), False, None, 1)
         return p.forward(self.network, x.reshape(1, -1))[0]
+
+
+def _shipped(net: Sequential) -> ShippedNetwork:
+    """What the executors rebuild the network from: architecture, parameters, layer state."""
+    return json.dumps(net.get_config()), np.ascontiguousarray(net.params), np.ascontiguousarray(net.state)

@@ -3,10 +3,10 @@ Params and the DataFrame, then trained by :class:`~sparknet.cluster.DataParallel
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence, TypeVar
 
 import numpy as np
-from pyspark.ml.base import Predictor
+from pyspark.ml.base import Predictor, _FitMultipleIterator
 
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns
@@ -43,6 +43,25 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
     def _new_model(self) -> _M:
         """A new, empty Model of the kind ``fit`` returns."""
 
+    def fitMultiple(self, dataset: DataFrame, paramMaps: Sequence[Any]) -> Iterator[tuple[int, _M]]:
+        """Fit a Model for each of ``paramMaps`` (what ``CrossValidator`` and
+        ``TrainValidationSplit`` call, the fits possibly in parallel), each fit with its
+        own checkpoint folder under ``checkpointDir``: ``<checkpointDir>/<uid>_fit<n>_params<i>``,
+        ``n`` counting this Estimator's calls (a ``CrossValidator``'s folds) and ``i`` the
+        param map, so that parallel fits never overwrite each other's checkpoints."""
+        self._tuning_runs = getattr(self, "_tuning_runs", 0) + 1
+        run, estimator = self._tuning_runs, self.copy()
+
+        def fit_one(index: int) -> _M:
+            params = dict(paramMaps[index])
+            folder = params.get(estimator.checkpointDir, estimator.getCheckpointDir())
+            if folder is not None:
+                params[estimator.checkpointDir] = (f"{str(folder).rstrip('/')}/"
+                                                   f"{self.uid}_fit{run}_params{index}")
+            return estimator.fit(dataset, params)
+
+        return _FitMultipleIterator(fit_one, len(paramMaps))
+
     def _fit(self, dataset: DataFrame) -> _M:
         network, history = self._train(dataset)
         model = self._new_model()
@@ -75,6 +94,9 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         kind = _columns.feature_kind(dataset, fcol)
         shape = tuple(self.getInputShape())
         if kind.kind == "sequence":
+            from sparknet.cluster.engine import functions_for
+
+            F, _ = functions_for(dataset)
             if len(shape) not in (0, 2):
                 raise ValueError(f"sequence features need inputShape [T, F] or [], got {list(shape)}")
             stats = _columns.sequence_stats(dataset, fcol)
@@ -83,7 +105,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
             T = self.getMaxSequenceLength() or (shape[0] if shape else longest)
             model = _sequence_network(config, (T, feat + 1))
             data = dataset.select(_columns.flat_features(dataset, fcol, kind, model.dtype.name, (T, feat))
-                                  .alias(fcol), dataset[lcol])
+                                  .alias(fcol), F.col(_columns.quote(lcol)))
             return model, data
         model = Sequential.from_config(config)
         if shape:

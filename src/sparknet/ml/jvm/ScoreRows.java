@@ -118,6 +118,15 @@ public final class ScoreRows implements FlatMapFunction<Iterator<InternalRow>, I
         return best;
     }
 
+    /** MLlib's rawPrediction of the logits: for two classes [-m, m] with the margin
+     *  m = z1 - z0 (as its binary logistic regression), else the logits themselves
+     *  (sparknet.ml._inference.raw_prediction). */
+    static double[] rawPrediction(double[] out) {
+        if (out.length != 2) return out;
+        double m = out[1] - out[0];
+        return new double[]{-m, m};
+    }
+
     /** The output fields for one row of features. */
     Object[] score(double[] x) {
         double[] out = net.forward(x);
@@ -136,7 +145,7 @@ public final class ScoreRows implements FlatMapFunction<Iterator<InternalRow>, I
         Object[] fields = new Object[outputs.length];
         for (int i = 0; i < outputs.length; i++) {
             switch (outputs[i]) {
-                case RAW: fields[i] = vector(out); break;
+                case RAW: fields[i] = vector(rawPrediction(out)); break;
                 case PROB: fields[i] = vector(prob); break;
                 default: fields[i] = predict(out, prob);
             }
