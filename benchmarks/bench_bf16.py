@@ -269,6 +269,8 @@ def main() -> None:
     if args.quick:
         args.rounds, args.steps = 2, 1
     print(machine_header())
+    print(f"bf16 backend: {_bf16.backend()} (AMX {_bf16.capabilities()['amx']}; "
+          f"SPARKNET_BF16={os.environ.get('SPARKNET_BF16', '(unset)')})")
     sgemm = sgemm_gflops()[0]
     results: dict[str, Any] = {"sgemm_gflops": sgemm, "capabilities": precision.capabilities(),
                                "nets": []}

@@ -30,6 +30,9 @@
  *   24 ``vdpbf16ps``, 768 multiply-adds, for 14 loads.  The panel of B it streams
  *   (``SN_BF16_KQ`` pairs x 32 columns, 24 KiB) stays in the L1 cache while the tiles of
  *   the block of A pass under it.
+ *
+ * On a CPU with AMX tiles, bf16_amx.h (included at the end) runs the same products on the
+ * same packed B with ``tdpbf16ps``; the caller chooses per product.
  */
 #ifndef SPARKNET_BF16_GEMM_H
 #define SPARKNET_BF16_GEMM_H
@@ -406,6 +409,9 @@ SN_BF16_TARGET static int sn_bf16_gemm(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, co
     return rc;
 }
 
+/* the same products on AMX tiles, over the same packed B */
+#include "bf16_amx.h"
+
 #else
 #define SN_HAVE_BF16_KERNEL 0
 SN_BF16_UNUSED static int sn_bf16_cpu_features(void) { return 0; }
@@ -435,6 +441,27 @@ SN_BF16_UNUSED static int sn_bf16_gemm(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, co
 {
     (void)M; (void)N; (void)K; (void)A; (void)a_bf16; (void)lda; (void)trans_a; (void)B;
     (void)b_bf16; (void)ldb; (void)trans_b; (void)C; (void)ldc; (void)accumulate;
+    return -1;
+}
+#define SN_AMX_OK 1
+#define SN_AMX_NO_CPU -1
+#define SN_AMX_NO_OS -2
+#define SN_AMX_NOT_LINUX -3
+#define SN_AMX_REFUSED -4
+SN_BF16_UNUSED static int sn_amx_status(void) { return SN_AMX_NO_CPU; }
+SN_BF16_UNUSED static int sn_amx_worth(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K)
+{
+    (void)M; (void)N; (void)K;
+    return 0;
+}
+SN_BF16_UNUSED static int sn_amx_errno(void) { return 0; }
+SN_BF16_UNUSED static int sn_amx_gemm_packed(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
+                                             const void *A, int a_bf16, ptrdiff_t lda,
+                                             int trans_a, const int32_t *Bp, float *C,
+                                             ptrdiff_t ldc, int accumulate)
+{
+    (void)M; (void)N; (void)K; (void)A; (void)a_bf16; (void)lda; (void)trans_a; (void)Bp;
+    (void)C; (void)ldc; (void)accumulate;
     return -1;
 }
 #endif

@@ -11,6 +11,7 @@ except ImportError:  # pragma: no cover
 
 project = "sparknet"
 author = "sparknet developers"
+copyright = "2026, sparknet developers"  # the footer
 release = sparknet.__version__
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ext"))
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode", "mdinclude",

@@ -32,6 +32,7 @@ from sparknet.datasets import load_digits
 U32 = 2.0 ** -24
 U16 = 2.0 ** -8
 HAVE_BF16 = _bf16.cpu_features()["avx512_bf16"]
+HAVE_AMX = "amx" in _bf16.available_backends()
 needs_bf16 = pytest.mark.skipif(not HAVE_BF16, reason="this CPU has no AVX512-BF16")
 
 
@@ -162,8 +163,8 @@ def test_gemm_with_empty_inner_dimension_and_bad_shapes():
         _bf16.py_gemm(np.zeros((3, 5), np.float32), np.zeros((4, 4), np.float32), C)
     with pytest.raises(ValueError, match="must be 2-D"):
         _bf16.py_gemm(np.zeros(5, np.float32), np.zeros((5, 4), np.float32), C)
-    with pytest.raises(ValueError, match="'auto' or 'fallback'"):
-        _bf16.set_backend("amx")
+    with pytest.raises(ValueError, match="one of 'auto', 'amx', 'avx512_bf16', 'fallback', got 'tiles'"):
+        _bf16.set_backend("tiles")
 
 
 @needs_bf16
@@ -211,10 +212,188 @@ def test_environment_variable_forces_the_fallback():
 def test_capabilities_name_the_paths():
     caps = _bf16.capabilities()
     assert caps["fp32"] in ("avx512", "blas")
-    assert caps["bf16"] == ("avx512_bf16" if HAVE_BF16 else None)
-    assert caps["amx"] is None and set(caps["cpu"]) == {"avx512_bf16", "amx_bf16"}
+    assert caps["bf16"] == ("amx" if HAVE_AMX else "avx512_bf16" if HAVE_BF16 else None)
+    assert caps["amx"].startswith("on: " if HAVE_AMX else "off: ")
+    assert set(caps["cpu"]) == {"avx512_bf16", "amx_bf16"}
     text = precision.describe()
     assert "bf16 products" in text and "AMX" in text
+
+
+# ---------------------------------------------------------------------------- AMX tiles
+
+@pytest.fixture
+def on_backend():
+    """Switch the bfloat16 products to a backend for one test (skipped, with the reason, where
+    this machine cannot run it); ``"auto"`` again afterwards."""
+    def switch(name: str) -> None:
+        if name not in _bf16.available_backends():
+            why = _bf16.amx_status() if name == "amx" else "this CPU has no AVX512-BF16"
+            pytest.skip(f"bf16 backend {name!r} unavailable here: {why}")
+        _bf16.set_backend(name)
+    try:
+        yield switch
+    finally:
+        _bf16.set_backend("auto")
+
+
+def product_on(backend: str, A: np.ndarray, B: np.ndarray, C0: np.ndarray, trans_a: bool,
+               trans_b: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(C = op(A) @ op(B), C0 + op(A) @ op(B)) on ``backend``."""
+    _bf16.set_backend(backend)
+    C = np.full(C0.shape, np.nan, np.float32)
+    _bf16.py_gemm(A, B, C, trans_a, trans_b)
+    Cacc = C0.copy()
+    _bf16.py_gemm(A, B, Cacc, trans_a, trans_b, accumulate=True)
+    return C, Cacc
+
+
+# M, N, K at the tile edges (16 rows, 16 columns, 16 pairs = 32 values of k), odd K, and past
+# the blocks of A (128 rows, 256 pairs)
+EDGE = (1, 15, 16, 17, 31, 33)
+AMX_SIZES = ([(m, n, k) for m in EDGE for n in EDGE for k in EDGE]
+             + [(64, 64, 64), (130, 70, 530), (257, 96, 1025), (48, 784, 128)])
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_amx_gemm_equals_rounded_reference_and_avx512_at_tile_edges(on_backend, trans_a,
+                                                                    trans_b):
+    on_backend("amx")
+    rng = np.random.default_rng(20)
+    for M, N, K in AMX_SIZES:
+        A = rng.standard_normal((K, M) if trans_a else (M, K)).astype(np.float32)
+        B = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float32)
+        C0 = rng.standard_normal((M, N)).astype(np.float32)
+        a, b = rounded(A), rounded(B)
+        a, b = (a.T if trans_a else a), (b.T if trans_b else b)
+        ref, bound = a @ b, gemm_bound(a, b, K)
+        amx, amx_acc = product_on("amx", A, B, C0, trans_a, trans_b)
+        avx, avx_acc = product_on("avx512_bf16", A, B, C0, trans_a, trans_b)
+        where = (M, N, K, trans_a, trans_b)
+        assert np.all(np.abs(amx - ref) <= bound), where
+        assert np.all(np.abs(amx_acc - (ref + C0)) <= bound + 2 * U32 * np.abs(ref + C0)), where
+        # both kernels sum the same exact products in float32, in different orders
+        assert np.all(np.abs(amx - avx) <= 2 * bound), where
+        assert np.all(np.abs(amx_acc - avx_acc) <= 2 * bound + 4 * U32 * np.abs(ref + C0)), where
+
+
+def test_amx_packed_products_with_bfloat16_operands(on_backend):
+    on_backend("amx")
+    rng = np.random.default_rng(21)
+    for M, N, K, trans in [(17, 33, 31, False), (128, 512, 784, True), (3, 10, 256, True)]:
+        W = rng.standard_normal((N, K) if trans else (K, N)).astype(np.float32)
+        X = rng.standard_normal((M, K)).astype(np.float32)
+        packed = _bf16.pack(W, trans)
+        C1, C2 = np.zeros((M, N), np.float32), np.zeros((M, N), np.float32)
+        _bf16.py_gemm_packed(_bf16.to_bf16(X), packed, C1)
+        _bf16.py_gemm_packed(X, packed, C2)
+        np.testing.assert_array_equal(C1, C2)
+        _bf16.set_backend("avx512_bf16")
+        C3 = np.zeros((M, N), np.float32)
+        _bf16.py_gemm_packed(X, packed, C3)
+        _bf16.set_backend("amx")
+        x, w = rounded(X), (rounded(W).T if trans else rounded(W))
+        assert np.all(np.abs(C1 - C3) <= 2 * gemm_bound(x, w, K)), (M, N, K)
+
+
+def test_amx_padding_never_multiplies_zero_by_infinity(on_backend):
+    """The pairs, rows and columns that pad the tiles are zeros on both sides: an infinity in
+    the last row of B (K odd, a partial tile of pairs) gives infinities, not NaN."""
+    on_backend("amx")
+    for M, N, K in [(17, 33, 33), (5, 7, 61), (40, 20, 513)]:
+        A = np.ones((M, K), np.float32)
+        B = np.ones((K, N), np.float32)
+        B[-1, :] = np.inf
+        C = np.zeros((M, N), np.float32)
+        _bf16.py_gemm(A, B, C)
+        assert np.all(C == np.inf), (M, N, K)
+
+
+def test_backend_switch_reports_what_runs(on_backend):
+    on_backend("avx512_bf16")
+    assert _bf16.backend() == "avx512_bf16"
+    assert _bf16.capabilities()["amx"] == "off: set_backend('avx512_bf16')" or not HAVE_AMX
+    on_backend("amx")
+    assert _bf16.backend() == "amx" and _bf16.capabilities()["amx"] == "on: every bfloat16 product"
+    _bf16.set_backend("auto")
+    assert _bf16.backend() == "amx"
+    # under "auto" the size rule keeps the small products on AVX512-BF16
+    assert _bf16.amx_worth(128, 512, 784) and not _bf16.amx_worth(1, 16, 16)
+
+
+def test_amx_where_unavailable_is_refused_with_the_choices():
+    if HAVE_AMX:
+        pytest.skip("AMX is usable here: the refusal is tested in a process that cannot get it")
+    with pytest.raises(ValueError, match="bf16 backend 'amx' is not available here .*available: "
+                                         "'auto'"):
+        _bf16.set_backend("amx")
+    assert _bf16.backend() != "amx"
+
+
+_REFUSED = """
+import ctypes, ctypes.util
+libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+class Stack(ctypes.Structure):
+    _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
+# an alternate signal stack large enough for a signal frame without the tile state, too small
+# with it (8 KiB more): Linux then refuses the tile state to the process (ENOSPC)
+buf = ctypes.create_string_buffer(6144)
+assert libc.sigaltstack(ctypes.byref(Stack(ctypes.addressof(buf), 0, 6144)), None) == 0
+import numpy as np
+import sparknet._bf16 as b
+print(b.backend())
+print(b.capabilities()["amx"])
+try:
+    b.set_backend("amx")
+except ValueError as exc:
+    print(exc)
+C = np.zeros((64, 64), np.float32)
+b.py_gemm(np.ones((64, 64), np.float32), np.ones((64, 64), np.float32), C)
+print(C.min(), C.max())
+"""
+
+
+def test_refused_tile_state_falls_back_to_avx512_and_says_why():
+    if not HAVE_AMX:
+        pytest.skip(f"no AMX here ({_bf16.amx_status()}): nothing to refuse")
+    env = dict(os.environ, PYTHONFAULTHANDLER="")
+    out = subprocess.run([sys.executable, "-c", _REFUSED], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    backend, why, error, values = out.stdout.strip().splitlines()
+    if backend == "amx":
+        pytest.skip("this kernel grants the tile state despite a small signal stack")
+    assert backend == "avx512_bf16"
+    assert why.startswith("off: Linux refused the AMX tile state: arch_prctl"), why
+    assert "'amx' is not available here" in error and "available: 'auto', 'avx512_bf16'" in error
+    assert values == "64.0 64.0"
+
+
+def test_environment_variable_chooses_the_avx512_kernel():
+    if not HAVE_BF16:
+        pytest.skip("this CPU has no AVX512-BF16")
+    env = dict(os.environ, SPARKNET_BF16="avx512_bf16")
+    out = subprocess.run([sys.executable, "-c", "import sparknet._bf16 as b; print(b.backend())"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "avx512_bf16"
+
+
+def test_amx_permission_is_inherited_by_forked_workers(on_backend):
+    """Spark's Python workers are forked: a child of a process that got the tile state runs
+    its products on the tiles without asking again."""
+    on_backend("amx")
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        backend, value = pool.apply(_forked_product)
+    assert backend == "amx" and value == 33.0
+
+
+def _forked_product() -> tuple[str, float]:
+    C = np.zeros((40, 40), np.float32)
+    _bf16.py_gemm(np.ones((40, 33), np.float32), np.ones((33, 40), np.float32), C)
+    return _bf16.backend(), float(C.max())
 
 
 # ---------------------------------------------------------------------------- layers
@@ -271,7 +450,8 @@ def test_conv_kernels_in_bf16_within_the_rounding_bound():
     assert np.all(np.abs(dX - dX64) <= ((2 * U16 + U16 ** 2) + 60 * U32) * bX + 1e-30)
 
 
-def grads_fp32_and_bf16(model: Sequential, x: np.ndarray, y: np.ndarray, mask=None):
+def grads_fp32_and_bf16(model: Sequential, x: np.ndarray, y: np.ndarray,
+                        mask: np.ndarray | None = None) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """(loss, outputs, gradients) of one batch in float32 and in bfloat16."""
     out = []
     for mode in ("fp32", "bf16"):

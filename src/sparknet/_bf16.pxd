@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""The bfloat16 GEMM of ``csrc/bf16_gemm.h`` for the other kernels (float32 operands rounded to
-bfloat16 as they are packed, float32 accumulation and result).  Row-major, as ``_blas.pxd``.
+"""The bfloat16 GEMM of ``csrc/bf16_gemm.h`` (AVX512-BF16) and ``csrc/bf16_amx.h`` (AMX tiles,
+chosen per product) for the other kernels (float32 operands rounded to bfloat16 as they are
+packed, float32 accumulation and result).  Row-major, as ``_blas.pxd``.
 Call the products only when :c:func:`kernel_on` is true (the layers check it through
 :mod:`sparknet.precision` before they choose the bfloat16 path)."""
 
@@ -15,7 +16,7 @@ cdef class PackedB:
     cdef int fill(self, const float* src, Py_ssize_t ld) except -1 nogil
 
 
-# True when the AVX512-BF16 kernel is usable (CPU has it, not switched off)
+# True when the bfloat16 kernels are usable (CPU has AVX512-BF16, not switched off)
 cdef bint kernel_on() noexcept nogil
 
 # panels of B (K, N) = src (row stride ld), or src^T (src is (N, K)) when trans; malloc'd (the

@@ -4,7 +4,7 @@ How it works.  ``Sequential.fit(..., precision="bf16")`` runs its steps inside
 :func:`autocast`.  While it is active, the matrix products of :class:`~sparknet.Dense`,
 :class:`~sparknet.Conv2D`, :class:`~sparknet.LSTM` and :class:`~sparknet.GRU` (forward,
 input gradient and weight gradient) take bfloat16 operands, rounded to nearest even as the
-kernel packs them, and accumulate in float32 on the AVX512-BF16 kernel of
+kernel packs them, and accumulate in float32 on AMX tiles or the AVX512-BF16 kernel of
 :mod:`sparknet._bf16`.  Everything else stays float32: the master weights and the flat
 gradient buffer, the optimizer and its state, biases, activations between layers, the loss
 and softmax, normalisation statistics.  Products of two bfloat16 values are exact in float32,
@@ -64,9 +64,10 @@ def check_precision(value: Any, what: str = "precision") -> str:
 
 
 def available() -> bool:
-    """True when bfloat16 products run on the AVX512-BF16 kernel here (this CPU, not switched
-    off with ``sparknet._bf16.set_backend("fallback")`` or ``SPARKNET_BF16=fallback``)."""
-    return bool(_bf16.backend() == "avx512_bf16")
+    """True when bfloat16 products run on a bfloat16 kernel here (AMX tiles or AVX512-BF16: this
+    CPU, not switched off with ``sparknet._bf16.set_backend("fallback")`` or
+    ``SPARKNET_BF16=fallback``)."""
+    return bool(_bf16.backend() != "fallback")
 
 
 def resolve(precision: Any, what: str = "precision") -> str:
@@ -147,12 +148,13 @@ def describe() -> str:
     cpu = caps["cpu"]
     fp32 = ("AVX-512 kernels (conv, recurrent) + BLAS (dense)" if caps["fp32"] == "avx512"
             else "BLAS")
-    if caps["bf16"]:
+    if caps["bf16"] == "amx":
+        bf16 = "AMX tiles (tdpbf16ps) and AVX512-BF16 kernel: precision='bf16' available"
+    elif caps["bf16"]:
         bf16 = "AVX512-BF16 kernel (vdpbf16ps): precision='bf16' available"
     elif cpu["avx512_bf16"]:
         bf16 = "CPU has AVX512-BF16, kernel switched off: precision='bf16' trains in float32"
     else:
         bf16 = "no AVX512-BF16 on this CPU: precision='bf16' trains in float32"
-    amx = ("CPU has AMX-BF16 tiles; not used by this build (bf16 runs on AVX512-BF16)"
-           if cpu["amx_bf16"] else "no AMX on this CPU")
+    amx = caps["amx"]
     return f"fp32 products: {fp32}\nbf16 products: {bf16}\nAMX: {amx}"
