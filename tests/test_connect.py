@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.cluster.engine import engine_for, is_connect
-from sparknet.cluster.engine_connect import ConnectResident
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+from sparknet.cluster.engine.base import engine_for, is_connect
+from sparknet.cluster.engine.connect import ConnectResident
 from sparknet.errors import RoundTimeout
 
 
@@ -26,7 +26,7 @@ def _mlp(dtype="float64", seed=1):
 
 
 def _folders():
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
     return {n for n in os.listdir(spill.SHM) if n.startswith(spill.PREFIX)} if os.path.isdir(spill.SHM) else set()
 
 
@@ -54,7 +54,7 @@ def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digit
     with the same weights to 1e-12: the same split, the same steps, the same sums.  With
     ``carry="rows"`` the parameters are past the (lowered) closure limit and travel as
     broadcast pieces joined to the anchor (several 16 KiB pieces a round)."""
-    from sparknet.cluster import engine_connect
+    from sparknet.cluster.engine import connect as engine_connect
 
     if carry == "rows":
         monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1024)
@@ -186,7 +186,7 @@ def test_shards_stay_on_their_host_and_in_the_workers_over_30_jobs(connect_spark
         return {"x": x}, {"rows": len(x)}
 
     def where(index, shard):  # (defined here: the server's workers cannot import this module)
-        from sparknet.cluster import shards
+        from sparknet.cluster.resident import shards
         stamp = shards._STORE_STAMPS.get((shard.info.key, index))
         return index, os.getpid(), shard.info.host, stamp == shard.info.stamp, float(shard.arrays["x"].sum())
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sparknet import SGD, Dense, RMSprop
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
 
 def mlp():

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from sparknet import SGD, Activation, Dense, RMSprop, Sequential
-from sparknet.cluster.blocks import BlockPlan, split_sizes
 from sparknet.cluster.model_parallel import BlockStateLost, ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan, split_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

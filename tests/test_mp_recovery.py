@@ -18,8 +18,8 @@ import pytest
 
 from sparknet import SGD, Dense, RMSprop
 from sparknet.checkpoint import CheckpointStore
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 from sparknet.cluster.model_parallel.jobs import BlockJob
 from sparknet.errors import CheckpointError, RoundTimeout, TrainingDiverged
 

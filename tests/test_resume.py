@@ -20,7 +20,8 @@ import _resume_job as job
 from _jobs import wait_no_active_jobs
 from sparknet import optim
 from sparknet.checkpoint import CheckpointStore
-from sparknet.cluster import DataParallelTrainer, trainer_state
+from sparknet.cluster import DataParallelTrainer
+from sparknet.cluster.data_parallel import checkpoints as trainer_state
 from sparknet.cluster.testing import inject_faults, on_round
 from sparknet.errors import RoundTimeout, TrainingDiverged
 from sparknet.layers import Dense
@@ -214,7 +215,7 @@ def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
 def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, digits, tmp_path, caplog):
     X, y, _, _ = digits
     trainer = job.make_trainer("average", spark, str(tmp_path))
-    from sparknet.cluster import resident
+    from sparknet.cluster.resident import driver as resident
 
     def lose(event):
         if event.rounds_done == 4:  # after the epoch-1 checkpoint: delete this fit's shard files

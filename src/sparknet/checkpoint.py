@@ -292,7 +292,7 @@ class _Hadoop(_Local):
 
 
 def _pid_alive(pid: int) -> bool:
-    from sparknet.cluster.spill import process_start  # the one liveness check (resident folders too)
+    from sparknet.cluster.resident.spill import process_start  # the one liveness check (resident folders too)
 
     return process_start(pid) is not None
 

@@ -1,8 +1,8 @@
 """Executor side of data-parallel training: what one partition does in one round.
 
-The driver (:mod:`sparknet.cluster.data_parallel`, :mod:`sparknet.cluster.async_ps`)
+The driver (:mod:`sparknet.cluster.data_parallel.trainer`, :mod:`sparknet.cluster.data_parallel.async_mode`)
 builds a :class:`RoundTask` per round with :func:`make_task` and runs it over the
-resident training shards (:meth:`sparknet.cluster.resident.Resident.mapPartitions`).
+resident training shards (:meth:`sparknet.cluster.resident.driver.Resident.mapPartitions`).
 A task has one :class:`TaskKind`:
 
 * ``GRADIENT`` -- the gradient of the loss *sum* over this partition's chunk of the
@@ -12,8 +12,8 @@ A task has one :class:`TaskKind`:
   (``sync="average"`` and ``mode="async"``);
 * ``EVAL`` -- loss and accuracy over the whole shard, no gradient.
 
-Every kind returns one :class:`~sparknet.cluster.params.RoundResult`.  The minibatch
-schedule (:func:`round_rows`) is documented in :mod:`sparknet.cluster.data_parallel`.
+Every kind returns one :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`.  The minibatch
+schedule (:func:`round_rows`) is documented in :mod:`sparknet.cluster.data_parallel.trainer`.
 
 :func:`set_task_wrapper` is the one hook that changes what a driver ships: for
 fault-injection in tests and benchmarks (:func:`sparknet.cluster.testing.inject_faults`).
@@ -32,14 +32,14 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import threads
-from sparknet.cluster import guards, layer_state
-from sparknet.cluster.params import STATS, RoundResult
+from sparknet.cluster.data_parallel import guards, layer_state
+from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
-    from sparknet.cluster.engine import Shipped
-    from sparknet.cluster.resident import Shard
+    from sparknet.cluster.engine.base import Shipped
+    from sparknet.cluster.resident.driver import Shard
 
 #: Rows per minibatch of an evaluation task (memory only: the sums do not depend on it).
 EVAL_BATCH = 1024
@@ -121,7 +121,7 @@ def chunk_lrs(schedule: ScheduledLR, n: int, batch_size: int, epoch: int, rnd: i
 
 
 def _stat_row(s: float, w: float, c: float, rows: int, steps: int) -> tuple[float, ...]:
-    """One :data:`~sparknet.cluster.params.STATS` row (an undefined accuracy counts 0)."""
+    """One :data:`~sparknet.cluster.data_parallel.parameter_server.STATS` row (an undefined accuracy counts 0)."""
     return (s, w, 0.0 if math.isnan(c) else c, float(rows), float(steps))
 
 
@@ -131,8 +131,8 @@ class RoundTask:
     Args:
         spec: the fit's :class:`FitSpec`.
         bc: ``Broadcast`` of the flat parameter vector the round starts from, followed by
-            the layers' state if any (:mod:`sparknet.cluster.layer_state`; under Spark
-            Connect, the vector the query carries; :mod:`sparknet.cluster.engine`).
+            the layers' state if any (:mod:`sparknet.cluster.data_parallel.layer_state`; under Spark
+            Connect, the vector the query carries; :mod:`sparknet.cluster.engine.base`).
         kind: what the task computes (:class:`TaskKind`, or its value).
         epoch: the (first) epoch of the round.
         rnd: the round's index in its epoch.
@@ -229,7 +229,7 @@ class RoundTask:
     def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
                      segments: list[np.ndarray], lrs: list[float] | None = None) -> RoundResult:
         """Optimizer steps of ``batch_size`` rows over each segment in turn (step ``i`` at
-        rate ``lrs[i]`` when given; :func:`~sparknet.cluster.layer_state.minibatch`); the
+        rate ``lrs[i]`` when given; :func:`~sparknet.cluster.data_parallel.layer_state.minibatch`); the
         result holds the row-weighted delta (the driver divides the sum by all partitions'
         rows), one stats row per segment (epoch) and the seconds of one step."""
         n_rows = sum(len(r) for r in segments)

@@ -1,7 +1,7 @@
 """Asynchronous parameter-server rounds (Downpour SGD) through Spark alone.
 
 ``DataParallelTrainer(model, spark, mode="async")`` trains like the synchronous
-``sync="average"`` rounds of :mod:`sparknet.cluster.data_parallel` -- each partition
+``sync="average"`` rounds of :mod:`sparknet.cluster.data_parallel.trainer` -- each partition
 runs ``tau`` local optimizer steps on its resident shard, with its own optimizer state
 resident next to the shard, and returns its weight delta -- but the partitions no
 longer wait for each other:
@@ -10,7 +10,7 @@ longer wait for each other:
   (``SparkContext.runJob(anchor, f, partitions=[i])`` over the resident anchor RDD;
   under Spark Connect one query per partition over the anchor DataFrame, whose other
   tasks return at once: :meth:`ConnectResident.run_partition
-  <sparknet.cluster.engine_connect.ConnectResident.run_partition>`),
+  <sparknet.cluster.engine.connect.ConnectResident.run_partition>`),
   each submitted from its own driver thread (:class:`pyspark.InheritableThread`, one
   Spark job group per partition, a session tag under Connect), so Spark itself runs them concurrently; there is no
   HTTP or socket server of ours, only Spark's task results and broadcasts;
@@ -119,13 +119,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from sparknet.cluster import data_parallel as dp
-from sparknet.cluster import guards, layer_state
-from sparknet.cluster.async_jobs import Launch, PartitionThread, _AsyncLog, _Epoch, executor_message
-from sparknet.cluster.fit import FitContext, RoundEnd, round_hook
-from sparknet.cluster.params import STATS, RoundResult
-from sparknet.cluster.resident import ResidentStateLost, lost_reason
-from sparknet.cluster.rounds import chunk_lrs
+from sparknet.cluster.data_parallel import guards, layer_state
+from sparknet.cluster.data_parallel import trainer as dp
+from sparknet.cluster.data_parallel.async_threads import Launch, PartitionThread, _AsyncLog, _Epoch, executor_message
+from sparknet.cluster.data_parallel.fit_context import FitContext, RoundEnd, round_hook
+from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
+from sparknet.cluster.data_parallel.round_task import chunk_lrs
+from sparknet.cluster.resident.driver import ResidentStateLost, lost_reason
 from sparknet.errors import RoundTimeout
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class AsyncPartitionError(RuntimeError):
 @dataclass
 class AsyncOptions:
     """Validated options of ``mode="async"`` (passed as keyword arguments of
-    :class:`~sparknet.cluster.data_parallel.DataParallelTrainer`).
+    :class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer`).
 
     Attributes:
         max_staleness: the staleness bound (``None``: ``2 * num_partitions``).
@@ -590,7 +590,7 @@ class _AsyncRun:
 
 def async_epoch(trainer: dp.DataParallelTrainer, ctx: FitContext, epoch: int) -> _AsyncLog:
     """The epoch runner of ``mode="async"`` (registered with
-    :func:`~sparknet.cluster.data_parallel.register_mode`); the fit's asynchronous
+    :func:`~sparknet.cluster.data_parallel.trainer.register_mode`); the fit's asynchronous
     server lives in ``ctx.mode_state`` across its epochs."""
     if ctx.mode_state is None:
         ctx.mode_state = _AsyncRun(trainer, ctx)

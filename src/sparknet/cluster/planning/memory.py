@@ -1,6 +1,6 @@
 """What a training plan needs in memory per executor, and what an executor may use.
 
-The planner (:mod:`sparknet.cluster.planner`) rules out candidates whose need exceeds the
+The planner (:mod:`sparknet.cluster.planning.planner`) rules out candidates whose need exceeds the
 executors' memory."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparknet.cluster.cost import NetworkCosts, SparkCosts
-    from sparknet.cluster.planner import DenseLayout
+    from sparknet.cluster.planning.cost import NetworkCosts, SparkCosts
+    from sparknet.cluster.planning.planner import DenseLayout
 
 #: the data-parallel modes: every task holds the whole model
 DATA_PARALLEL = ("gradient", "average", "async")

@@ -15,12 +15,12 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
-from sparknet.cluster.data import ShardedData, _is_dataframe, _is_rdd, shard_data
-from sparknet.cluster.engine import engine_for, is_connect
-from sparknet.cluster.labels import check_label_range, label_desc
+from sparknet.cluster.data.labels import check_label_range, label_desc
+from sparknet.cluster.data.sharding import ShardedData, _is_dataframe, _is_rdd, shard_data
+from sparknet.cluster.engine.base import engine_for, is_connect
 
 if TYPE_CHECKING:
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
     from sparknet.model import Sequential
 
 

@@ -1,7 +1,7 @@
 """Training data onto the executors, once: DataFrames (through Arrow), RDDs of
 ``(x, y)`` pairs, or numpy arrays become one contiguous ``(rows, features)`` array and
 one label array per partition, resident for the whole fit (see
-:mod:`sparknet.cluster.resident`).
+:mod:`sparknet.cluster.resident.driver`).
 
 Every check that can fail runs before any training round: column names and types on
 the driver, then the conversion job reports per partition its row count, vector
@@ -28,15 +28,15 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from sparknet._validation import positive_int
-from sparknet.cluster.labels import check_label_range
-from sparknet.cluster.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
-from sparknet.cluster.resident import Resident
+from sparknet.cluster.data.labels import check_label_range
+from sparknet.cluster.data.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
+from sparknet.cluster.resident.driver import Resident
 
 if TYPE_CHECKING:
     from pyspark import RDD, SparkContext
     from pyspark.sql import DataFrame
 
-    from sparknet.cluster.engine import Engine
+    from sparknet.cluster.engine.base import Engine
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class ShardedData:
     """Training (or validation) data resident on the executors.
 
     Attributes:
-        resident: the :class:`~sparknet.cluster.resident.Resident` holding, per
+        resident: the :class:`~sparknet.cluster.resident.driver.Resident` holding, per
             partition, ``x`` (rows, features) and ``y`` (rows,) or (rows, targets).
         rows: rows per partition, in partition order.
         dim: features per row (flat).
@@ -235,7 +235,7 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
 
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, vector_to_array = functions_for(df)
     names = df.columns
@@ -277,7 +277,7 @@ def _arrow_features(ftype: Any, dtype: str, df: Any = None) -> Any:
     (functions of ``df``'s kind of session)."""
     from pyspark.ml.linalg import VectorUDT
 
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, vector_to_array = functions_for(df)
 
@@ -298,7 +298,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
             ``label_col`` numeric), an RDD of ``(x, y)`` pairs, or a numpy array ``X``
             (with ``y``).
         y: labels when ``data`` is a numpy array.
-        sc: the SparkContext, or the session's :class:`~sparknet.cluster.engine.Engine`
+        sc: the SparkContext, or the session's :class:`~sparknet.cluster.engine.base.Engine`
             (under Spark Connect: DataFrame and numpy input; no reuse).
         num_partitions: shards wanted; ``None`` keeps the DataFrame's/RDD's partitions
             (numpy: ``sc.defaultParallelism``).
@@ -325,7 +325,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
             different lengths, NaN/infinity/null, non-integer labels or labels outside
             ``[0, n_classes)``, feature length not matching the model.
     """
-    from sparknet.cluster.engine import engine_for
+    from sparknet.cluster.engine.base import engine_for
 
     t0 = time.perf_counter()
     engine = engine_for(sc)
@@ -410,7 +410,7 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
     if num_partitions is not None and (engine.kind != "classic" or data.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(int(num_partitions))  # (a Connect DataFrame's partitions are not known before it runs)
     if kind is not None and engine.kind == "classic":
-        from sparknet.cluster.packed import PackedBuild, packed_columns
+        from sparknet.cluster.data.packed_rows import PackedBuild, packed_columns
 
         packed = packed_columns(df, kind, dtype)
         if packed is not None:

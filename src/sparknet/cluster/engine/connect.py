@@ -1,10 +1,10 @@
-"""The Spark Connect side of the seam (:mod:`sparknet.cluster.engine`): resident shards,
+"""The Spark Connect side of the seam (:mod:`sparknet.cluster.engine.base`): resident shards,
 rounds and the parameters with no ``SparkContext``, RDD, broadcast or accumulator.
 
 * **Anchor.**  :class:`ConnectResident` builds each partition's shard with a
   ``mapInArrow`` over the source DataFrame (the same builder as on Classic,
-  :class:`~sparknet.cluster.shards._Builder`), which emits one row per partition: its
-  pickled :class:`~sparknet.cluster.shards.ShardInfo`.  That one-row-per-partition
+  :class:`~sparknet.cluster.resident.shards._Builder`), which emits one row per partition: its
+  pickled :class:`~sparknet.cluster.resident.shards.ShardInfo`.  That one-row-per-partition
   DataFrame is ``localCheckpoint`` ed (eagerly): the rows live in the executors' block
   managers, later queries over it do not run the build again, and their tasks prefer
   the executor holding each row, as the Classic anchor RDD's do.
@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from sparknet.cluster.resident import _OPEN, Resident, ResidentStateLost, lost_reason
-from sparknet.cluster.shards import ShardInfo, _arrow_builder, _as_info, _Builder, _drop_local, _Task
+from sparknet.cluster.resident.driver import _OPEN, Resident, ResidentStateLost, lost_reason
+from sparknet.cluster.resident.shards import ShardInfo, _arrow_builder, _as_info, _Builder, _drop_local, _Task
 from sparknet.errors import RoundTimeout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparknet.cluster.params import RoundResult
+    from sparknet.cluster.data_parallel.parameter_server import RoundResult
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def _nbytes(value: Any) -> int:
 
 
 class ConnectEngine:
-    """:class:`~sparknet.cluster.engine.Engine` over a Spark Connect session."""
+    """:class:`~sparknet.cluster.engine.base.Engine` over a Spark Connect session."""
 
     kind = "connect"
 
@@ -201,7 +201,7 @@ class ConnectEngine:
         return InRows(self.spark, value)
 
     def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        from sparknet.cluster.params import RoundResult
+        from sparknet.cluster.data_parallel.parameter_server import RoundResult
 
         out = RoundResult()
         for r in job.collect():
@@ -327,7 +327,7 @@ class ConnectJob:
 
 
 class ConnectResident(Resident):
-    """:class:`~sparknet.cluster.resident.Resident` under Spark Connect: the same
+    """:class:`~sparknet.cluster.resident.driver.Resident` under Spark Connect: the same
     executor side and driver API, anchored on a checkpointed one-row-per-partition
     DataFrame (see the module docstring).  ``homes`` stays empty: a Connect client
     cannot list the executors, so a lost executor shows as a lost shard (rebuilt with
@@ -437,7 +437,7 @@ class ConnectResident(Resident):
     def run_action(self, action: Callable[[], Any], retry: bool = True, timeout: float | None = None) -> Any:
         """Run ``action()`` (jobs over :meth:`mapPartitions`, built inside it) under its
         own tag: past ``timeout`` it is interrupted (:class:`~sparknet.errors.RoundTimeout`);
-        a lost shard raises :class:`~sparknet.cluster.resident.ResidentStateLost`, or
+        a lost shard raises :class:`~sparknet.cluster.resident.driver.ResidentStateLost`, or
         with ``on_lost="rebuild"`` is rebuilt and the action run once more."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
@@ -510,11 +510,11 @@ class _NumpyChunks:
 def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
                name: str) -> ConnectResident:
     """The resident shards of checked numpy input under Connect: the same split as on
-    Classic (:func:`~sparknet.cluster.numpy_input.split_indices`), piece ``i`` in
+    Classic (:func:`~sparknet.cluster.data.numpy_input.split_indices`), piece ``i`` in
     partition ``i``.  Every piece is cut into the same number of chunks (at most
     :data:`CHUNK_BYTES` each), so the range partitioning by piece puts one piece in
     each partition."""
-    from sparknet.cluster.numpy_input import split_indices
+    from sparknet.cluster.data.numpy_input import split_indices
 
     parts = int(num_partitions or engine.default_parallelism())
     index = split_indices(X.shape[0], parts, seed)

@@ -10,7 +10,7 @@ an optimizer step, ``s`` the task speed under contention, ``w = ceil(P / c)`` wa
 ``treeAggregate`` adds a shuffle level, :func:`tree_levels`); ``net``: ``M / bw`` out and
 ``P_d M / bw`` in between hosts, zero when the per-MiB figures crossed the same links.
 
-**sync gradient** (one job per global step, :mod:`~sparknet.cluster.fit`)::
+**sync gradient** (one job per global step, :mod:`~sparknet.cluster.data_parallel.fit_context`)::
 
     T_round = job(P) + bytes(M, P) + net + M driver_update_s_per_mib + w t(b / P) / s
     T_epoch = ceil(N / b) T_round
@@ -22,7 +22,7 @@ an optimizer step, ``s`` the task speed under contention, ``w = ceil(P / c)`` wa
               + w [N / (P R) rows in steps of t(b) + u] / (s min speed)
     T_epoch = R T_round
 
-**async** (single-task jobs per partition, :mod:`~sparknet.cluster.async_ps`)::
+**async** (single-task jobs per partition, :mod:`~sparknet.cluster.data_parallel.async_mode`)::
 
     T_p = single_job_s + M (broadcast + result + delta) + net + compute_p / (s speed_p)
     T_epoch = max(N / sum_p (rows / T_p), (N / rows) M (delta + broadcast + result),
@@ -55,8 +55,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from sparknet.cluster import probe
-from sparknet.cluster.probe import dense_flops, dense_stages, tree_levels
+from sparknet.cluster.planning import probes as probe
+from sparknet.cluster.planning.probes import dense_flops, dense_stages, tree_levels
 
 MIB = float(1 << 20)
 
@@ -196,7 +196,7 @@ class SparkCosts:
     @classmethod
     def measure(cls, spark: Any, repeats: int = 3) -> "SparkCosts":
         """Measure the live session with short probe jobs (a few seconds in all; see
-        :mod:`sparknet.cluster.probe`)."""
+        :mod:`sparknet.cluster.planning.probes`)."""
         got = probe.spark_probe(spark, repeats=repeats)
         return cls(**{k: v for k, v in got.items() if k in cls.__dataclass_fields__},
                    probe_tasks=int(got["hosts"] * got["cores_per_host"]), network_measured=True)
@@ -289,7 +289,7 @@ class NetworkCosts:
         of them, more until ``min_seconds`` passed, in this process, or with ``spark`` in one
         task per slot of that session at once (``in_tasks``: the executors' own speed, the
         predictions then leave ``SparkCosts.task_speed`` out).  See
-        :func:`sparknet.cluster.probe.step_probe`."""
+        :func:`sparknet.cluster.planning.probes.step_probe`."""
         net = _built(model, dtype)
         b = int(batch_size)
         got = (probe.step_probe(net, b, steps=steps, min_seconds=min_seconds) if spark is None else
@@ -409,7 +409,7 @@ def _per_epoch(per_round: dict[str, float], rounds: float) -> dict[str, float]:
 def _rounds_of(net: NetworkCosts, samples: int, partitions: int, tau: int,
                max_epochs_per_round: int = 4) -> tuple[float, float]:
     """``(rounds per epoch, rows per partition and round)`` as the trainer sizes them
-    (:meth:`~sparknet.cluster.fit.FitContext._size` with a given ``local_steps``)."""
+    (:meth:`~sparknet.cluster.data_parallel.fit_context.FitContext._size` with a given ``local_steps``)."""
     n_p = math.ceil(samples / partitions)
     steps_epoch = max(1, math.ceil(n_p / net.batch_size))
     if tau > steps_epoch:

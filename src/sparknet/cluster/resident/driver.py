@@ -13,7 +13,7 @@ How it works
   and materialised, so every later job over it has a ``PROCESS_LOCAL`` preference for
   the executor that built the shard (Spark's block manager remembers where the cached
   partition lives).  Raise ``spark.locality.wait.process`` (see
-  :func:`sparknet.cluster.session.get_spark`) so a briefly busy home executor does not
+  :func:`sparknet.cluster.engine.session.get_spark`) so a briefly busy home executor does not
   lose its task to another executor.
 * **Module-global store.**  In the Python worker, the arrays live in a module-global
   dict keyed by ``(key, partition)``; Python workers are reused between jobs (tasks
@@ -31,7 +31,7 @@ How it works
   ``on_lost="rebuild"``, rebuild (right for data shards, whose source is the truth)
   and retry the job once.
 * **Every job guarded.**  :meth:`Resident.run_action` runs its job with its own job
-  tag (the caller's job group stays on it), watched by :class:`~sparknet.cluster.executors.JobGuard`: cancelled past its
+  tag (the caller's job group stays on it), watched by :class:`~sparknet.cluster.resident.executors.JobGuard`: cancelled past its
   ``timeout`` (:class:`~sparknet.errors.RoundTimeout`), when every executor has been
   gone for a while (:class:`NoExecutorsLeft`), and, with ``on_lost="rebuild"``, as soon
   as an executor holding a shard is lost: waiting would cost
@@ -41,7 +41,7 @@ How it works
   while another holds several shards gets some of them the same way.
 * **Nothing left behind.**  :meth:`Resident.close` deletes the state's folder on every
   host; folders that killed drivers left are swept by the next Resident on that host
-  (their owner files, see :mod:`sparknet.cluster.spill`).
+  (their owner files, see :mod:`sparknet.cluster.resident.spill`).
 
 Executor-side API
 -----------------
@@ -71,10 +71,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from sparknet.cluster import executors as _executors
-from sparknet.cluster import spill as _files
-from sparknet.cluster.executors import JobGuard, block_homes, live_executors
-from sparknet.cluster.shards import (  # noqa: F401 - the executor side, re-exported
+from sparknet.cluster.resident import executors as _executors
+from sparknet.cluster.resident import spill as _files
+from sparknet.cluster.resident.executors import JobGuard, block_homes, live_executors
+from sparknet.cluster.resident.shards import (  # noqa: F401 - the executor side, re-exported
     _CHECKPOINT_LOST,
     _STORE,
     _STORE_DIRS,
@@ -409,7 +409,7 @@ class Resident:
           runs ``action()`` once more (``retry``).  Before the action, shards of
           executors lost since are rebuilt, and shards are re-placed onto an executor
           that joined while another ran several.
-        * With no executor left for :data:`~sparknet.cluster.executors.NO_EXECUTOR_WAIT`
+        * With no executor left for :data:`~sparknet.cluster.resident.executors.NO_EXECUTOR_WAIT`
           seconds, :class:`NoExecutorsLeft`.
         """
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):

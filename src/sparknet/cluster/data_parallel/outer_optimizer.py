@@ -161,7 +161,7 @@ def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str,
     ``"auto"``: sized Nesterov when the trainer sizes the rounds too (synchronous
     average mode, ``local_steps="auto"``: the fastest time to accuracy measured, see
     ``benchmarks/README.md``), else plain averaging (a given ``local_steps`` runs the
-    documented schedule of :mod:`sparknet.cluster.data_parallel` exactly).
+    documented schedule of :mod:`sparknet.cluster.data_parallel.trainer` exactly).
 
     Raises:
         ValueError: an unknown value, or an outer optimizer where no averaged delta is

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sparknet import optim as optim_mod
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.model import Sequential
 from sparknet.progress import status
 

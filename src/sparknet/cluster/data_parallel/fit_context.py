@@ -1,7 +1,7 @@
 """Driver side of one data-parallel fit: the round length (calibration and re-sizing),
 the synchronous rounds and evaluation on the executors.
 
-:class:`~sparknet.cluster.data_parallel.DataParallelTrainer` makes one
+:class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` makes one
 :class:`FitContext` per ``fit`` (or ``evaluate``); the epoch runner of a registered
 mode (``mode="async"``) receives it too.
 """
@@ -16,20 +16,20 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from sparknet.cluster import guards, layer_state
-from sparknet.cluster.cost import RoundCostModel
-from sparknet.cluster.data import ShardedData
-from sparknet.cluster.params import STATS, ParameterServer, RoundResult
-from sparknet.cluster.rounds import FitSpec, TaskKind, chunk_lrs, make_task
+from sparknet.cluster.data.sharding import ShardedData
+from sparknet.cluster.data_parallel import guards, layer_state
+from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer, RoundResult
+from sparknet.cluster.data_parallel.round_task import FitSpec, TaskKind, chunk_lrs, make_task
+from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.model import History, Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
     from sparknet.callbacks import CallbackList
-    from sparknet.cluster.data_parallel import DataParallelTrainer
-    from sparknet.cluster.engine import Engine
-    from sparknet.cluster.resident import Resident
-    from sparknet.cluster.trainer_state import FitState
+    from sparknet.cluster.data_parallel.checkpoints import FitState
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+    from sparknet.cluster.engine.base import Engine
+    from sparknet.cluster.resident.driver import Resident
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ class FitContext:
         bar: the progress bar of the running epoch (registered modes update it).
         mode_state: what a registered mode keeps across the epochs of the fit.
         state: checkpoints, resident optimizer state and job times of the fit
-            (:class:`~sparknet.cluster.trainer_state.FitState`; ``None`` for ``evaluate``).
+            (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`; ``None`` for ``evaluate``).
         mode_resume: what a registered mode stored in the checkpoint the fit resumed from.
         callbacks: the fit's :class:`~sparknet.callbacks.CallbackList` (``None`` for ``evaluate``).
         schedule: the per-step learning-rate schedule of the fit, if any (set on the
@@ -229,7 +229,7 @@ class FitContext:
 
     @property
     def engine(self) -> "Engine":
-        """The fit's engine (:mod:`sparknet.cluster.engine`)."""
+        """The fit's engine (:mod:`sparknet.cluster.engine.base`)."""
         return self.ps.engine
 
     def describe_round(self) -> str:
@@ -256,7 +256,7 @@ class FitContext:
 
     def _run(self, data: ShardedData, task: Any, description: str, kind: str = "train") -> RoundResult:
         """One round: ``task`` over every shard of ``data``, summed by the server, within
-        the fit's ``round_timeout`` (:mod:`sparknet.cluster.trainer_state`)."""
+        the fit's ``round_timeout`` (:mod:`sparknet.cluster.data_parallel.checkpoints`)."""
         state = self.state
 
         def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
@@ -305,7 +305,7 @@ class FitContext:
         except ValueError:  # values the first layer refuses (category ids): zeros are valid ids
             x = np.zeros_like(x)
         if spec.classification:
-            from sparknet.cluster.fit_data import n_outputs
+            from sparknet.cluster.data.fit_inputs import n_outputs
             out = tuple(model.output_shape or ())  # per-step labels of a sequence output: (b, T)
             y: np.ndarray = rng.integers(0, n_outputs(model), size=(b,) + out[:-1])
         else:
@@ -505,9 +505,9 @@ class FitContext:
     def _apply(self, res: RoundResult, **where: Any) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient
         (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``), added
-        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.outer`);
+        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.data_parallel.outer_optimizer`);
         the layers' state becomes the partitions' row-weighted mean
-        (:mod:`sparknet.cluster.layer_state`).
+        (:mod:`sparknet.cluster.data_parallel.layer_state`).
         A non-finite result, or parameters made non-finite by the step, raise
         :class:`~sparknet.errors.TrainingDiverged` with the parameters as before the
         round (``where``: the epoch and round, 1-based, for its message)."""

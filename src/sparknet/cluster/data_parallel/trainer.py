@@ -1,9 +1,9 @@
 """Data-parallel training on Spark with synchronous parameter-server rounds.
 
 The training data is split across Spark partitions and stays resident on the
-executors for the whole fit (:mod:`sparknet.cluster.data`,
-:mod:`sparknet.cluster.resident`).  The driver is the parameter server
-(:mod:`sparknet.cluster.params`): each *round* broadcasts the flat parameter vector,
+executors for the whole fit (:mod:`sparknet.cluster.data.sharding`,
+:mod:`sparknet.cluster.resident.driver`).  The driver is the parameter server
+(:mod:`sparknet.cluster.data_parallel.parameter_server`): each *round* broadcasts the flat parameter vector,
 every partition works on its shard, and one parameter-sized vector per partition comes
 back and is summed.
 
@@ -20,7 +20,7 @@ Two synchronous flavours (``sync=``):
     optimizer steps of ``batch_size`` rows on its own shard, and returns its weight
     delta; the driver applies the row-weighted mean delta to the parameters: added as
     it is (plain averaging), or through an outer Nesterov step on it
-    (:mod:`sparknet.cluster.outer`; the default ``outer="auto"`` when the trainer sizes
+    (:mod:`sparknet.cluster.data_parallel.outer_optimizer`; the default ``outer="auto"`` when the trainer sizes
     the rounds itself, ``local_steps="auto"``).  Each
     partition keeps *its own* optimizer state (RMSprop's running squared-gradient
     average, momentum buffers, step count) resident next to its shard across rounds
@@ -28,7 +28,7 @@ Two synchronous flavours (``sync=``):
     never reset or shipped within the fit (a later fit on reused shards starts its
     own).  ``tau`` defaults to the smallest number of steps that
     keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round
-    (:class:`~sparknet.cluster.cost.RoundCostModel`): estimated for the first epoch
+    (:class:`~sparknet.cluster.planning.cost.RoundCostModel`): estimated for the first epoch
     with no job of its own (a local step timed on the driver, the shard job's fixed
     cost), then measured from the rounds run (the next epochs are re-sized from them).  When one
     epoch of local steps is too short to pay for a round, a round spans several whole
@@ -53,8 +53,8 @@ Example::
     model, history = trainer.fit(df, epochs=10, batch_size=64, validation_data=val_df)
     history["val_accuracy"][-1], history["spark_overhead"]
 
-The executor side of a round is :mod:`sparknet.cluster.rounds`; the driver side of
-one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.cluster.fit`.
+The executor side of a round is :mod:`sparknet.cluster.data_parallel.round_task`; the driver side of
+one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.cluster.data_parallel.fit_context`.
 """
 from __future__ import annotations
 
@@ -71,14 +71,15 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
 from sparknet.callbacks import CallbackList, FitControl
-from sparknet.cluster import fit_data, trainer_state
-from sparknet.cluster.cost import RoundCostModel
-from sparknet.cluster.data import release_shards
-from sparknet.cluster.engine import engine_for
-from sparknet.cluster.fit import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
-from sparknet.cluster.outer import OuterOptimizer, resolve_outer
-from sparknet.cluster.params import STATS, ParameterServer
-from sparknet.cluster.rounds import FitSpec
+from sparknet.cluster.data import fit_inputs as fit_data
+from sparknet.cluster.data.sharding import release_shards
+from sparknet.cluster.data_parallel import checkpoints as trainer_state
+from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
+from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
+from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer
+from sparknet.cluster.data_parallel.round_task import FitSpec
+from sparknet.cluster.engine.base import engine_for
+from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
 from sparknet.progress import FitProgress, check_verbose, status
@@ -97,7 +98,7 @@ EPOCH_RUNNERS: dict[str, Callable] = {}
 #: Option validators of registered modes: name -> ``f(trainer, **mode_options) -> options``.
 MODE_OPTIONS: dict[str, Callable] = {}
 #: Modes that register themselves when their module is imported.
-_BUILTIN_MODES = {"async": "sparknet.cluster.async_ps"}
+_BUILTIN_MODES = {"async": "sparknet.cluster.data_parallel.async_mode"}
 
 
 def register_mode(name: str, runner: Callable, options: Callable | None = None) -> None:
@@ -135,14 +136,14 @@ class DataParallelTrainer:
         model: the model to train (updated in place; built from the data's feature
             length when not built yet).
         spark: a ``SparkSession`` (default: the active one, or a new ``local[*]`` one via
-            :func:`sparknet.cluster.session.get_spark`).
+            :func:`sparknet.cluster.engine.session.get_spark`).
         num_partitions: shards of the training data; default: the DataFrame's/RDD's
             partitions, or ``defaultParallelism`` for numpy input; ``"auto"``: the
             planner's choice for this network, data and session at each ``fit``
-            (:func:`sparknet.cluster.planner.auto_partitions`: the session's costs
+            (:func:`sparknet.cluster.planning.planner.auto_partitions`: the session's costs
             measured once, a few seconds).
         mode: ``"sync"`` (synchronous rounds) or ``"async"`` (asynchronous Downpour
-            rounds, see :mod:`sparknet.cluster.async_ps`); other modes can be added
+            rounds, see :mod:`sparknet.cluster.data_parallel.async_mode`); other modes can be added
             with :func:`register_mode`.
         sync: ``"average"`` (default: tau local steps then average the deltas) or
             ``"gradient"`` (exact minibatch SGD, one global step per round).
@@ -150,7 +151,7 @@ class DataParallelTrainer:
             the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
             round (measured), cut to a quarter of an epoch's while that keeps it at
             most 4 times that, else to half or a whole epoch's within twice (shorter
-            rounds learn more per epoch; ``sparknet.cluster.fit.ROUND_SHARES``).  The
+            rounds learn more per epoch; ``sparknet.cluster.data_parallel.fit_context.ROUND_SHARES``).  The
             fixed cost is the median of the fit's last rounds.  More steps than an epoch holds
             make rounds of several whole epochs (``local_steps // steps per epoch``,
             at most ``max_epochs_per_round``).
@@ -166,8 +167,8 @@ class DataParallelTrainer:
             ``"accumulator"`` (numpy ``AccumulatorParam``).
         seed: seeds the data split and the per-epoch shuffles; default the model's seed.
         outer: the outer optimizer of ``sync="average"``, a step with momentum on
-            each round's averaged delta (:mod:`sparknet.cluster.outer`): an
-            :class:`~sparknet.cluster.outer.OuterOptimizer`, ``"nesterov"``
+            each round's averaged delta (:mod:`sparknet.cluster.data_parallel.outer_optimizer`): an
+            :class:`~sparknet.cluster.data_parallel.outer_optimizer.OuterOptimizer`, ``"nesterov"``
             (``OuterOptimizer()``: sized from the partitions, so that a steady
             direction moves as far as one process's steps would), ``None``/``"none"``
             (plain averaging: the mean delta added as it is) or ``"auto"`` (default:
@@ -176,7 +177,7 @@ class DataParallelTrainer:
             documented in this module exactly).  Its momentum is kept in the object across fits,
             like the driver's optimizer of ``sync="gradient"``.
         checkpoint_dir: folder (local, shared, or a Hadoop URI such as ``hdfs://...``)
-            where every fit writes checkpoints (:mod:`sparknet.cluster.trainer_state`:
+            where every fit writes checkpoints (:mod:`sparknet.cluster.data_parallel.checkpoints`:
             parameters, every optimizer state -- the partitions' too --, the position in
             the data order, the history, the architecture and these settings), which
             ``fit(..., resume=True)`` continues from; ``None`` (default): none.
@@ -191,7 +192,7 @@ class DataParallelTrainer:
             its kind measured so far, or predicted by the round cost model``)``).
         **mode_options: options of a registered mode (``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
-            see :class:`sparknet.cluster.async_ps.AsyncOptions`).
+            see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`).
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps``,
@@ -248,7 +249,7 @@ class DataParallelTrainer:
     def spark(self) -> "SparkSession":
         """The session the trainer runs on (the active one, or a new one, on first use)."""
         if self._spark is None:
-            from sparknet.cluster.session import get_spark
+            from sparknet.cluster.engine.session import get_spark
             self._spark = get_spark()
         return self._spark
 
@@ -298,7 +299,7 @@ class DataParallelTrainer:
 
         Returns:
             ``(model, history)``: the trained model (the object passed in, updated in
-            place) and a :class:`~sparknet.cluster.fit.FitHistory` (a
+            place) and a :class:`~sparknet.cluster.data_parallel.fit_context.FitHistory` (a
             :class:`~sparknet.model.History`) with, per epoch, ``loss``,
             ``accuracy`` (classifiers), ``val_loss``, ``val_accuracy``, ``lr`` (the rate
             of the epoch's first step), ``val_time``
@@ -312,7 +313,7 @@ class DataParallelTrainer:
             ``history.setup_time`` holds the seconds spent before the first epoch
             (loading the data onto the executors, checks, calibration), and
             ``history.setup_breakdown`` what they went to (see
-            :class:`~sparknet.cluster.fit.FitHistory`).
+            :class:`~sparknet.cluster.data_parallel.fit_context.FitHistory`).
 
         Raises:
             ValueError: bad arguments or bad data (missing column, ragged vectors, NaN,
@@ -376,7 +377,7 @@ class DataParallelTrainer:
         if engine_for(self.spark).kind != "classic":
             raise NotImplementedError("num_partitions='auto' probes the executors through a SparkContext; under "
                                       "Spark Connect pass a number of partitions (or None: the data's own)")
-        from sparknet.cluster.planner import auto_partitions
+        from sparknet.cluster.planning.planner import auto_partitions
 
         parts = auto_partitions(self.model, data, self.spark, batch_size=batch_size, mode=self.mode, sync=self.sync,
                                 local_steps=self.local_steps)

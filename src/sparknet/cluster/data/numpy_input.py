@@ -23,7 +23,7 @@ from sparknet._validation import check_array, check_labels
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
 
-    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.resident.driver import Resident
 
 #: Free heap the driver JVM keeps besides twice the largest piece.
 HEAP_MARGIN = 64 << 20
@@ -125,7 +125,7 @@ def from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: i
     Raises:
         DriverMemoryError: the driver JVM's free heap cannot take the largest piece.
     """
-    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.resident.driver import Resident
 
     parts = int(num_partitions or sc.defaultParallelism)
     index = split_indices(X.shape[0], parts, seed)

@@ -1,7 +1,7 @@
-"""The spill files of resident state (:mod:`sparknet.cluster.resident`) and their owners,
+"""The spill files of resident state (:mod:`sparknet.cluster.resident.driver`) and their owners,
 so that nothing a fit writes outlives it.
 
-Every :class:`~sparknet.cluster.resident.Resident` keeps its arrays as ``.npy`` files under
+Every :class:`~sparknet.cluster.resident.driver.Resident` keeps its arrays as ``.npy`` files under
 one folder per host, ``<base>/sparknet-resident-<key>/part-NNNNN/``, where ``<base>`` is
 ``/dev/shm`` when it has room, else the executor's local directory.  The folder also
 holds ``owner.json``: the driver's host, process id and start time, and the Spark

@@ -1,7 +1,7 @@
-"""The executor side of resident state (:mod:`sparknet.cluster.resident`): the per-worker
+"""The executor side of resident state (:mod:`sparknet.cluster.resident.driver`): the per-worker
 store of memory-mapped shards, the :class:`Shard` a job function receives, and the
 functions the anchor RDD's tasks run (build, re-attach, delete).  The driver side, and
-how it all works, is :mod:`sparknet.cluster.resident`.
+how it all works, is :mod:`sparknet.cluster.resident.driver`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from sparknet.cluster import spill as _files
+from sparknet.cluster.resident import spill as _files
 
 if TYPE_CHECKING:
     import pyarrow as pa

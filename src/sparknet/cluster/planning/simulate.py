@@ -1,12 +1,12 @@
 """Training on a cluster we do not have, simulated from costs measured on this one.
 
-The inputs are the cost model's (:mod:`sparknet.cluster.cost`): a
-:class:`~sparknet.cluster.cost.NetworkCosts` (seconds per sample on one core, parameter
+The inputs are the cost model's (:mod:`sparknet.cluster.planning.cost`): a
+:class:`~sparknet.cluster.planning.cost.NetworkCosts` (seconds per sample on one core, parameter
 and activation bytes, FLOPs, the one-thread GEMM rate) and a
-:class:`~sparknet.cluster.cost.SparkCosts` whose per-job, per-task and per-MiB costs were
+:class:`~sparknet.cluster.planning.cost.SparkCosts` whose per-job, per-task and per-MiB costs were
 measured on a live session and whose cluster -- ``hosts``, ``cores_per_host``,
 ``bandwidth_bytes_s`` and ``latency_s`` between hosts -- is given
-(:meth:`SparkCosts.assumed <sparknet.cluster.cost.SparkCosts.assumed>`).  The terms of a
+(:meth:`SparkCosts.assumed <sparknet.cluster.planning.cost.SparkCosts.assumed>`).  The terms of a
 round (job, tasks, broadcast, results, the driver's update, the bytes between hosts, the
 compute of ``T`` BLAS threads) are the cost model's, one place for each; what the
 simulation adds is what a closed form cannot say:
@@ -30,8 +30,8 @@ How it works
 
 Example::
 
-    from sparknet.cluster.cost import SparkCosts, NetworkCosts
-    from sparknet.cluster.simulate import Stragglers, simulate
+    from sparknet.cluster.planning.cost import SparkCosts, NetworkCosts
+    from sparknet.cluster.planning.simulate import Stragglers, simulate
     here = SparkCosts.measure(spark)
     paper = SparkCosts.assumed(hosts=5, cores_per_host=18, bandwidth_gbit=1.0, like=here)
     p = simulate("average", NetworkCosts.measure(model, 128), paper, 5_000_000, partitions=88, tau=64,
@@ -48,10 +48,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparknet.cluster import cost
+from sparknet.cluster.planning import cost
 
 if TYPE_CHECKING:
-    from sparknet.cluster.cost import NetworkCosts, Prediction, SparkCosts
+    from sparknet.cluster.planning.cost import NetworkCosts, Prediction, SparkCosts
 
 #: drawn rounds per synchronous simulation (task speeds drawn anew for each)
 ROUNDS = 64
@@ -183,7 +183,7 @@ def _async_terms(net: "NetworkCosts", sc: "SparkCosts", samples: int, partitions
                  tau: int) -> tuple[float, float, float, float]:
     """``(rows per round, compute seconds of a round at nominal speed, launch seconds, the
     driver's serial seconds per delta)``, with the cost model's terms (the rounds cut as
-    :func:`~sparknet.cluster.cost.predict_async` cuts them)."""
+    :func:`~sparknet.cluster.planning.cost.predict_async` cuts them)."""
     n_p = math.ceil(samples / partitions)
     rows = n_p / max(1, math.ceil(max(1, math.ceil(n_p / net.batch_size)) / int(tau)))
     work = net.local_steps_s(rows) / (sc.task_speed * sc.thread_speedup)
@@ -236,7 +236,7 @@ def simulate_model_parallel(net: "NetworkCosts", spark: "SparkCosts", samples: i
                             stragglers: Stragglers = NO_STRAGGLERS, seed: int = 0,
                             **layout: Any) -> "Prediction":
     """Model-parallel (``replicas=1``) or hybrid ``D x K`` steps: the cost model's step
-    (:func:`~sparknet.cluster.cost.predict_model_parallel`; ``layout`` holds its
+    (:func:`~sparknet.cluster.planning.cost.predict_model_parallel`; ``layout`` holds its
     ``layer_sizes``, ``blocked``, ``lookahead``...) with every job waiting for the slowest
     of its ``K * D`` slots."""
     sc, h = _costs(spark, int(blocks) * int(replicas), threads)

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyspark.accumulators import AccumulatorParam
 
-from sparknet.cluster.layer_state import merge, shipped
+from sparknet.cluster.data_parallel.layer_state import merge, shipped
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
 
-    from sparknet.cluster.engine import Engine, Shipped
+    from sparknet.cluster.engine.base import Engine, Shipped
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,11 @@ class RoundResult:
         step_time: seconds of one local step (the slowest task's).
         nonfinite: ``(partition, what)`` of every task whose loss or vector was NaN or
             infinite (``what``: ``"loss"``, ``"gradient"``, ``"delta"``; see
-            :mod:`sparknet.cluster.guards`).
+            :mod:`sparknet.cluster.data_parallel.guards`).
         states: partition -> its resident optimizer state after the round (``{name:
             array}``), when the round was asked for it (a checkpoint follows it).
         state: the row-weighted mean of the training tasks' layer states after the round
-            (BatchNormalization's running statistics; :mod:`sparknet.cluster.layer_state`),
+            (BatchNormalization's running statistics; :mod:`sparknet.cluster.data_parallel.layer_state`),
             or ``None`` when the model keeps none.
         state_rows: the rows that mean is weighted by.
     """
@@ -111,12 +111,12 @@ class ParameterServer:
     """The driver-side parameter server of a fit.
 
     Args:
-        sc: the ``SparkContext``, or the fit's :class:`~sparknet.cluster.engine.Engine`
+        sc: the ``SparkContext``, or the fit's :class:`~sparknet.cluster.engine.base.Engine`
             (a Spark Connect session sends the parameters inside each round's query).
         params: the flat parameter buffer (the model's ``params``; read, not copied, at
             each :meth:`broadcast`).
         state: the model's flat layer state (``state``), sent after the parameters
-            (:func:`sparknet.cluster.layer_state.shipped`); ``None``: none.
+            (:func:`sparknet.cluster.data_parallel.layer_state.shipped`); ``None``: none.
         reduce: ``"tree"`` (``treeAggregate``, default) or ``"accumulator"``.
         tree_depth: depth of ``treeAggregate``.
 
@@ -126,7 +126,7 @@ class ParameterServer:
 
     def __init__(self, sc: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
                  tree_depth: int = 2, state: np.ndarray | None = None) -> None:
-        from sparknet.cluster.engine import engine_for
+        from sparknet.cluster.engine.base import engine_for
 
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")

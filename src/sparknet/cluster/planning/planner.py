@@ -3,17 +3,17 @@ task, blocks and pairing, chosen from measured costs.
 
 How it works
 ------------
-:func:`plan` measures what the cost model (:mod:`sparknet.cluster.cost`) needs --
-:meth:`SparkCosts.measure <sparknet.cluster.cost.SparkCosts.measure>` on the live session
+:func:`plan` measures what the cost model (:mod:`sparknet.cluster.planning.cost`) needs --
+:meth:`SparkCosts.measure <sparknet.cluster.planning.cost.SparkCosts.measure>` on the live session
 (cached per application) and :meth:`NetworkCosts.measure
-<sparknet.cluster.cost.NetworkCosts.measure>` of the model (cached per architecture) -- and
+<sparknet.cluster.planning.cost.NetworkCosts.measure>` of the model (cached per architecture) -- and
 enumerates the candidates that apply: ``"gradient"`` with partitions ``P``; ``"average"``
 and ``"async"`` with ``P`` and ``tau`` (powers of two, and one, two and four epochs'
 steps: the trainer's longest round is four epochs); ``"model_parallel"`` with blocks ``K``
 and pairing of the large dense layers (:data:`MIN_BLOCKED_PARAMS` parameters or more) and
 ``"hybrid"`` with ``D x K``; each with BLAS threads per task ``T`` within the cores.
 
-Every candidate gets a :class:`~sparknet.cluster.cost.Prediction` (time per epoch and its
+Every candidate gets a :class:`~sparknet.cluster.planning.cost.Prediction` (time per epoch and its
 breakdown); those that do not fit an executor's memory are set aside with the reason
 (:attr:`Plan.ruled_out`); the rest are ranked by predicted time per epoch.  Candidates
 within :data:`TOLERANCE` of the fastest count as equally fast, and among them the plan
@@ -23,7 +23,7 @@ the best and the runner-up (the best candidate of another configuration), their
 breakdowns, and the terms that separate them.
 
 The same ranking runs on a simulated cluster: :func:`plan_from_costs` with
-``predictor=simulated()`` (:mod:`sparknet.cluster.simulate`).  Example::
+``predictor=simulated()`` (:mod:`sparknet.cluster.planning.simulate`).  Example::
 
     p = sparknet.cluster.plan(model, X, spark, batch_size=128)   # prints p.explain()
     trainer = DataParallelTrainer(model, spark, **p.trainer_kwargs())
@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from sparknet.cluster import cost
-from sparknet.cluster.memory import DATA_PARALLEL as _DATA_PARALLEL
-from sparknet.cluster.memory import memory_need, memory_per_executor
+from sparknet.cluster.planning import cost
+from sparknet.cluster.planning.memory import DATA_PARALLEL as _DATA_PARALLEL
+from sparknet.cluster.planning.memory import memory_need, memory_per_executor
 
 if TYPE_CHECKING:
-    from sparknet.cluster.blocks import BlockPlan
-    from sparknet.cluster.cost import NetworkCosts, Prediction, SparkCosts
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
+    from sparknet.cluster.planning.cost import NetworkCosts, Prediction, SparkCosts
     from sparknet.model import Sequential
 
 MODES = ("gradient", "average", "async", "model_parallel", "hybrid")
@@ -95,7 +95,7 @@ class Plan:
 
     def trainer_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for the trainer of the best candidate:
-        :class:`~sparknet.cluster.data_parallel.DataParallelTrainer` (``num_partitions``,
+        :class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` (``num_partitions``,
         ``mode``, ``sync``, ``local_steps``) or
         :class:`~sparknet.cluster.model_parallel.ModelParallel` (``plan``, ``replicas``)."""
         b, s = self.best, self.best.settings
@@ -216,7 +216,7 @@ def rank(predictions: Sequence["Prediction"]) -> list["Prediction"]:
 # ------------------------------------------------------------------ predictors
 def modelled(mode: str, net: "NetworkCosts", spark_costs: "SparkCosts", samples: int,
              settings: dict) -> "Prediction":
-    """The cost model's prediction (:func:`sparknet.cluster.cost.predict`) of a candidate;
+    """The cost model's prediction (:func:`sparknet.cluster.planning.cost.predict`) of a candidate;
     ``settings["threads"]`` becomes the costs' BLAS threads per task."""
     kw = dict(settings)
     threads = int(kw.pop("threads", 1))
@@ -231,9 +231,9 @@ def modelled(mode: str, net: "NetworkCosts", spark_costs: "SparkCosts", samples:
 
 
 def simulated(stragglers: Any = None, seed: int = 0) -> Predictor:
-    """A predictor running :func:`sparknet.cluster.simulate.simulate` (with ``stragglers``,
-    a :class:`~sparknet.cluster.simulate.Stragglers`) instead of the closed-form model."""
-    from sparknet.cluster import simulate as sim
+    """A predictor running :func:`sparknet.cluster.planning.simulate.simulate` (with ``stragglers``,
+    a :class:`~sparknet.cluster.planning.simulate.Stragglers`) instead of the closed-form model."""
+    from sparknet.cluster.planning import simulate as sim
 
     strag = stragglers if stragglers is not None else sim.NO_STRAGGLERS
 
@@ -383,7 +383,7 @@ def plan_from_costs(net: "NetworkCosts", spark_costs: "SparkCosts", samples: int
                                                layout=layout):
         p = predictor(mode, net, spark_costs, int(samples), dict(settings))
         if layout is not None and mode in ("model_parallel", "hybrid"):
-            from sparknet.cluster.blocks import BlockPlan
+            from sparknet.cluster.model_parallel.block_partition import BlockPlan
             p.settings["plan"] = BlockPlan({i: int(settings["blocks"]) for i in layout.blocked},
                                            pair=bool(settings["paired"]))
         need = memory_need(mode, net, settings, int(samples), sample_bytes, spark_costs, layout)
@@ -402,7 +402,7 @@ def dense_layout(model: "Sequential", input_shape: Sequence[int] | None = None,
                  min_params: int = MIN_BLOCKED_PARAMS) -> tuple[DenseLayout | None, str]:
     """The :class:`DenseLayout` of an all-dense model (its layers with at least
     ``min_params`` parameters and an elementwise activation blocked), or ``None`` and why not."""
-    from sparknet.cluster.blocks import ELEMENTWISE
+    from sparknet.cluster.model_parallel.block_partition import ELEMENTWISE
     from sparknet.layers.core import Dense
 
     shape = tuple(model.input_shape or input_shape or ())
@@ -425,8 +425,8 @@ def dense_layout(model: "Sequential", input_shape: Sequence[int] | None = None,
 
 def measured_costs(model: "Sequential", spark: Any, batch_size: int,
                    input_shape: Sequence[int] | None = None) -> tuple["SparkCosts", "NetworkCosts"]:
-    """The session's :class:`~sparknet.cluster.cost.SparkCosts` (measured once per
-    application) and the model's :class:`~sparknet.cluster.cost.NetworkCosts` at
+    """The session's :class:`~sparknet.cluster.planning.cost.SparkCosts` (measured once per
+    application) and the model's :class:`~sparknet.cluster.planning.cost.NetworkCosts` at
     ``batch_size`` (timed on a copy, once per architecture; from FLOPs past :data:`MEASURE_LIMIT`)."""
     from sparknet.model import Sequential
 
@@ -460,7 +460,7 @@ def _spark_costs(spark: Any) -> "SparkCosts":
 
 def _dense_costs(layout: DenseLayout, batch_size: int, efficiency: float = 0.6) -> "NetworkCosts":
     """Costs of an all-dense model from its FLOPs at the measured sgemm rate (no weights allocated)."""
-    from sparknet.cluster.probe import gemm_gflops
+    from sparknet.cluster.planning.probes import gemm_gflops
 
     w = layout.widths
     flops = sum(2.0 * a * b * (3.0 if i else 2.0) for i, (a, b) in enumerate(zip(w, w[1:])))
@@ -546,7 +546,7 @@ def auto_partitions(model: "Sequential", data: Any, spark: Any, *, batch_size: i
 
 def auto_blocks(layers: Any, input_shape: Sequence[int], spark: Any, *, batch_size: int = 128,
                 replicas: int = 1, verbose: bool = False) -> "BlockPlan":
-    """A :class:`~sparknet.cluster.blocks.BlockPlan` for ``ModelParallel(plan="auto")``:
+    """A :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan` for ``ModelParallel(plan="auto")``:
     the planner's best ``K`` and pairing for the large dense layers (of an unbuilt
     Sequential or a layer list; nothing is allocated; the largest when none has
     :data:`MIN_BLOCKED_PARAMS`), ``replicas`` replicas."""

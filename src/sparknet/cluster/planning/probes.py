@@ -1,13 +1,13 @@
-"""Short probes behind :class:`~sparknet.cluster.cost.SparkCosts` and
-:class:`~sparknet.cluster.cost.NetworkCosts`: what a job, a task, a MiB of broadcast or of
+"""Short probes behind :class:`~sparknet.cluster.planning.cost.SparkCosts` and
+:class:`~sparknet.cluster.planning.cost.NetworkCosts`: what a job, a task, a MiB of broadcast or of
 results and the driver's update cost on the live session, and what one training step of a
 network costs on one core in this process.
 
 Every Spark probe runs the code paths a training round runs: a
-:class:`~sparknet.cluster.resident.Resident` anchor with one partition per core, tasks
-built like :class:`~sparknet.cluster.rounds.RoundTask` (they read a
-:class:`~sparknet.cluster.params.ParameterServer` broadcast and return a
-:class:`~sparknet.cluster.params.RoundResult`), summed by ``treeAggregate``
+:class:`~sparknet.cluster.resident.driver.Resident` anchor with one partition per core, tasks
+built like :class:`~sparknet.cluster.data_parallel.round_task.RoundTask` (they read a
+:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer` broadcast and return a
+:class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`), summed by ``treeAggregate``
 (:meth:`ParameterServer.gather`) inside :meth:`Resident.run_action`; the single-task
 job of ``mode="async"`` is ``SparkContext.runJob`` over one partition.  Each figure is
 the median of ``repeats`` jobs after one untimed job.
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from sparknet.cluster.params import STATS, ParameterServer, RoundResult
+from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer, RoundResult
 
 if TYPE_CHECKING:
     from sparknet.model import Sequential
@@ -161,12 +161,12 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: 
     ``job_s`` is the fixed cost of a working round (wall time less the slowest task's
     compute), ``empty_job_s`` that of an empty one.
 
-    Returns the fields of :class:`~sparknet.cluster.cost.SparkCosts` (``job_s``, ``empty_job_s``,
+    Returns the fields of :class:`~sparknet.cluster.planning.cost.SparkCosts` (``job_s``, ``empty_job_s``,
     ``single_job_s``, ``task_s``, ``broadcast_s_per_mib``, ``result_s_per_mib``,
     ``driver_update_s_per_mib``, ``driver_delta_s_per_mib``, ``task_speed``, ``hosts``,
     ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``, ``shared_cores``, ``probe_s``).
     """
-    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.resident.driver import Resident
 
     t_start = time.perf_counter()
     sc = getattr(spark, "sparkContext", spark)
@@ -267,7 +267,7 @@ def driver_update_probe(mib: float = 8.0, repeats: int = 3) -> tuple[float, floa
     from threadpoolctl import threadpool_limits
 
     from sparknet import optim as optim_mod
-    from sparknet.cluster import guards
+    from sparknet.cluster.data_parallel import guards
 
     n = int(mib * MIB / 4)
     params = np.zeros(n, dtype=np.float32)

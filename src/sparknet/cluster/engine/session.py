@@ -21,7 +21,7 @@ DEFAULT_CONF = {
     # keep a resident shard's task on its home executor even when that executor is
     # briefly busy (Spark's default gives up after 3 s); a home executor that is lost is
     # not waited for: the job is cancelled and the shard rebuilt on a live one at once
-    # (sparknet.cluster.executors.JobGuard)
+    # (sparknet.cluster.resident.executors.JobGuard)
     "spark.locality.wait.process": "30s",
     "spark.python.worker.reuse": "true",
     # JVM <-> Python worker traffic over a Unix domain socket instead of TCP loopback:
@@ -32,7 +32,7 @@ DEFAULT_CONF = {
     # every executor's Python daemon imports numpy, pyspark's worker and sparknet once,
     # before it forks the workers: a new worker then starts with them loaded instead of
     # importing them itself (a fit's first jobs start several workers at once)
-    "spark.python.daemon.module": "sparknet.cluster.session",
+    "spark.python.daemon.module": "sparknet.cluster.engine.session",
     # the trainers draw their own progress bar (sparknet.progress.FitProgress); Spark's
     # stage bar would be written over it on the same console line
     "spark.ui.showConsoleProgress": "false",
@@ -41,8 +41,8 @@ DEFAULT_CONF = {
 #: What the executors' Python daemon imports before forking workers (see
 #: :data:`DEFAULT_CONF`).  Nothing here may start a thread (the daemon forks): pyarrow
 #: and pandas do, so they stay out.
-PRELOAD = ("numpy", "pyspark.worker", "sparknet", "sparknet.cluster.rounds",
-           "sparknet.cluster.resident", "sparknet.cluster.shards", "sparknet.cluster.data")
+PRELOAD = ("numpy", "pyspark.worker", "sparknet", "sparknet.cluster.data_parallel.round_task",
+           "sparknet.cluster.resident.driver", "sparknet.cluster.resident.shards", "sparknet.cluster.data.sharding")
 
 JAVA_MISSING = ("sparknet needs Java 17 or newer for Spark, and no `java` was found on PATH "
                 "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install openjdk-17-jre-headless`)")
@@ -192,7 +192,7 @@ def warm_shard_path(spark: SparkSession, tasks: int) -> None:
     from pyspark.sql import functions as F
 
     from sparknet._validation import positive_int
-    from sparknet.cluster.data import shard_data
+    from sparknet.cluster.data.sharding import shard_data
 
     tasks = positive_int(tasks, "tasks")
     rows = spark.range(16 * tasks, numPartitions=tasks).select(

@@ -11,7 +11,7 @@ How it works
   parameters alone, as before.
 * **Back.**  After a training task, the partition's state (updated in place by its
   ``forward(x, training=True)`` calls) travels in its
-  :class:`~sparknet.cluster.params.RoundResult` with the rows it trained on
+  :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult` with the rows it trained on
   (:func:`attach`).  Adding two results (``treeAggregate``, the accumulator, or the
   Connect client) keeps their row-weighted mean (:func:`merge`), so the round's sum holds
   the row-weighted mean of every partition's state; one partition's state comes back
@@ -41,7 +41,7 @@ import numpy as np
 from sparknet.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from sparknet.cluster.params import RoundResult
+    from sparknet.cluster.data_parallel.parameter_server import RoundResult
     from sparknet.model import Sequential
 
 

@@ -8,16 +8,16 @@ it, chosen from the session's type by :func:`engine_for`:
 
 * :class:`ClassicEngine` (this module): a session with a ``SparkContext`` on the
   driver.  Parameters go out as one ``Broadcast`` per round, rounds are RDD jobs over
-  the anchor of :class:`~sparknet.cluster.resident.Resident`, summed by
-  ``treeAggregate`` (:class:`~sparknet.cluster.params.ParameterServer`).
-* :class:`~sparknet.cluster.engine_connect.ConnectEngine`: a Spark Connect session
+  the anchor of :class:`~sparknet.cluster.resident.driver.Resident`, summed by
+  ``treeAggregate`` (:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer`).
+* :class:`~sparknet.cluster.engine.connect.ConnectEngine`: a Spark Connect session
   (``SparkSession.builder.remote(...)``; Databricks serverless and shared clusters),
   which has no ``SparkContext``, RDD, broadcast or accumulator.  Resident shards are
   anchored on a checkpointed DataFrame with one row per partition, rounds are
   ``mapInArrow`` queries over it carrying the parameters in the query's function and
   bringing each task's result back as one Arrow binary row.
 
-The round logic, the shards' executor side (:mod:`sparknet.cluster.shards`), the
+The round logic, the shards' executor side (:mod:`sparknet.cluster.resident.shards`), the
 optimizer state and the checks are the same under both.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparknet.cluster.params import RoundResult
+    from sparknet.cluster.data_parallel.parameter_server import RoundResult
 
 
 class Shipped(Protocol):
@@ -70,7 +70,7 @@ class Engine(Protocol):
         ...
 
     def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        """The sum of the :class:`~sparknet.cluster.params.RoundResult` s of ``job`` (a
+        """The sum of the :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult` s of ``job`` (a
         resident state's :meth:`mapPartitions`), by ``reduce`` where the engine has a
         choice."""
         ...
@@ -97,13 +97,13 @@ class Engine(Protocol):
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> Any:
         """Resident shards built from ``df``'s partitions through Arrow
-        (:meth:`~sparknet.cluster.resident.Resident.from_dataframe`'s contract)."""
+        (:meth:`~sparknet.cluster.resident.driver.Resident.from_dataframe`'s contract)."""
         ...
 
     def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
                             what: str) -> Any:
         """Resident shards of checked numpy input, split by
-        :func:`~sparknet.cluster.numpy_input.split_indices` (piece ``i`` in partition ``i``)."""
+        :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``)."""
         ...
 
 
@@ -162,7 +162,7 @@ class ClassicEngine:
         return self.sc.broadcast(value)
 
     def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        from sparknet.cluster.params import RoundResult, RoundResultParam, _Adder, _seq
+        from sparknet.cluster.data_parallel.parameter_server import RoundResult, RoundResultParam, _Adder, _seq
 
         if reduce == "tree":
             return job.treeAggregate(RoundResult(), _seq, _seq, depth=depth)
@@ -187,13 +187,13 @@ class ClassicEngine:
 
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> Any:
-        from sparknet.cluster.resident import Resident
+        from sparknet.cluster.resident.driver import Resident
 
         return Resident.from_dataframe(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
 
     def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
                             what: str) -> Any:
-        from sparknet.cluster.numpy_input import from_numpy
+        from sparknet.cluster.data.numpy_input import from_numpy
 
         return from_numpy(self.sc, X, Y, num_partitions, seed, name, what)
 
@@ -204,7 +204,7 @@ def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
     if hasattr(spark, "kind") and hasattr(spark, "gather"):
         return spark  # type: ignore[return-value]
     if is_connect(spark):
-        from sparknet.cluster.engine_connect import ConnectEngine
+        from sparknet.cluster.engine.connect import ConnectEngine
 
         return ConnectEngine.of(spark)  # type: ignore[arg-type]
     sc = getattr(spark, "sparkContext", spark)

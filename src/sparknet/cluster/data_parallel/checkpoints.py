@@ -1,7 +1,7 @@
 """Checkpoints of a data-parallel fit: what they hold, when they are written, how a fit
 resumes from one, and where a round's timeout comes from.
 
-:class:`~sparknet.cluster.data_parallel.DataParallelTrainer` gives every fit one
+:class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` gives every fit one
 :class:`FitState` (``ctx.state``).  With ``checkpoint_dir`` set it writes checkpoints
 through :class:`sparknet.checkpoint.CheckpointStore` (atomic folders, a manifest with a
 SHA-256 per file written last, the newest ``checkpoint_keep`` kept).
@@ -12,7 +12,7 @@ Arrays:
 
 * ``params`` -- the flat parameter vector;
 * ``state`` -- the layers' untrained state (BatchNormalization's running statistics),
-  when they keep any (:mod:`sparknet.cluster.layer_state`);
+  when they keep any (:mod:`sparknet.cluster.data_parallel.layer_state`);
 * ``opt_*`` -- the driver's optimizer state (``sync="gradient"``), in the one serialised
   form of :meth:`sparknet.optim.Optimizer.state_arrays`;
 * ``outer_*`` -- the outer optimizer's state (``sync="average"`` with ``outer``);
@@ -32,7 +32,7 @@ steps, epochs per round, the measured cost model), the async server's counters (
 applied, rows dispatched, each partition's pass and chunk), the history so far, and the
 random state.  Every random draw of a data-parallel fit -- the data split, each epoch's
 permutations, dropout in each task -- is a pure function of the seed and these counters
-(``default_rng([seed, epoch, partition])``, see :mod:`sparknet.cluster.data_parallel`),
+(``default_rng([seed, epoch, partition])``, see :mod:`sparknet.cluster.data_parallel.trainer`),
 so the seed plus the position *is* the random state; the model's own generator
 (``Sequential._rng``, used by one-process ``fit``) is stored as well.
 
@@ -72,15 +72,15 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from sparknet.checkpoint import Checkpoint, CheckpointStore
-from sparknet.cluster import layer_state
-from sparknet.cluster.params import STATS
-from sparknet.cluster.rounds import STATE_PREFIX
+from sparknet.cluster.data_parallel import layer_state
+from sparknet.cluster.data_parallel.parameter_server import STATS
+from sparknet.cluster.data_parallel.round_task import STATE_PREFIX
 from sparknet.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from sparknet.cluster.data_parallel import DataParallelTrainer
-    from sparknet.cluster.fit import FitContext, RoundLog
-    from sparknet.cluster.resident import Shard
+    from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+    from sparknet.cluster.resident.driver import Shard
 
 log = logging.getLogger(__name__)
 
@@ -533,7 +533,7 @@ def resume(state: FitState, ctx: FitContext) -> bool:
     ctx.steps_per_round = int(sizing.get("steps_per_round", ctx.steps_per_round))
     ctx.epochs_per_round = int(sizing.get("epochs_per_round", ctx.epochs_per_round))
     if sizing.get("cost"):
-        from sparknet.cluster.cost import RoundCostModel
+        from sparknet.cluster.planning.cost import RoundCostModel
         t_fixed, t_step = sizing["cost"]
         ctx.cost = tr.cost = RoundCostModel(float(t_fixed), float(t_step), int(model.params.nbytes))
     rng = (meta.get("rng") or {}).get("model")
@@ -587,7 +587,7 @@ def _restore_history(ctx: FitContext, saved: Mapping[str, Any] | None) -> None:
 
 
 def epoch_carry(pos: Position, rl_factory: Callable[[], RoundLog]) -> RoundLog:
-    """The :class:`~sparknet.cluster.fit.RoundLog` of the epoch a mid-epoch checkpoint
+    """The :class:`~sparknet.cluster.data_parallel.fit_context.RoundLog` of the epoch a mid-epoch checkpoint
     was taken in, as far as it had got."""
     rl = rl_factory()
     rl.wall = float(pos.partial.get("wall", 0.0))

@@ -4,7 +4,7 @@ applied, so the model keeps its last finite weights and no checkpoint of the div
 state is written.
 
 Each task checks its own result on the executor (:func:`scan`) and names itself in
-:attr:`~sparknet.cluster.params.RoundResult.nonfinite`; the driver raises from the summed
+:attr:`~sparknet.cluster.data_parallel.parameter_server.RoundResult.nonfinite`; the driver raises from the summed
 result (:func:`check_result`) before applying it, and checks the parameters after the
 step (:func:`check_params`), putting the previous ones back if the step itself overflowed.
 
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.cluster.params import STATS, RoundResult
+from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.errors import TrainingDiverged
 
 

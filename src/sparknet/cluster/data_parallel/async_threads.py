@@ -1,7 +1,7 @@
 """Driver threads of asynchronous training: each runs one partition's rounds as
 single-partition Spark jobs, one at a time, in its own Spark job group.
 
-Used by :mod:`sparknet.cluster.async_ps`: the driver loop there hands a thread a
+Used by :mod:`sparknet.cluster.data_parallel.async_mode`: the driver loop there hands a thread a
 :class:`Launch` and reads ``(partition, launch, result, exception)`` back from the
 run's result queue, keeping one :class:`_Epoch` per epoch.
 """
@@ -12,11 +12,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sparknet.cluster.fit import RoundLog
-from sparknet.cluster.rounds import TaskKind, make_task
+from sparknet.cluster.data_parallel.fit_context import RoundLog
+from sparknet.cluster.data_parallel.round_task import TaskKind, make_task
 
 if TYPE_CHECKING:
-    from sparknet.cluster.async_ps import _AsyncRun
+    from sparknet.cluster.data_parallel.async_mode import _AsyncRun
 
 
 def executor_message(exc: BaseException) -> str:

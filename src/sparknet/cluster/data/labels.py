@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sparknet.cluster.resident import ShardInfo
+    from sparknet.cluster.resident.driver import ShardInfo
 
 
 def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:

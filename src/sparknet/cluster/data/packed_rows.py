@@ -91,7 +91,7 @@ class PackedBuild:
         self.classification, self.dtype = classification, dtype
 
     def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
-        from sparknet.cluster.data import _finish, _no_rows
+        from sparknet.cluster.data.sharding import _finish, _no_rows
 
         rows = [r for b in batches for r in b.to_pylist()]   # one a partition
         extra: dict[str, Any] = {"jvm_seconds": sum(r["seconds"] for r in rows)}
