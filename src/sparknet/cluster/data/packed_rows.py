@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
+from sparknet.cluster.data.shard_checks import finish, no_rows
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -91,19 +93,17 @@ class PackedBuild:
         self.classification, self.dtype = classification, dtype
 
     def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
-        from sparknet.cluster.data.sharding import _finish, _no_rows
-
         rows = [r for b in batches for r in b.to_pylist()]   # one a partition
         extra: dict[str, Any] = {"jvm_seconds": sum(r["seconds"] for r in rows)}
         bad = [r["bad"] for r in rows if r["bad"] is not None]
         if bad:                  # no file was written (the task's end deletes any other)
             kind, *nums = bad[0].split()
             extra[kind] = int(nums[0]) if len(nums) == 1 else tuple(map(int, nums))
-            return _no_rows(self.dtype), {**extra, "rows": 0}
+            return no_rows(self.dtype), {**extra, "rows": 0}
         parts = [read_rows(r["path"], r["rows"], r["dim"], self.dtype) for r in rows if r["rows"]]
         if not parts:
-            return _no_rows(self.dtype, np.int64 if self.classification else self.dtype), {**extra, "rows": 0}
+            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), {**extra, "rows": 0}
         x, y = parts[0] if len(parts) == 1 else (np.concatenate([p[0] for p in parts]),
                                                  np.concatenate([p[1] for p in parts]))
         extra["x_dim"] = int(x.shape[1])
-        return _finish(x, y, self.classification, self.dtype, extra)
+        return finish(x, y, self.classification, self.dtype, extra)

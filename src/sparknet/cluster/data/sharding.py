@@ -30,6 +30,7 @@ import numpy as np
 from sparknet._validation import positive_int
 from sparknet.cluster.data.labels import check_label_range
 from sparknet.cluster.data.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
+from sparknet.cluster.data.shard_checks import finish, no_rows
 from sparknet.cluster.resident.driver import Resident
 
 if TYPE_CHECKING:
@@ -79,49 +80,6 @@ class ShardedData:
 
 
 # ----------------------------------------------------------------- executor side builds
-def _summarise(x: np.ndarray | None, y: np.ndarray | None, classification: bool,
-               extra: dict) -> dict:
-    """The per-partition meta the driver turns into errors."""
-    meta = dict(extra)
-    n = 0 if y is None else int(y.shape[0])
-    meta["rows"] = n
-    if x is not None and n:
-        bad = ~np.isfinite(x)
-        if bad.any():
-            r, c = np.argwhere(bad)[0][:2] if x.ndim > 1 else (np.argwhere(bad)[0][0], 0)
-            meta["x_bad"] = (int(r), int(c), float(x[r].reshape(-1)[c]))
-    if y is not None and n:
-        yf = y.reshape(n, -1)
-        bad = ~np.isfinite(yf)
-        if bad.any():
-            meta["y_bad"] = int(np.argwhere(bad)[0][0])
-        elif classification:
-            nonint = yf != np.round(yf)
-            if nonint.any():
-                meta["y_nonint"] = float(yf[np.argwhere(nonint)[0][0], 0])
-            meta["y_min"], meta["y_max"] = float(yf.min()), float(yf.max())
-    return meta
-
-
-def _no_rows(dtype: Any, y_dtype: Any = np.int64) -> dict[str, np.ndarray]:
-    """The arrays of a shard without rows (or whose rows the driver will reject)."""
-    return {"x": np.zeros((0, 0), dtype), "y": np.zeros(0, y_dtype)}
-
-
-def _finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype: Any,
-            extra: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    t0 = time.perf_counter()
-    meta = _summarise(x, y, classification, extra)
-    meta["check_seconds"] = time.perf_counter() - t0
-    x = np.ascontiguousarray(x, dtype=dtype)
-    if classification:
-        yy = np.asarray(y, dtype=np.float64).reshape(-1)
-        y = np.where(np.isfinite(yy), yy, 0).astype(np.int64)
-    else:
-        y = np.ascontiguousarray(y, dtype=dtype)
-    return {"x": x, "y": y}, meta
-
-
 def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
     """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
     import pyarrow as pa
@@ -164,7 +122,7 @@ class _ArrowBuild:
         batches = list(batches)
         extra: dict[str, Any] = {}
         if not batches or sum(b.num_rows for b in batches) == 0:
-            return _no_rows(self.dtype, np.int64 if self.classification else self.dtype), {"rows": 0}
+            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), {"rows": 0}
         table = pa.Table.from_batches(batches)
         x = _list_column(table.column(0), "x", extra)
         y = _list_column(table.column(1), "y", extra)
@@ -172,7 +130,7 @@ class _ArrowBuild:
             x = np.zeros((table.num_rows, 0))
         if "y_null" in extra or "y_lengths" in extra:
             y = np.zeros(table.num_rows)
-        return _finish(x, y, self.classification, self.dtype, extra)
+        return finish(x, y, self.classification, self.dtype, extra)
 
 
 class _PairsBuild:
@@ -192,19 +150,19 @@ class _PairsBuild:
             xs.append(np.asarray(item[0]))
             ys.append(item[1])
         if "pair_bad" in extra or not xs:
-            return _no_rows(self.dtype), {**extra, "rows": 0}
+            return no_rows(self.dtype), {**extra, "rows": 0}
         shapes = {a.shape for a in xs}
         if len(shapes) > 1:
             sizes = sorted(int(np.prod(s)) for s in shapes)
             first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
             extra["x_lengths"] = (sizes[0], sizes[-1], first)
-            return _no_rows(self.dtype), {**extra, "rows": len(xs)}
+            return no_rows(self.dtype), {**extra, "rows": len(xs)}
         if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
             extra["dtype_bad"] = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
-            return _no_rows(self.dtype), {**extra, "rows": len(xs)}
+            return no_rows(self.dtype), {**extra, "rows": len(xs)}
         x = np.stack(xs).reshape(len(xs), -1)
         extra["x_dim"] = int(x.shape[1])
-        return _finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
+        return finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
 
 
 # ------------------------------------------------------------------------- driver side

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from sparknet.checkpoint import process_start
+
 log = logging.getLogger(__name__)
 
 SHM = "/dev/shm"
@@ -64,24 +66,6 @@ class Owner:
     def this_driver(cls, app_id: str) -> "Owner":
         pid = os.getpid()
         return cls(socket.gethostname(), pid, process_start(pid) or 0, str(app_id))
-
-
-def process_start(pid: int) -> int | None:
-    """The start time of process ``pid`` (``/proc/<pid>/stat``), None when it does not run
-    (or on systems without ``/proc``, where only :func:`os.kill` can tell)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except FileNotFoundError:
-        return None
-    except (OSError, IndexError, ValueError):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return 0
 
 
 def candidate_bases(extra: str | None = None) -> list[str]:
