@@ -115,6 +115,7 @@ def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothi
         trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_async_reaches_classic_accuracy_on_digits(spark, connect_spark, digits, nothing_left):
     """mode='async' under Connect (one query per partition, from its own client thread)
     spends the same budget of samples and reaches Classic's test accuracy within the run-
@@ -304,7 +305,8 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])
 
 
-@pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
+@pytest.mark.parametrize("pair", [pytest.param(False, id="blocks", marks=pytest.mark.slow),
+                                  pytest.param(True, id="paired")])
 def test_model_parallel_under_connect_equals_one_process_float64(connect_spark, digits_xy, pair, nothing_left):
     """ModelParallel's block jobs as queries over a one-row-per-slot anchor: every layer
     of a 3-layer MLP cut into K = 1..3 blocks (paired: layers 0 and 1 as a Megatron pair)

@@ -83,6 +83,7 @@ def _fit(session, X, y, on_round=None):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_a_lost_executor_under_connect_is_rebuilt_and_the_fit_ends_as_undisturbed(connect_standalone, digits,
                                                                                   caplog):
     """Worker 1 killed after the third round: the next round's task finds its anchor

@@ -136,6 +136,7 @@ def test_fits_that_end_fail_or_are_interrupted_leave_nothing(spark, digits):
     assert sc._jsc.getPersistentRDDs().size() == persisted
 
 
+@pytest.mark.slow
 def test_folders_of_killed_drivers_are_swept_and_live_ones_kept(spark):
     from sparknet.cluster.resident.driver import Resident
 
@@ -219,6 +220,7 @@ def _check_recovered(out: dict, ref: dict, faults: dict) -> None:
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_sync_numpy_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     ref = faults["sync_ref"] = driver.fit(name="sync-undisturbed")
@@ -231,6 +233,7 @@ def test_sync_numpy_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_returning_worker_is_used_again_and_dataframe_input_computes_the_same(faults):
     driver = faults["driver"]
     ref = faults.get("sync_ref") or driver.fit(name="sync-undisturbed")
@@ -245,6 +248,7 @@ def test_returning_worker_is_used_again_and_dataframe_input_computes_the_same(fa
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_sync_dataframe_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     ref = faults.get("df_ref") or driver.fit(name="sync-dataframe-undisturbed", input="dataframe")
@@ -255,6 +259,7 @@ def test_sync_dataframe_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_async_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     # Asynchronous fits differ from run to run (the order the deltas arrive in): two
@@ -275,6 +280,7 @@ def test_async_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_no_executor_left_fails_clearly_in_bounded_time(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     kill_time = []

@@ -562,6 +562,7 @@ def uninterrupted(digits_train):
     return _resume_clf(epochs=RESUME_EPOCHS).fit(digits_train)
 
 
+@pytest.mark.slow
 def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uninterrupted, tmp_path, monkeypatch):
     import shutil
 

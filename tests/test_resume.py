@@ -73,6 +73,7 @@ def _fit(mode, spark, digits, directory=None, resume=False):
     return trainer.model, history, float(trainer.model.evaluate(Xt, yt)["accuracy"])
 
 
+@pytest.mark.slow
 def test_gradient_fit_killed_by_sigkill_resumes_to_bit_identical_weights(spark, digits, killed):
     full, h_full, _ = _fit("gradient", spark, digits)
     store = CheckpointStore(killed["gradient"])
@@ -88,6 +89,7 @@ def test_gradient_fit_killed_by_sigkill_resumes_to_bit_identical_weights(spark, 
     assert [c["step"] for c in h.checkpoints] == [8, 12]
 
 
+@pytest.mark.slow
 def test_average_fit_killed_resumes_with_each_partitions_optimizer_state(spark, digits, killed):
     full, _, acc_full = _fit("average", spark, digits)
     ckpt = CheckpointStore(killed["average"]).latest()
@@ -101,6 +103,7 @@ def test_average_fit_killed_resumes_with_each_partitions_optimizer_state(spark, 
     assert h.epoch == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_async_fit_killed_resumes_to_the_same_accuracy(spark, digits, killed):
     full, h_full, acc_full = _fit("async", spark, digits)
     ckpt = CheckpointStore(killed["async"]).latest()
@@ -113,6 +116,7 @@ def test_async_fit_killed_resumes_to_the_same_accuracy(spark, digits, killed):
     assert np.array_equal(resumed.params, full.params)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_network(spark, digits, killed):
     X, y, _, _ = digits
     model = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=0, dtype="float64")

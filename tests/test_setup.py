@@ -187,6 +187,7 @@ def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_s
     assert _resident_dirs() <= before
 
 
+@pytest.mark.slow
 def test_executor_daemon_preloads_sparknet():
     """``get_spark`` makes the executors' Python daemon import sparknet before forking
     workers (``spark.python.daemon.module``): a task finds it loaded."""
@@ -229,6 +230,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
         warm_shard_path(spark, 0)
 
 
+@pytest.mark.slow
 def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_path, standalone_cluster):
     """Shards kept for reuse by a session that was then stopped are deleted (this host's
     files) when a new session's fit looks for reusable shards, without asking the stopped
