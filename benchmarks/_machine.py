@@ -77,7 +77,7 @@ def sgemm_gflops(n: int = 1024, repeats: int = 7) -> tuple[float, float]:
     two ``n x n`` matrices, through the BLAS sparknet's kernels call.  Measured once per process."""
     global _rate
     if _rate is None:
-        from sparknet.cluster.probe import gemm_times
+        from sparknet.cluster.planning.probes import gemm_times
 
         times = gemm_times(n, repeats)
         flops = 2.0 * n ** 3

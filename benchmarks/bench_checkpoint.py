@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--local-steps", type=int, default=100)
     args = ap.parse_args(argv)
     print(machine_header())
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.engine.session import get_spark
     spark = get_spark("local[2]", app_name="sparknet-bench-checkpoint",
                       conf={"spark.ui.enabled": "false", "spark.driver.memory": "4g",
                             "spark.ui.showConsoleProgress": "false"})

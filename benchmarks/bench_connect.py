@@ -46,7 +46,7 @@ DEFAULT_MNIST = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data",
 def fit(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
     from sparknet import Dense, RMSprop, Sequential
     from sparknet.callbacks import Callback
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
     X, y, Xt, yt = data
     model = Sequential([Dense(512, activation="relu"), Dense(256, activation="relu"),
@@ -75,7 +75,7 @@ def fit(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
 
 def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
     """Median seconds of an empty round and of one shipping ``mib`` MiB out and back."""
-    from sparknet.cluster.engine import engine_for, is_connect
+    from sparknet.cluster.engine.base import engine_for, is_connect
 
     def build(index, it):
         for _ in it:
@@ -83,10 +83,10 @@ def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
         return {"x": np.zeros(4, np.float32)}, {"rows": 0}
 
     if is_connect(spark):
-        from sparknet.cluster.engine_connect import ConnectResident
+        from sparknet.cluster.engine.connect import ConnectResident
         res = ConnectResident(spark.range(0, 2, 1, numPartitions=2), lambda i, b: build(i, iter(b)), name="bench")
     else:
-        from sparknet.cluster.resident import Resident
+        from sparknet.cluster.resident.driver import Resident
         res = Resident(spark.sparkContext.parallelize(range(2), 2), build, name="bench")
     engine = engine_for(spark)
     payload = np.ones((mib << 20) // 4, np.float32)
@@ -110,7 +110,7 @@ def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
 def async_straggler(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
     """``mode="async"`` with partition 1 at half speed: median epoch, updates per partition, accuracy."""
     from sparknet import Dense, RMSprop, Sequential
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
     from sparknet.cluster.testing import inject_faults
 
     X, y, Xt, yt = data
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     from _connect_server import ConnectServer
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
     from sparknet.datasets import load_mnist
 
     print(machine_header(), flush=True)

@@ -5,7 +5,7 @@ For each master (``local[1]``, ``local[2]``, a standalone cluster of 2 one-core 
 
 1. the probes: :meth:`SparkCosts.measure` on the live session, :meth:`NetworkCosts.measure`
    (real training steps of the network in this process, one BLAS thread);
-2. the prediction (:func:`sparknet.cluster.cost.predict`);
+2. the prediction (:func:`sparknet.cluster.planning.cost.predict`);
 3. the real thing: a short :class:`~sparknet.cluster.DataParallelTrainer` fit (numpy
    input, RMSprop, fixed ``local_steps``, plain averaging), whose median epoch after the
    first is the measurement (the first epoch starts the workers' models); or for the
@@ -94,7 +94,7 @@ def shakespeare(rows: int, seq: int):
 def session(master: str, extra: dict | None = None):
     from pyspark.sql import SparkSession
 
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
     b = SparkSession.builder
     for k, v in DEFAULT_CONF.items():
         b = b.config(k, v)
@@ -121,7 +121,7 @@ def wait_executors(spark, n: int, timeout: float = 90) -> None:
 
 def state() -> dict:
     """The load average and this process's one-thread sgemm rate now."""
-    from sparknet.cluster.probe import gemm_gflops
+    from sparknet.cluster.planning.probes import gemm_gflops
     return {"load": os.getloadavg()[0], "sgemm": gemm_gflops()}
 
 
@@ -165,7 +165,7 @@ def row(name: str, master: str, pred, measured: list[float], st: dict, unit: str
 
 
 def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None:
-    from sparknet.cluster.cost import NetworkCosts, SparkCosts, predict
+    from sparknet.cluster.planning.cost import NetworkCosts, SparkCosts, predict
 
     work = []
     if "mlp" in args.only:
@@ -200,9 +200,9 @@ def model_parallel(spark, master: str, args, rows: list) -> None:
     from bench_model_parallel import Single, data, layers
 
     from sparknet import RMSprop
-    from sparknet.cluster.blocks import BlockPlan
-    from sparknet.cluster.cost import NetworkCosts, SparkCosts, predict
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
+    from sparknet.cluster.planning.cost import NetworkCosts, SparkCosts, predict
 
     n_in, width, batch = 4096, 16384, 256
     # the one-process costs from a narrower copy of the net (4096-4096-4096-10, 33.6M

@@ -69,7 +69,7 @@ def make_model(seed: int):
 
 
 def session(master: str):
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.engine.session import get_spark
     spark = get_spark(master, app_name=f"sparknet-bench-{master}",
                       conf={"spark.ui.enabled": "false", "spark.driver.memory": "6g",
                             "spark.ui.showConsoleProgress": "false",
@@ -140,7 +140,7 @@ def run_mllib(spark, df, dft, args):
 
 
 def primitives(spark, n_params: int):
-    from sparknet.cluster.params import measure_primitives
+    from sparknet.cluster.data_parallel.parameter_server import measure_primitives
     return measure_primitives(spark.sparkContext, n_params, 2, repeats=9)
 
 

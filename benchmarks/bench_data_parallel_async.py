@@ -69,7 +69,7 @@ def time_to_target(times, accs, target):
 
 def run(spark, mode, data, args, straggler):
     from sparknet import RMSprop
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
     from sparknet.cluster.testing import inject_faults
 
     X, y, Xt, yt = data
@@ -135,7 +135,7 @@ def main(argv=None):
 
     from threadpoolctl import threadpool_limits
     threadpool_limits(1)
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.engine.session import get_spark
     from sparknet.datasets import load_mnist
 
     data = load_mnist(args.mnist)

@@ -177,8 +177,8 @@ def driver_killed() -> None:
 
 def hung_and_diverged() -> None:
     from sparknet import SGD, Dense, Sequential
-    from sparknet.cluster.data_parallel import DataParallelTrainer
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+    from sparknet.cluster.engine.session import get_spark
     from sparknet.cluster.testing import inject_faults
     from sparknet.datasets import load_digits
 
@@ -215,7 +215,7 @@ def hung_and_diverged() -> None:
 
 
 def leaks(spark: Any) -> None:
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
 
     bases = spill.candidate_bases()
     left = []

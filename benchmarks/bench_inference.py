@@ -42,7 +42,7 @@ def _spark(master: str):
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
 
     builder = SparkSession.builder
     for k, v in DEFAULT_CONF.items():  # the settings sparknet's own sessions get

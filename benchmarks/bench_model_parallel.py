@@ -83,8 +83,8 @@ def bench_pair_of(spark, n_in: int, width: int, batch: int, steps: int, warmup: 
     """Alternate single-process and K = 2 steps on the same batches (so both see the same
     machine load); returns (single row, model-parallel row)."""
     from sparknet import RMSprop
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = data(n_in, batch, steps + warmup)
     t0 = time.perf_counter()
@@ -118,8 +118,8 @@ def hybrid_cost(spark, n_in: int, width: int, batch: int, replicas: int, pair: b
                 combine_bytes: int) -> dict:
     """Bytes and Spark jobs of one steady training step of ``replicas`` x K = 2 blocks."""
     from sparknet import RMSprop
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = data(n_in, batch, 2)
     mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark, seed=0,
@@ -175,7 +175,7 @@ def parallel_capacity() -> tuple[float, float]:
 def session(master: str, extra: dict | None = None):
     from pyspark.sql import SparkSession
 
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
     b = SparkSession.builder
     for k, v in DEFAULT_CONF.items():  # the settings sparknet's own sessions get
         b = b.config(k, v)

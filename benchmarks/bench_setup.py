@@ -95,7 +95,9 @@ class _Phases:
         self._undo.append((owner, name, orig))
 
     def __enter__(self) -> "_Phases":
-        from sparknet.cluster import data_parallel, fit, resident
+        from sparknet.cluster.data_parallel import fit_context as fit
+        from sparknet.cluster.data_parallel import trainer as data_parallel
+        from sparknet.cluster.resident import driver as resident
         self.wrap(resident.Resident, "_materialise", "shard jobs (incl. worker start)")
         self.wrap(data_parallel.DataParallelTrainer, "_load",
                   lambda self_, d, y, cols, cls, n, what, *rest: f"load {what} (total)")
@@ -139,7 +141,7 @@ def one_fit(spark: Any, df: Any, dft: Any, args: argparse.Namespace) -> dict[str
 def session(master: str, warm_up: bool) -> tuple[Any, Any]:
     """The session, and the thread starting its Python workers (None without warm-up or
     with a sparknet whose get_spark has none)."""
-    from sparknet.cluster import session as session_mod
+    from sparknet.cluster.engine import session as session_mod
     conf = {"spark.ui.enabled": "false", "spark.driver.memory": "6g", "spark.executor.memory": "2g",
             "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"}
     if hasattr(session_mod, "start_python_workers"):

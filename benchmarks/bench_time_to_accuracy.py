@@ -9,7 +9,7 @@ epoch.  The runs (``--runs`` picks a subset):
 ``df-plain``     :class:`~sparknet.cluster.DataParallelTrainer` on ``--master`` (local[2]),
                  2 partitions, DataFrame input (ML Vector column), ``sync="average"``,
                  plain averaging (``outer=None``);
-``df-outer``     the same with the outer optimizer (:mod:`sparknet.cluster.outer`;
+``df-outer``     the same with the outer optimizer (:mod:`sparknet.cluster.data_parallel.outer_optimizer`;
                  ``OuterOptimizer()``, sized from the partitions, unless
                  ``--outer-momentum`` / ``--outer-lr`` are given);
 ``np-plain``,    the same two on numpy input;
@@ -98,7 +98,7 @@ def to_df(spark: Any, X: np.ndarray, y: np.ndarray, partitions: int) -> Any:
 
 
 def session(master: str) -> Any:
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.engine.session import get_spark
     spark = get_spark(master, app_name="sparknet-bench-time-to-accuracy",
                       conf={"spark.ui.enabled": "false", "spark.driver.memory": "6g",
                             "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"})
@@ -138,7 +138,7 @@ def run_trainer(d: dict[str, Any], args: argparse.Namespace, *, source: str, out
                 mode: str = "sync") -> dict[str, Any]:
     from sparknet import RMSprop
     from sparknet.cluster import DataParallelTrainer
-    from sparknet.cluster.outer import OuterOptimizer
+    from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer
     model = make_model(args.seed)
     kw: dict[str, Any] = {"mode": mode}
     if mode == "sync":
@@ -159,7 +159,7 @@ def _validating(validation_data: Any) -> Iterator[None]:
     """Every ``DataParallelTrainer.fit`` without validation data validates on
     ``validation_data`` inside the block (the Estimator takes none; this measures its
     accuracy per epoch the way the trainer's other runs are measured)."""
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
     fit = DataParallelTrainer.fit
 
     @functools.wraps(fit)

@@ -12,7 +12,7 @@ It reads one JSON object per line on stdin, a fit to run::
      "sync": "average", "local_steps": 20, "epochs": 8, "kill_after": 2, "executors": 2,
      "no_executor_wait": 10}
 
-Numpy input is split by :func:`sparknet.cluster.data.split_indices`; the DataFrame and the
+Numpy input is split by :func:`sparknet.cluster.data.sharding.split_indices`; the DataFrame and the
 RDD hold the same two partitions in the same order, so that their fits compute the same.
 
 and prints, per fit, ``KILL <name>`` when epoch ``kill_after`` ended (the test then kills a
@@ -53,7 +53,7 @@ class _Events(logging.Handler):
         if want and msg.startswith(f"epoch {want}/"):
             print(f"KILL {self.fit['name']}", flush=True)
         if msg.startswith("epoch "):
-            from sparknet.cluster import resident
+            from sparknet.cluster.resident import driver as resident
             for res in list(resident._OPEN):
                 self.keys.add(res.key)
                 if res.key.startswith("train-"):
@@ -146,8 +146,8 @@ def main() -> int:
     import numpy as np
 
     from sparknet import Dense, Sequential
-    from sparknet.cluster.data_parallel import DataParallelTrainer
-    from sparknet.cluster.session import get_spark
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+    from sparknet.cluster.engine.session import get_spark
 
     spark = get_spark(master, app_name="sparknet-faults", warm_up=False, conf={
         "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
@@ -162,10 +162,10 @@ def main() -> int:
     X, y, Xt, yt = _data(dataset)
     if len(sys.argv) > 4:
         X, y = X[:int(sys.argv[4])], y[:int(sys.argv[4])]
-    from sparknet.cluster.data import split_indices
+    from sparknet.cluster.data.sharding import split_indices
     parts = split_indices(len(y), 2, 0)
     hidden = 64 if dataset == "digits" else 128
-    from sparknet.cluster.session import start_python_workers
+    from sparknet.cluster.engine.session import start_python_workers
     start_python_workers(spark).join(timeout=120)
     from pyspark.ml.linalg import Vectors
     small = sc.parallelize([(Vectors.dense(X[i].tolist()), int(y[i])) for i in range(64)], 2).toDF(
@@ -202,7 +202,7 @@ def main() -> int:
             data = sc.union([sc.parallelize([(X[i], int(y[i])) for i in part], 1) for part in parts])
             labels = None
         if fit.get("no_executor_wait"):
-            from sparknet.cluster import executors
+            from sparknet.cluster.resident import executors
             executors.NO_EXECUTOR_WAIT = float(fit["no_executor_wait"])
         persisted = sc._jsc.getPersistentRDDs().size()
         t0 = time.perf_counter()

@@ -38,8 +38,8 @@ def main() -> int:
     from sklearn.datasets import load_digits
 
     from sparknet import Dense, RMSprop
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = load_digits(return_X_y=True)
     X = X / 16.0

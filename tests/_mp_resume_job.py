@@ -20,8 +20,8 @@ EPOCHS, BATCH, EVERY = 2, 128, 4
 
 def make(spark, ckpt_dir, name):
     from sparknet import Dense, RMSprop
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     layers = [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
     return ModelParallel(layers, BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64",

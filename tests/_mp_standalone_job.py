@@ -22,8 +22,8 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from sparknet import SGD, Dense
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import BlockMemoryError, ModelParallel, _vm_size
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     spark = (SparkSession.builder.master(master).appName("sparknet-mp-standalone")
              .config("spark.ui.enabled", "false")

@@ -71,7 +71,7 @@ def connect_server():
         pytest.skip(f"the Spark Connect client is not installed ({exc}): pip install '.[test]'")
     sys.path.insert(0, HERE)
     from _connect_server import ConnectServer
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
 
     conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}
     conf.update({"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2",

@@ -133,8 +133,8 @@ def test_data_parallel_adam_gradient_mode_equals_one_process_and_average_mode_le
     """sync='gradient' applies the driver's AdamW to the exact global minibatch gradient:
     float64 weights equal one process taking the documented global batches; in average
     mode each partition keeps its own Adam state resident and the fit learns digits."""
-    from sparknet.cluster.data import split_indices
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data.sharding import split_indices
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
     X, y, Xt, yt = digits
     rows, P, B, seed = 600, 3, 100, 5
@@ -171,8 +171,8 @@ def test_data_parallel_adam_gradient_mode_equals_one_process_and_average_mode_le
 def test_model_parallel_blocks_apply_adam_as_one_process(digits_xy, pair):
     """Each block applies AdamW (amsgrad) to its rows chunk by chunk with its state beside
     it: the blocked network's weights equal one process's to 1e-10 (float64, K = 2)."""
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = digits_xy
     layers = [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]

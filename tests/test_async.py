@@ -8,8 +8,8 @@ import pytest
 
 from _jobs import wait_no_active_jobs
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.async_ps import AsyncPartitionError
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data_parallel.async_mode import AsyncPartitionError
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.testing import inject_faults
 
 
@@ -174,7 +174,7 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
     import os
     import shutil
 
-    from sparknet.cluster import resident
+    from sparknet.cluster.resident import driver as resident
 
     X, y, Xt, yt = digits
     model = _mlp()
@@ -202,7 +202,7 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
 def test_fault_injection_enters_through_the_task_hook_and_leaves_with_the_block(spark, digits):
     """inject_faults wraps only the training tasks (calibration and evaluation run
     untouched), applies to synchronous rounds too, and is gone after its block."""
-    from sparknet.cluster import rounds
+    from sparknet.cluster.data_parallel import round_task as rounds
 
     X, y, _, _ = digits
     trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=3)

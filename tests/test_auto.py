@@ -1,5 +1,5 @@
 """The trainers' planner-chosen settings: DataParallelTrainer(num_partitions="auto") and
-ModelParallel(plan="auto") take what sparknet.cluster.planner picks for the session, and
+ModelParallel(plan="auto") take what sparknet.cluster.planning.planner picks for the session, and
 train with it; bad values are refused naming them."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster import planner
+from sparknet.cluster.planning import planner
 
 
 def _mlp():
@@ -23,7 +23,7 @@ def test_data_parallel_auto_partitions_uses_the_planners_choice(spark, digits, c
     X, y, Xt, yt = digits
     model = _mlp()
     trainer = DataParallelTrainer(model, spark, num_partitions="auto", optimizer=RMSprop(lr=3e-3), local_steps=10)
-    with caplog.at_level(logging.INFO, logger="sparknet.cluster.data_parallel"):
+    with caplog.at_level(logging.INFO, logger="sparknet.cluster.data_parallel.trainer"):
         _, h = trainer.fit(X, y, epochs=6, batch_size=32, verbose=0)
     chosen = [r.getMessage() for r in caplog.records if "num_partitions='auto' chose" in r.getMessage()]
     assert len(chosen) == 1

@@ -85,8 +85,8 @@ def test_info_reports_the_threads_the_kernels_run_with(capsys):
 
 
 def test_a_plan_prints_in_a_few_lines_and_keeps_its_table():
-    from sparknet.cluster import cost
-    from sparknet.cluster import planner as pl
+    from sparknet.cluster.planning import cost
+    from sparknet.cluster.planning import planner as pl
 
     net = cost.NetworkCosts(sample_s=3e-4, eval_sample_s=1e-4, param_bytes=1 << 20, activation_bytes=[512, 40],
                             flops_per_sample=0.0, gemm_gflops=90.0, batch_size=128, update_s=1e-4,

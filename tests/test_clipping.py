@@ -141,8 +141,8 @@ def test_one_process_fit_step_for_step_equals_torch(digits, dtype, tol):
 def test_data_parallel_gradient_mode_clips_the_mean_gradient(spark, digits):
     """sync='gradient': the driver clips the exact global minibatch gradient, so the float64
     weights equal one process taking the documented global batches with the same clip."""
-    from sparknet.cluster.data import split_indices
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data.sharding import split_indices
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
     X, y, _, _ = digits
     rows, P, B, seed = 300, 3, 100, 5
@@ -174,7 +174,7 @@ def test_data_parallel_gradient_mode_clips_the_mean_gradient(spark, digits):
 def test_data_parallel_average_mode_clips_each_local_step(spark, digits):
     """sync='average': partitions rebuild the optimizer from its config, clip included, and
     clip every local step: the weights differ from an unclipped fit and still learn."""
-    from sparknet.cluster.data_parallel import DataParallelTrainer
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
     X, y, Xt, yt = digits
     fits = {}
@@ -214,8 +214,8 @@ def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pai
     over all blocks and the driver's parameters, then one job applies the factor (with the
     lookahead forward in it): weights equal one process's Sequential with the same
     clipnorm to 1e-10 (float64)."""
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = digits_xy
     spark = request.getfixturevalue("spark") if on_spark else None
@@ -243,8 +243,8 @@ def test_model_parallel_clipping_in_process_blocks(digits_xy, case):
     """The executor code in this process: two replicas whose combined gradient comes in
     several pieces (stored, then scaled), a blocked layer between driver layers (Adam), and
     clipvalue alone (elementwise in every row chunk): each equals one process."""
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = digits_xy
     plan, replicas, make_opt = {

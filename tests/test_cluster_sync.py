@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.data import split_indices
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data.sharding import split_indices
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 
 def _mlp(dtype="float32", hidden=32, seed=0, input_shape=None):
@@ -246,13 +246,13 @@ def test_bad_input_fails_before_any_round(spark, digits):
 def test_resident_state_reattaches_and_never_goes_missing(spark):
     import shutil
 
-    from sparknet.cluster.resident import Resident, ResidentStateLost
+    from sparknet.cluster.resident.driver import Resident, ResidentStateLost
 
     sc = spark.sparkContext
 
     def _forget_all(_):
         """Executor side: what a restarted Python worker looks like (empty module store)."""
-        from sparknet.cluster import resident
+        from sparknet.cluster.resident import driver as resident
         resident._STORE.clear()
         resident._STORE_DIRS.clear()
         return 0
@@ -292,7 +292,7 @@ def test_rounds_do_not_carry_the_source_rows(spark):
     """A ``parallelize`` source keeps its rows in its partition objects; the anchor's
     lineage is cut so that the tasks of later jobs do not carry them, and a lost anchor
     block is reported as lost state (rebuilt from the source when asked)."""
-    from sparknet.cluster.resident import Resident, ResidentStateLost
+    from sparknet.cluster.resident.driver import Resident, ResidentStateLost
 
     sc = spark.sparkContext
     big = [np.full(1000, float(p)) for p in range(4)]

@@ -5,16 +5,22 @@
   ``pyproject.toml``.
 - No source file of the package over 600 lines: a longer one is doing several jobs.
 - Test-only machinery (``sparknet.cluster.testing``) is imported by no production module.
+- Imports run one way: no import circle among the package's modules (the ones left are listed
+  below as debt, so a new one fails), ``sparknet.cluster`` never imports ``sparknet.ml`` and the
+  core (``sparknet/*.py`` but the command line, ``sparknet/layers``) never imports
+  ``sparknet.cluster``.
 
 Both tools are in the ``test`` extras; a missing one fails here, saying how to install it.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import subprocess
 import sys
+from typing import Iterator
 
 import pytest
 
@@ -80,3 +86,180 @@ def test_production_code_does_not_import_test_machinery():
                    for n in names):
                 offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
     assert not offenders, "production modules import sparknet.cluster.testing:\n" + "\n".join(offenders)
+
+
+# ----------------------------------------------------------------- the import graph
+# Module-level imports only count for circles Python would trip over: those inside functions
+# are read when the function runs, and those under ``if TYPE_CHECKING:`` never run.  The graph
+# with the deferred imports is checked too (a circle there is a tangle of modules, even when it
+# imports), against the debt it holds today.
+
+#: Circles (strongly connected components) of the module-level import graph still to break.
+KNOWN_CIRCLES: list[set[str]] = []
+
+#: Circles still to break once imports inside functions count too.
+KNOWN_DEFERRED_CIRCLES: list[set[str]] = [
+    {"sparknet.cluster.data_parallel.fit_context", "sparknet.cluster.data_parallel.round_task",
+     "sparknet.cluster.planning.cost", "sparknet.cluster.planning.probes", "sparknet.epochs",
+     "sparknet.history", "sparknet.io", "sparknet.model"},
+    {"sparknet.ml._estimators", "sparknet.ml._scoring", "sparknet.ml._training", "sparknet.onnx._spark"},
+    {"sparknet._validation", "sparknet.callbacks", "sparknet.schedules"},
+    {"sparknet.cluster.data_parallel.parameter_server", "sparknet.cluster.engine.base",
+     "sparknet.cluster.engine.connect"},
+]
+
+#: Imports across the layers (importer, imported), deferred into functions, still to remove.
+KNOWN_CLUSTER_TO_ML = {("sparknet.cluster.data.packed_rows", "sparknet.ml._jvm")}
+KNOWN_CORE_TO_CLUSTER = {("sparknet.history", "sparknet.cluster.data_parallel.fit_context")}
+
+
+def _module_paths() -> dict[str, str]:
+    """Every module of the package (compiled kernels included, as leaves) -> its source file."""
+    src = os.path.dirname(PACKAGE)
+    out = {}
+    for path in _sources((".py", ".pyx")):
+        parts = os.path.relpath(path, src).rsplit(".", 1)[0].split(os.sep)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(body: list[ast.stmt], deferred: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run when ``body`` runs (with ``deferred``: also those in its
+    functions); never those under ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _type_checking(node.test):
+                yield from _imports(node.body, deferred)
+            yield from _imports(node.orelse, deferred)
+        elif isinstance(node, ast.Try):
+            for block in [node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)]:
+                yield from _imports(block, deferred)
+        elif isinstance(node, (ast.With, ast.For, ast.While, ast.ClassDef)):
+            yield from _imports(node.body, deferred)
+        elif deferred and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield from _imports(node.body, deferred)
+
+
+@functools.lru_cache(maxsize=None)
+def import_graph(deferred: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports.  ``from x import y`` counts as importing the
+    module ``x.y`` when there is one, else ``x``."""
+    modules = _module_paths()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = set()
+        if not path.endswith(".py"):
+            continue
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+        package = name.split(".") if path.endswith("__init__.py") else name.split(".")[:-1]
+        for node in _imports(tree.body, deferred):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+                mod = ".".join(p for p in (base, node.module or "") if p)
+                subs = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in modules]
+                targets = subs + ([mod] if len(subs) < len(node.names) else [])
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(sorted(graph[root])))]
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = set()
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.add(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    circles.append(comp)
+    return circles
+
+
+def _check_circles(circles: list[set[str]], known: list[set[str]], what: str) -> None:
+    new = [sorted(c) for c in circles if not any(c <= k for k in known)]
+    assert not new, (f"new import circles ({what}); break them (move the shared piece down to the "
+                     "lower module):\n" + "\n".join(" <-> ".join(c) for c in new))
+    assert sum(map(len, circles)) <= sum(map(len, known)), (
+        f"more modules in import circles ({what}) than the known debt: {sorted(map(sorted, circles))}")
+
+
+def test_import_graph_has_no_new_circles():
+    _check_circles(import_circles(import_graph()), KNOWN_CIRCLES, "module-level imports")
+
+
+def test_import_graph_with_deferred_imports_has_no_new_circles():
+    _check_circles(import_circles(import_graph(deferred=True)), KNOWN_DEFERRED_CIRCLES,
+                   "imports inside functions included")
+
+
+def test_import_circles_are_found():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert sorted(map(sorted, import_circles(graph))) == [["a", "b", "c"], ["d", "e"]]
+
+
+def _crossings(importer: str, imported: str, deferred: bool) -> set[tuple[str, str]]:
+    def inside(name: str, prefix: str) -> bool:
+        return name == prefix or name.startswith(prefix + ".")
+
+    def core(name: str) -> bool:       # the command line (sparknet.__main__) sits above it all
+        parts = name.split(".")
+        return (len(parts) <= 2 or parts[1] == "layers") and name != "sparknet.__main__"
+
+    importers = core if importer == "core" else (lambda n: inside(n, importer))
+    return {(a, b) for a, deps in import_graph(deferred).items() if importers(a)
+            for b in deps if inside(b, imported)}
+
+
+def test_cluster_does_not_import_ml():
+    assert not _crossings("sparknet.cluster", "sparknet.ml", deferred=False), \
+        "sparknet.cluster imports sparknet.ml at module level: the trainers must not need the Estimators"
+    extra = _crossings("sparknet.cluster", "sparknet.ml", deferred=True) - KNOWN_CLUSTER_TO_ML
+    assert not extra, f"new imports of sparknet.ml from sparknet.cluster: {sorted(extra)}"
+
+
+def test_core_does_not_import_cluster():
+    assert not _crossings("core", "sparknet.cluster", deferred=False), \
+        "the core (sparknet/*.py, sparknet/layers) imports sparknet.cluster at module level"
+    extra = _crossings("core", "sparknet.cluster", deferred=True) - KNOWN_CORE_TO_CLUSTER
+    assert not extra, f"new imports of sparknet.cluster from the core: {sorted(extra)}"

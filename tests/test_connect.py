@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.cluster.engine import engine_for, is_connect
-from sparknet.cluster.engine_connect import ConnectResident
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+from sparknet.cluster.engine.base import engine_for, is_connect
+from sparknet.cluster.engine.connect import ConnectResident
 from sparknet.errors import RoundTimeout
 
 
@@ -26,7 +26,7 @@ def _mlp(dtype="float64", seed=1):
 
 
 def _folders():
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
     return {n for n in os.listdir(spill.SHM) if n.startswith(spill.PREFIX)} if os.path.isdir(spill.SHM) else set()
 
 
@@ -54,7 +54,7 @@ def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digit
     with the same weights to 1e-12: the same split, the same steps, the same sums.  With
     ``carry="rows"`` the parameters are past the (lowered) closure limit and travel as
     broadcast pieces joined to the anchor (several 16 KiB pieces a round)."""
-    from sparknet.cluster import engine_connect
+    from sparknet.cluster.engine import connect as engine_connect
 
     if carry == "rows":
         monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1024)
@@ -115,6 +115,7 @@ def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothi
         trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
 
 
+@pytest.mark.slow
 def test_async_reaches_classic_accuracy_on_digits(spark, connect_spark, digits, nothing_left):
     """mode='async' under Connect (one query per partition, from its own client thread)
     spends the same budget of samples and reaches Classic's test accuracy within the run-
@@ -186,7 +187,7 @@ def test_shards_stay_on_their_host_and_in_the_workers_over_30_jobs(connect_spark
         return {"x": x}, {"rows": len(x)}
 
     def where(index, shard):  # (defined here: the server's workers cannot import this module)
-        from sparknet.cluster import shards
+        from sparknet.cluster.resident import shards
         stamp = shards._STORE_STAMPS.get((shard.info.key, index))
         return index, os.getpid(), shard.info.host, stamp == shard.info.stamp, float(shard.arrays["x"].sum())
 
@@ -304,7 +305,8 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     assert len(h["loss"]) == 1 and np.isfinite(h["loss"][0])
 
 
-@pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
+@pytest.mark.parametrize("pair", [pytest.param(False, id="blocks", marks=pytest.mark.slow),
+                                  pytest.param(True, id="paired")])
 def test_model_parallel_under_connect_equals_one_process_float64(connect_spark, digits_xy, pair, nothing_left):
     """ModelParallel's block jobs as queries over a one-row-per-slot anchor: every layer
     of a 3-layer MLP cut into K = 1..3 blocks (paired: layers 0 and 1 as a Megatron pair)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -31,7 +31,7 @@ def connect_standalone(_standalone):
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
     from _connect_server import ConnectServer
-    from sparknet.cluster.session import DEFAULT_CONF
+    from sparknet.cluster.engine.session import DEFAULT_CONF
 
     conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}
     conf.update({"spark.ui.enabled": "false", "spark.executor.cores": "1", "spark.cores.max": "2",
@@ -83,6 +83,7 @@ def _fit(session, X, y, on_round=None):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_a_lost_executor_under_connect_is_rebuilt_and_the_fit_ends_as_undisturbed(connect_standalone, digits,
                                                                                   caplog):
     """Worker 1 killed after the third round: the next round's task finds its anchor

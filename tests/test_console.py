@@ -60,6 +60,7 @@ def test_data_parallel_verbose_two_prints_one_line_per_epoch(capsys, spark, digi
     assert "epoch" not in out and "epoch" not in err
 
 
+@pytest.mark.slow
 def test_demo_output_has_one_bar_one_result_and_no_noise(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
     run = subprocess.run([sys.executable, "-m", "sparknet", "demo"], capture_output=True, text=True,

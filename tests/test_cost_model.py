@@ -1,4 +1,4 @@
-"""The cost model of every training mode (sparknet.cluster.cost): the structure of its
+"""The cost model of every training mode (sparknet.cluster.planning.cost): the structure of its
 equations, its probes on the live session, and one prediction against a real fit."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from sparknet.cluster.cost import (
+from sparknet.cluster.planning.cost import (
     NetworkCosts,
     Prediction,
     RoundCostModel,

@@ -12,8 +12,8 @@ import pytest
 
 from sparknet import Dense
 from sparknet.checkpoint import CheckpointStore
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 from sparknet.errors import CheckpointError
 
 

@@ -8,6 +8,7 @@ import pytest
 DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
 
 
+@pytest.mark.slow
 def test_sphinx_builds_without_warnings(tmp_path):
     pytest.importorskip("sphinx", reason="sphinx is not installed: pip install '.[test]'")
     proc = subprocess.run(

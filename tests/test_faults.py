@@ -31,8 +31,8 @@ import pytest
 
 from _jobs import wait_no_active_jobs
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster import spill
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
+from sparknet.cluster.resident import spill
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_ROWS = 3000
@@ -58,7 +58,7 @@ def _owned_folders(app_id: str, bases: list[str]) -> list[str]:
 
 # ------------------------------------------------------------------------- local Spark
 def test_run_action_timeout_cancels_a_job_that_never_returns(spark):
-    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.resident.driver import Resident
     from sparknet.errors import RoundTimeout
 
     sc = spark.sparkContext
@@ -86,7 +86,7 @@ def test_run_action_timeout_cancels_a_job_that_never_returns(spark):
 
 
 def test_driver_memory_is_checked_before_numpy_input_goes_out(spark):
-    from sparknet.cluster.numpy_input import DriverMemoryError, check_driver_memory, driver_heap
+    from sparknet.cluster.data.numpy_input import DriverMemoryError, check_driver_memory, driver_heap
 
     sc = spark.sparkContext
     most, free = driver_heap(sc)
@@ -119,7 +119,7 @@ def test_fits_that_end_fail_or_are_interrupted_leave_nothing(spark, digits):
                 raise KeyboardInterrupt
 
     handler = Interrupt()
-    logger = logging.getLogger("sparknet.cluster.data_parallel")
+    logger = logging.getLogger("sparknet.cluster.data_parallel.trainer")
     logger.addHandler(handler)
     level = logger.level
     logger.setLevel(logging.DEBUG)  # the per-epoch lines are debug records
@@ -136,8 +136,9 @@ def test_fits_that_end_fail_or_are_interrupted_leave_nothing(spark, digits):
     assert sc._jsc.getPersistentRDDs().size() == persisted
 
 
+@pytest.mark.slow
 def test_folders_of_killed_drivers_are_swept_and_live_ones_kept(spark):
-    from sparknet.cluster.resident import Resident
+    from sparknet.cluster.resident.driver import Resident
 
     sc = spark.sparkContext
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -219,6 +220,7 @@ def _check_recovered(out: dict, ref: dict, faults: dict) -> None:
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_sync_numpy_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     ref = faults["sync_ref"] = driver.fit(name="sync-undisturbed")
@@ -231,6 +233,7 @@ def test_sync_numpy_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_returning_worker_is_used_again_and_dataframe_input_computes_the_same(faults):
     driver = faults["driver"]
     ref = faults.get("sync_ref") or driver.fit(name="sync-undisturbed")
@@ -245,6 +248,7 @@ def test_returning_worker_is_used_again_and_dataframe_input_computes_the_same(fa
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_sync_dataframe_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     ref = faults.get("df_ref") or driver.fit(name="sync-dataframe-undisturbed", input="dataframe")
@@ -255,6 +259,7 @@ def test_sync_dataframe_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_async_fit_survives_a_lost_executor(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     # Asynchronous fits differ from run to run (the order the deltas arrive in): two
@@ -275,6 +280,7 @@ def test_async_fit_survives_a_lost_executor(faults):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_no_executor_left_fails_clearly_in_bounded_time(faults):
     driver, cluster = faults["driver"], faults["cluster"]
     kill_time = []

@@ -87,7 +87,7 @@ def test_plot_draws_loss_and_accuracy_panels_and_the_cli_writes_a_png(tmp_path, 
 def test_async_fit_history_keeps_its_updates_and_plots_spark_share_and_staleness(tmp_path, spark, digits):
     pytest.importorskip("matplotlib", reason="matplotlib not installed: History.plot needs it")
     from sparknet.cluster import DataParallelTrainer
-    from sparknet.cluster.fit import FitHistory
+    from sparknet.cluster.data_parallel.fit_context import FitHistory
 
     X, y, Xt, yt = digits
     model = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=0)

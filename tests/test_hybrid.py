@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from sparknet import SGD, Dense, RMSprop
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
 
 def mlp():
@@ -50,8 +50,10 @@ def assert_same_as_one_process(mp, X, y, make_opt, batch=100, n=350, tol=1e-10):
 OPTIMIZERS = {"rmsprop": lambda: RMSprop(lr=2e-3), "sgd-momentum": lambda: SGD(lr=0.05, momentum=0.9)}
 
 
-@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
+@pytest.mark.parametrize("pair,opt", [
+    pytest.param(pair, opt, id=f"{'paired' if pair else 'blocks'}-{opt}",
+                 marks=[pytest.mark.slow] if (pair, opt) == (False, "rmsprop") else [])
+    for pair in (False, True) for opt in sorted(OPTIMIZERS)])
 def test_two_replicas_of_two_blocks_equal_one_process(spark, digits_xy, pair, opt):
     X, y = digits_xy
     mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=pair), (64,), spark=spark, dtype="float64",
@@ -135,6 +137,7 @@ def test_bytes_and_jobs_per_step_of_the_combine(spark, digits_xy):
         many.close()
 
 
+@pytest.mark.slow
 def test_driver_memory_below_one_blocked_layer_with_a_small_combine_budget(spark):
     n_in, width, batch = 256, 2048, 16
     layer_bytes = n_in * width * 8                                   # 4 MiB of float64 weights

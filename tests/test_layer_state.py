@@ -12,8 +12,8 @@ import pytest
 
 from sparknet import SGD, Activation, Dense, RMSprop, Sequential
 from sparknet.callbacks import EarlyStopping, LambdaCallback, ModelCheckpoint
-from sparknet.cluster.data import split_indices
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data.sharding import split_indices
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.errors import TrainingDiverged
 from sparknet.io import load_model
 from sparknet.layers import BatchNormalization, LayerNormalization, Residual
@@ -222,8 +222,8 @@ def test_interrupted_gradient_fit_resumes_bit_identically_state_included(spark, 
 # ---------------------------------------------------------------------- model parallel
 def test_model_parallel_keeps_the_state_on_the_driver_stage_as_one_process(spark, digits_xy,
                                                                            tmp_path):
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = digits_xy
     layers = [Dense(32), BatchNormalization(), Activation("relu"), Dense(10, activation="softmax")]

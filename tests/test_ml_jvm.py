@@ -255,6 +255,7 @@ def test_sparse_vectors_on_the_jvm(spark, digits_frames):
     np.testing.assert_array_equal(raw_s, raw_d)
 
 
+@pytest.mark.slow
 def test_jvm_engine_on_a_standalone_cluster(standalone_cluster):
     """Executors in their own JVMs (a master and 2 one-core workers on 127.0.0.1) fetch the
     jar the driver added and score as the Arrow engine does."""

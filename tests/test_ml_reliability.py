@@ -321,7 +321,7 @@ DF_CASES = [
 
 def _resident_folders() -> set[str]:
     """The resident-state folders on this host (every spill base)."""
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
 
     return {os.path.join(b, n) for b in spill.candidate_bases(None) if os.path.isdir(b)
             for n in os.listdir(b) if n.startswith(spill.PREFIX)}
@@ -528,7 +528,7 @@ def _killed_driver(directory, kill_at):
     Estimator fit with checkpoints, SIGKILLed after round ``kill_at``, as a crashed driver."""
     from pyspark.sql import SparkSession
 
-    from sparknet.cluster import resident
+    from sparknet.cluster.resident import driver as resident
     from sparknet.cluster.testing import on_round
     from sparknet.datasets import load_digits
 
@@ -562,6 +562,7 @@ def uninterrupted(digits_train):
     return _resume_clf(epochs=RESUME_EPOCHS).fit(digits_train)
 
 
+@pytest.mark.slow
 def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uninterrupted, tmp_path, monkeypatch):
     import shutil
 
@@ -589,7 +590,7 @@ def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uni
     assert resumed._history.history["loss"] == uninterrupted._history.history["loss"]
     assert len(store.checkpoints()) == RESUME_EPOCHS  # epochs 1 (the killed fit's), 2 and 3
     # what the killed driver left in /dev/shm is swept (here at once, not after the grace period)
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
     monkeypatch.setattr(spill, "GRACE", 0.0)
     app = spark.sparkContext.applicationId
     spill.sweep_stale(app, force=True)

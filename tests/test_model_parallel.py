@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from sparknet import SGD, Activation, Dense, RMSprop, Sequential
-from sparknet.cluster.blocks import BlockPlan, split_sizes
 from sparknet.cluster.model_parallel import BlockStateLost, ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan, split_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -267,6 +267,7 @@ def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy,
 
 
 # ------------------------------------------------- a model larger than one executor
+@pytest.mark.slow
 def test_standalone_two_blocks_fit_where_one_does_not(standalone_cluster):
     """Master + 2 one-core workers on 127.0.0.1; Python workers limited to 960 MiB of address
     space; a 1 GiB dense layer trains in 2 blocks and fails clearly in 1."""

@@ -18,8 +18,8 @@ import pytest
 
 from sparknet import SGD, Dense, RMSprop
 from sparknet.checkpoint import CheckpointStore
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import ModelParallel
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 from sparknet.cluster.model_parallel.jobs import BlockJob
 from sparknet.errors import CheckpointError, RoundTimeout, TrainingDiverged
 
@@ -170,6 +170,7 @@ def test_lost_blocks_with_a_checkpoint_of_another_fit_stop_clearly(digits_xy, tm
 
 
 # ------------------------------------------------------------------ the driver killed
+@pytest.mark.slow
 def test_resume_after_the_driver_is_killed_is_bit_identical(spark, digits_xy, tmp_path):
     """A driver SIGKILLed in the middle of step 13 (local[2], K=2, float64, checkpoints every
     4); another process resumes from step 12: the same 30 steps, weights and history as an
@@ -269,6 +270,7 @@ def _worker_of_executor(cluster, executor_id):
 
 
 @pytest.mark.standalone
+@pytest.mark.slow
 def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path, standalone_cluster):
     """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 29 (checkpoints every 5)
     the worker holding block 0 and its executor are killed with SIGKILL: the fit restores

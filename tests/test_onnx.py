@@ -891,8 +891,8 @@ def test_data_parallel_trained_model_exports(spark, digits):
 
 def test_model_parallel_trained_model_exports(spark, digits_xy):
     from sparknet import RMSprop
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = digits_xy
     mp = ModelParallel(

@@ -1,4 +1,4 @@
-"""The outer optimizer of sync='average' (sparknet.cluster.outer): its maths against numpy,
+"""The outer optimizer of sync='average' (sparknet.cluster.data_parallel.outer_optimizer): its maths against numpy,
 plain averaging as its momentum-0 / lr-1 case, its checks, its state, and digits fits."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster.data_parallel import DataParallelTrainer
-from sparknet.cluster.outer import OuterOptimizer, resolve_outer, sized_for
+from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer, sized_for
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 
 def _reference(params, deltas, mu, lr, nesterov):

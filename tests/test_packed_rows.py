@@ -1,5 +1,5 @@
 """A DataFrame's rows handed to the shard build by the JVM through a local file
-(``ml/jvm/PackRows.java``, ``cluster/packed.py``): the same shards as the Arrow path,
+(``ml/jvm/PackRows.java``, ``cluster/data/packed_rows.py``): the same shards as the Arrow path,
 bit for bit, the same errors for bad rows, and no file left behind."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from sparknet.cluster import data as data_mod
-from sparknet.cluster import packed
+from sparknet.cluster.data import packed_rows as packed
+from sparknet.cluster.data import sharding as data_mod
 from sparknet.ml import _jvm
 
 

@@ -1,4 +1,4 @@
-"""The planner (sparknet.cluster.planner) and the cluster simulation (sparknet.cluster.simulate).
+"""The planner (sparknet.cluster.planning.planner) and the cluster simulation (sparknet.cluster.planning.simulate).
 
 The planner's choice is checked against a grid of real fits on digits in the shared
 local[2] session: its pick must be within 10% of the fastest measured epoch (the faster of two
@@ -18,9 +18,9 @@ import pytest
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from sparknet import Dense, RMSprop, Sequential  # noqa: E402
-from sparknet.cluster import cost  # noqa: E402
-from sparknet.cluster import planner as pl  # noqa: E402
-from sparknet.cluster import simulate as sim  # noqa: E402
+from sparknet.cluster.planning import cost  # noqa: E402
+from sparknet.cluster.planning import planner as pl  # noqa: E402
+from sparknet.cluster.planning import simulate as sim  # noqa: E402
 
 #: 1,347 digits rows, batch 128: P=1 has 11 steps an epoch, P=2 has 6; tau=4 makes 3 and 2 rounds
 #: an epoch, tau=24 rounds of two epochs (P=1) or of four (P=2, the trainer's longest)

@@ -20,7 +20,8 @@ import _resume_job as job
 from _jobs import wait_no_active_jobs
 from sparknet import optim
 from sparknet.checkpoint import CheckpointStore
-from sparknet.cluster import DataParallelTrainer, trainer_state
+from sparknet.cluster import DataParallelTrainer
+from sparknet.cluster.data_parallel import checkpoints as trainer_state
 from sparknet.cluster.testing import inject_faults, on_round
 from sparknet.errors import RoundTimeout, TrainingDiverged
 from sparknet.layers import Dense
@@ -72,6 +73,7 @@ def _fit(mode, spark, digits, directory=None, resume=False):
     return trainer.model, history, float(trainer.model.evaluate(Xt, yt)["accuracy"])
 
 
+@pytest.mark.slow
 def test_gradient_fit_killed_by_sigkill_resumes_to_bit_identical_weights(spark, digits, killed):
     full, h_full, _ = _fit("gradient", spark, digits)
     store = CheckpointStore(killed["gradient"])
@@ -87,6 +89,7 @@ def test_gradient_fit_killed_by_sigkill_resumes_to_bit_identical_weights(spark, 
     assert [c["step"] for c in h.checkpoints] == [8, 12]
 
 
+@pytest.mark.slow
 def test_average_fit_killed_resumes_with_each_partitions_optimizer_state(spark, digits, killed):
     full, _, acc_full = _fit("average", spark, digits)
     ckpt = CheckpointStore(killed["average"]).latest()
@@ -100,6 +103,7 @@ def test_average_fit_killed_resumes_with_each_partitions_optimizer_state(spark, 
     assert h.epoch == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_async_fit_killed_resumes_to_the_same_accuracy(spark, digits, killed):
     full, h_full, acc_full = _fit("async", spark, digits)
     ckpt = CheckpointStore(killed["async"]).latest()
@@ -112,6 +116,7 @@ def test_async_fit_killed_resumes_to_the_same_accuracy(spark, digits, killed):
     assert np.array_equal(resumed.params, full.params)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_network(spark, digits, killed):
     X, y, _, _ = digits
     model = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=0, dtype="float64")
@@ -214,7 +219,7 @@ def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
 def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, digits, tmp_path, caplog):
     X, y, _, _ = digits
     trainer = job.make_trainer("average", spark, str(tmp_path))
-    from sparknet.cluster import resident
+    from sparknet.cluster.resident import driver as resident
 
     def lose(event):
         if event.rounds_done == 4:  # after the epoch-1 checkpoint: delete this fit's shard files

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from sparknet.cluster import fit as fit_mod
-from sparknet.cluster.fit import FitContext, RoundLog
+from sparknet.cluster.data_parallel import fit_context as fit_mod
+from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
 
 ROWS, BATCH, T_STEP, T_FIXED = 30_000, 128, 0.0044, 0.1   # an MNIST MLP partition, as measured
 
@@ -97,7 +97,7 @@ def test_a_fit_at_one_round_per_epoch_returns_to_four_within_their_share():
 
 def test_a_first_epoch_starts_at_four_rounds_unless_the_estimate_is_past_the_margin():
     """``calibrate``'s sizing from the estimate keeps 4 rounds within DROP_MARGIN x 40%."""
-    from sparknet.cluster.cost import RoundCostModel
+    from sparknet.cluster.planning.cost import RoundCostModel
 
     steps_epoch = math.ceil(ROWS / BATCH)
     compute4 = (steps_epoch // 4) * T_STEP

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from sparknet import Dense, RMSprop, Sequential
-from sparknet.cluster import data as data_mod
-from sparknet.cluster.data_parallel import DataParallelTrainer
+from sparknet.cluster.data import sharding as data_mod
+from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 
 def _mlp(seed=0):
@@ -187,15 +187,16 @@ def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_s
     assert _resident_dirs() <= before
 
 
+@pytest.mark.slow
 def test_executor_daemon_preloads_sparknet():
     """``get_spark`` makes the executors' Python daemon import sparknet before forking
     workers (``spark.python.daemon.module``): a task finds it loaded."""
     code = (
         "import sys\n"
-        "from sparknet.cluster.session import get_spark\n"
+        "from sparknet.cluster.engine.session import get_spark\n"
         "spark = get_spark('local[1]', conf={'spark.ui.enabled': 'false'})\n"
         "seen = spark.sparkContext.parallelize([0], 1).map(\n"
-        "    lambda _: __import__('sys').modules.get('sparknet.cluster.rounds') is not None).collect()\n"
+        "    lambda _: __import__('sys').modules.get('sparknet.cluster.data_parallel.round_task') is not None).collect()\n"
         "print('PRELOADED', seen)\n"
         "spark.stop()\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
@@ -207,7 +208,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     """The session's background warm-up ends with a small shard build through a fit's
     DataFrame path (``warm_shard_path``): its jobs succeed, and it leaves no resident
     folder, rows file, persisted RDD or kept shards behind."""
-    from sparknet.cluster.session import warm_shard_path
+    from sparknet.cluster.engine.session import warm_shard_path
 
     sc = spark.sparkContext
     dirs, rows, rdds = _resident_dirs(), _shm_names("sparknet-rows-"), set(sc._jsc.getPersistentRDDs().keys())
@@ -229,6 +230,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
         warm_shard_path(spark, 0)
 
 
+@pytest.mark.slow
 def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_path, standalone_cluster):
     """Shards kept for reuse by a session that was then stopped are deleted (this host's
     files) when a new session's fit looks for reusable shards, without asking the stopped
@@ -239,7 +241,7 @@ def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_pat
         "import numpy as np\n"
         "from pyspark.ml.linalg import Vectors\n"
         "from pyspark.sql import SparkSession\n"
-        "from sparknet.cluster.data import shard_data, _REUSE\n"
+        "from sparknet.cluster.data.sharding import shard_data, _REUSE\n"
         "def session(master):\n"
         "    return (SparkSession.builder.master(master).config('spark.ui.enabled', 'false')\n"
         "            .config('spark.executor.memory', '1g').getOrCreate())\n"

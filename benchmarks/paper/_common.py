@@ -10,7 +10,7 @@
   ``/dev/shm`` folders) at the end of the ``with`` block;
 * the one-process baseline (``Sequential.fit``, one BLAS thread) and a data-parallel fit,
   both timed per epoch (:func:`one_process_epochs`, :func:`data_parallel_fit`);
-* the cost model's predictions from :mod:`sparknet.cluster.cost`, measured on the same
+* the cost model's predictions from :mod:`sparknet.cluster.planning.cost`, measured on the same
   session just before the run they are compared with (:func:`measure_costs`,
   :func:`predict`); when that module has no ``predict`` yet the columns are NaN and the
   script says so;
@@ -147,7 +147,7 @@ def remove_own_folders(app_id: str) -> int:
     """Remove the resident folders (``/dev/shm``, the local dirs) whose owner file names
     the application ``app_id`` -- this script's session, never another driver's -- in
     case a run left any; returns how many."""
-    from sparknet.cluster import spill
+    from sparknet.cluster.resident import spill
     n = 0
     for base in spill.candidate_bases():
         for folder in glob.glob(os.path.join(base, spill.PREFIX + "*")):
@@ -166,12 +166,12 @@ def remove_own_folders(app_id: str) -> int:
 def session(kind: str, driver_memory: str = "6g", executor_memory: str = "3g") -> Iterator[Any]:
     """A SparkSession of set-up ``kind`` (``"local[1]"``, ``"local[2]"`` or
     ``"standalone"``: a master and two one-core workers on 127.0.0.1 started here), with
-    sparknet's settings (:data:`sparknet.cluster.session.DEFAULT_CONF`), one BLAS thread
+    sparknet's settings (:data:`sparknet.cluster.engine.session.DEFAULT_CONF`), one BLAS thread
     per task and its Python workers started before it is yielded.  Stopped at the end,
     the cluster too, and any resident folder of this session left behind is removed."""
     if kind not in SESSIONS:
         raise ValueError(f"session kind must be one of {sorted(SESSIONS)}, got {kind!r}")
-    from sparknet.cluster.session import get_spark, start_python_workers
+    from sparknet.cluster.engine.session import get_spark, start_python_workers
     conf = {"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
             "spark.driver.memory": driver_memory, "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1", "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
@@ -232,9 +232,9 @@ def data_parallel_fit(spark: Any, model: Any, X: np.ndarray, y: np.ndarray, part
 
 # ----------------------------------------------------------------------------- the cost model
 def cost_module() -> Any:
-    """:mod:`sparknet.cluster.cost` when it has the predictions (``predict``), else None."""
+    """:mod:`sparknet.cluster.planning.cost` when it has the predictions (``predict``), else None."""
     try:
-        from sparknet.cluster import cost
+        from sparknet.cluster.planning import cost
     except ImportError:
         return None
     needed = ("SparkCosts", "NetworkCosts", "predict")
@@ -279,9 +279,9 @@ def predict(mode: str, net: Any, spark_costs: Any, samples: int, **settings: Any
 def cost_note() -> str:
     """One line saying where the predicted columns come from."""
     if cost_module() is None:
-        return ("predictions: sparknet.cluster.cost has no predict() in this checkout; the pred_* "
+        return ("predictions: sparknet.cluster.planning.cost has no predict() in this checkout; the pred_* "
                 "columns are NaN (rerun the script once it lands)")
-    return "predictions: sparknet.cluster.cost.predict, its costs measured on the same session just before each run"
+    return "predictions: sparknet.cluster.planning.cost.predict, its costs measured on the same session just before each run"
 
 
 # ----------------------------------------------------------------------------- the partitions figure

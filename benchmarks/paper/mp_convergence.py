@@ -70,8 +70,8 @@ def set_weights(mp, weights: dict[int, dict[str, np.ndarray]], folder: str) -> N
 def run(layers, K: int, spark, X, y, steps: int, batch: int, lr: float, init, tmp: str) -> dict:
     """``steps`` SGD steps of ``layers`` cut into ``K`` blocks from the weights ``init``."""
     from sparknet import SGD
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     n = len(layers)
     mp = ModelParallel(layers, BlockPlan(dict.fromkeys(range(n), K)), (784,), spark=spark, dtype="float64",

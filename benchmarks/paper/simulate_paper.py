@@ -12,10 +12,10 @@ this shared machine measures its contention), 64 GiB per host, task speeds logno
 ``sigma = 0.1`` (stragglers), and 10x (50 hosts, 880 cores) and 100x (500 hosts, 8,800
 cores) that.  One process = the same network on one core here, no Spark.
 
-Each point is the planner's best candidate on that cluster (:func:`sparknet.cluster.planner.
+Each point is the planner's best candidate on that cluster (:func:`sparknet.cluster.planning.planner.
 plan_from_costs`: mode, partitions, tau, BLAS threads per task, K, pairing, D x K), ranked by
 the closed-form cost model and the best few re-run through the simulation with stragglers
-(:mod:`sparknet.cluster.simulate`).  Epoch times only: ``sync="average"`` and ``async``
+(:mod:`sparknet.cluster.planning.simulate`).  Epoch times only: ``sync="average"`` and ``async``
 change the optimisation (tau local steps), so a speedup per epoch is a speedup to accuracy
 only when they need as many epochs as one process (see docs/scaling.rst); ``gradient``
 (exact minibatch SGD) is printed beside them.
@@ -43,9 +43,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as C  # noqa: E402  (sets OPENBLAS_NUM_THREADS=1 first)
 
-from sparknet.cluster import cost  # noqa: E402
-from sparknet.cluster import planner as pl  # noqa: E402
-from sparknet.cluster import simulate as sim  # noqa: E402
+from sparknet.cluster.planning import cost  # noqa: E402
+from sparknet.cluster.planning import planner as pl  # noqa: E402
+from sparknet.cluster.planning import simulate as sim  # noqa: E402
 
 NAME = "simulated_speedup"
 CORES_PER_HOST = 18

@@ -6,7 +6,7 @@ data-parallel rounds (``sync="average"``, tau sized by the trainer) on ``local[1
 (1 partition), ``local[2]`` and a standalone cluster of 2 one-core workers (2 partitions),
 on the real MNIST training set (60,000 rows, pixels in [0, 1]), RMSprop lr 1e-3, batch 128.
 Each Spark set-up runs ``--epochs`` epochs (the median epoch is kept, set-up excluded);
-the cost model's prediction (``sparknet.cluster.cost``) is measured on the same session
+the cost model's prediction (``sparknet.cluster.planning.cost``) is measured on the same session
 just before the fit.  Writes ``results/speedup_fc.csv`` and ``.png``.
 
     python benchmarks/paper/speedup_fc.py [--epochs 4]

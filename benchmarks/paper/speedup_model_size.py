@@ -49,8 +49,8 @@ def cell(spark, sc, n_in: int, width: int, batch: int, K: int, pair: bool, steps
     from threadpoolctl import threadpool_limits
 
     from sparknet import RMSprop, Sequential
-    from sparknet.cluster.blocks import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     rng = np.random.default_rng(0)
     n = steps + warmup + 1          # one more batch: the last timed step's lookahead has a next batch too
@@ -59,7 +59,7 @@ def cell(spark, sc, n_in: int, width: int, batch: int, K: int, pair: bool, steps
     single = Sequential(layers(width), input_shape=(n_in,), dtype="float32", seed=0)
     net = None
     if sc is not None:
-        from sparknet.cluster.cost import NetworkCosts
+        from sparknet.cluster.planning.cost import NetworkCosts
         net = NetworkCosts.measure(single, batch, steps=1)
     opt = RMSprop(lr=1e-4)
     mp = ModelParallel(layers(width), BlockPlan({0: K, 1: K}, pair=pair), (n_in,), spark=spark, seed=0,

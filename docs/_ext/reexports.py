@@ -1,7 +1,7 @@
 """Cross-references to re-exported names resolve to where the object is documented.
 
 ``sparknet.cluster.DataParallelTrainer`` is documented as
-``sparknet.cluster.data_parallel.DataParallelTrainer``, ``sparknet.Sequential`` as
+``sparknet.cluster.data_parallel.trainer.DataParallelTrainer``, ``sparknet.Sequential`` as
 ``sparknet.model.Sequential``.  A reference Sphinx cannot find is imported, and retried
 under the defining module's name (``__module__`` and ``__qualname__``), so the short
 public spellings used in prose and docstrings link instead of rendering as plain text.

@@ -291,10 +291,26 @@ class _Hadoop(_Local):
         return out
 
 
-def _pid_alive(pid: int) -> bool:
-    from sparknet.cluster.spill import process_start  # the one liveness check (resident folders too)
+def process_start(pid: int) -> int | None:
+    """The start time of process ``pid`` (``/proc/<pid>/stat``), None when it does not run
+    (or on systems without ``/proc``, where only :func:`os.kill` can tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except FileNotFoundError:
+        return None
+    except (OSError, IndexError, ValueError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
 
-    return process_start(pid) is not None
+
+def _pid_alive(pid: int) -> bool:
+    return process_start(pid) is not None   # the one liveness check (resident folders too)
 
 
 def _is_uri(directory: str) -> bool:

@@ -11,7 +11,7 @@ column or value; the classes here are for what happens *during* a run:
   (truncated, tampered, sizes that do not match its content, another network's).
 
 Spark-side losses have their own classes where they are raised:
-:class:`sparknet.cluster.resident.ResidentStateLost` and
+:class:`sparknet.cluster.resident.driver.ResidentStateLost` and
 :class:`sparknet.cluster.model_parallel.BlockStateLost`.
 """
 from __future__ import annotations

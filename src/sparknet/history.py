@@ -1,7 +1,7 @@
 """Per-epoch metrics of a fit (:class:`History`), saved and loaded as JSON, and plotted.
 
 Every trainer returns one: :meth:`sparknet.model.Sequential.fit` a :class:`History`,
-the data-parallel trainer a :class:`~sparknet.cluster.fit.FitHistory` (the same per-epoch
+the data-parallel trainer a :class:`~sparknet.cluster.data_parallel.fit_context.FitHistory` (the same per-epoch
 metrics, plus its set-up, checkpoints and, in async mode, one record per delta).  The
 JSON form (:meth:`History.save`, :meth:`History.load`) keeps all of it; a metric that is
 undefined for an epoch (``NaN``: validation inside a round of several epochs) is written
@@ -79,7 +79,7 @@ class History:
     @classmethod
     def from_json(cls, text: str, source: str = "the JSON text") -> "History":
         """A history from :meth:`to_json`'s document (a data-parallel fit's comes back as
-        a :class:`~sparknet.cluster.fit.FitHistory`).
+        a :class:`~sparknet.cluster.data_parallel.fit_context.FitHistory`).
 
         Raises:
             ValueError: not JSON, not a sparknet history, a newer version, or metrics
@@ -101,7 +101,7 @@ class History:
             raise ValueError(f"{source}: \"history\" must map metric names to lists")
         klass: type[History] = cls
         if doc.get("kind") == "FitHistory":
-            from sparknet.cluster.fit import FitHistory
+            from sparknet.cluster.data_parallel.fit_context import FitHistory
             klass = FitHistory
         out = klass()
         out.epoch = list(epochs)

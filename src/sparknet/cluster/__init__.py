@@ -1,9 +1,17 @@
-"""Training on Apache Spark: data parallelism (:mod:`~sparknet.cluster.data_parallel`),
-the parameter server (:mod:`~sparknet.cluster.params`), state resident on executors
-(:mod:`~sparknet.cluster.resident`), Spark-session helpers
-(:mod:`~sparknet.cluster.session`), the cost model of every mode (:mod:`~sparknet.cluster.cost`),
-the planner (:mod:`~sparknet.cluster.planner`, ``plan``) and the cluster simulation
-(:mod:`~sparknet.cluster.simulate`).
+"""Training on Apache Spark, in one sub-package per concern:
+
+* :mod:`~sparknet.cluster.engine`: the seam to Spark (Classic and Spark Connect) and
+  getting a session (:func:`get_spark`);
+* :mod:`~sparknet.cluster.resident`: state held on the executors across jobs
+  (:class:`Resident`);
+* :mod:`~sparknet.cluster.data`: training data onto the executors (DataFrames, packed
+  JVM rows, RDDs, numpy arrays);
+* :mod:`~sparknet.cluster.planning`: the cost model of every mode (:func:`predict`), the
+  planner (:func:`plan`) and the cluster simulation;
+* :mod:`~sparknet.cluster.data_parallel`: :class:`DataParallelTrainer` and its parameter
+  server, rounds, asynchronous mode, guards and checkpoints;
+* :mod:`~sparknet.cluster.model_parallel`: :class:`ModelParallel` and its block plans
+  (:class:`BlockPlan`).
 
 Names are imported lazily, so ``import sparknet.cluster`` does not start the JVM.
 """
@@ -13,14 +21,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "get_spark": "session", "check_java": "session", "JavaNotFoundError": "session",
-    "Resident": "resident", "Shard": "resident", "ShardInfo": "resident",
-    "ResidentStateLost": "resident",
-    "DataParallelTrainer": "data_parallel", "demo": "demo_job",
-    "ParameterServer": "params",
-    "RoundCostModel": "cost", "SparkCosts": "cost", "NetworkCosts": "cost", "Prediction": "cost",
-    "predict": "cost", "plan": "planner", "Plan": "planner",
-    "ModelParallel": "model_parallel", "BlockPlan": "blocks",
+    "get_spark": "engine.session", "check_java": "engine.session", "JavaNotFoundError": "engine.session",
+    "Resident": "resident.driver", "Shard": "resident.driver", "ShardInfo": "resident.driver",
+    "ResidentStateLost": "resident.driver",
+    "DataParallelTrainer": "data_parallel.trainer", "demo": "data_parallel.demo_job",
+    "ParameterServer": "data_parallel.parameter_server",
+    "RoundCostModel": "planning.cost", "SparkCosts": "planning.cost", "NetworkCosts": "planning.cost",
+    "Prediction": "planning.cost", "predict": "planning.cost", "plan": "planning.planner", "Plan": "planning.planner",
+    "ModelParallel": "model_parallel", "BlockPlan": "model_parallel.block_partition",
     "BlockStateLost": "model_parallel", "BlockMemoryError": "model_parallel",
 }
 

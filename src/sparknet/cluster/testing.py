@@ -1,12 +1,12 @@
 """Fault injection for tests and benchmarks of data-parallel training.
 
 No production module imports this one.  It enters through the documented hook
-:func:`sparknet.cluster.rounds.set_task_wrapper`: inside :func:`inject_faults`, every
+:func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper`: inside :func:`inject_faults`, every
 training task a driver builds is wrapped by a :class:`FaultyTask`, which is pickled by
 reference to this module, so the executors run the same code.
 
 :func:`on_round` enters through the other hook,
-:func:`sparknet.cluster.fit.set_round_hook`: a function called after every training
+:func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`: a function called after every training
 round on the driver (to interrupt a fit, or kill the driver, at a chosen round).
 
 Example::
@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from sparknet.cluster import fit, rounds
-from sparknet.cluster.params import RoundResult
+from sparknet.cluster.data_parallel import fit_context as fit
+from sparknet.cluster.data_parallel import round_task as rounds
+from sparknet.cluster.data_parallel.parameter_server import RoundResult
 
 if TYPE_CHECKING:
-    from sparknet.cluster.resident import Shard
+    from sparknet.cluster.resident.driver import Shard
 
 _LOCK = threading.Lock()
 
@@ -88,7 +89,7 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
     benchmarks only).
 
     Inside the ``with`` block, the training tasks of every
-    :class:`~sparknet.cluster.data_parallel.DataParallelTrainer` fit (synchronous and
+    :class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` fit (synchronous and
     asynchronous; evaluation is untouched) built on this
     driver are wrapped so that:
 
@@ -103,7 +104,7 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
       until Spark kills their worker), from the ``hang_after + 1``-th training task
       the driver builds on (so that rounds before it are measured).
 
-    It installs a task wrapper with :func:`sparknet.cluster.rounds.set_task_wrapper`
+    It installs a task wrapper with :func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper`
     for the duration of the block (the previous wrapper comes back after it), so do not
     run other fits concurrently in the process.
 
@@ -148,10 +149,10 @@ def _fail_messages(fail: "dict[int, str] | list[int] | tuple[int, ...] | None") 
 @contextlib.contextmanager
 def on_round(hook: Callable[[fit.RoundEnd], Any]) -> Iterator[None]:
     """Call ``hook(event)`` on the driver after every training round of the data-parallel
-    fits run inside the ``with`` block (:class:`~sparknet.cluster.fit.RoundEnd`: epoch,
+    fits run inside the ``with`` block (:class:`~sparknet.cluster.data_parallel.fit_context.RoundEnd`: epoch,
     round, rounds done, the checkpoint written after it); raising ``KeyboardInterrupt``
     from it interrupts the fit as Ctrl-C would, ``os.kill(os.getpid(), SIGKILL)`` plays
-    a driver crash.  Installed with :func:`sparknet.cluster.fit.set_round_hook`."""
+    a driver crash.  Installed with :func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`."""
     with _LOCK:
         previous = fit.set_round_hook(hook)
     try:

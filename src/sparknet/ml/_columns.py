@@ -88,7 +88,7 @@ def flat_features(df: DataFrame, col: str, kind: FeatureKind, dtype: str,
         dtype: ``"float32"`` or ``"float64"``.
         seq_shape: ``(T, F)`` for sequences.
     """
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, vector_to_array = functions_for(df)
     elem = "FLOAT" if dtype == "float32" else "DOUBLE"
@@ -117,7 +117,7 @@ def sequence_stats(df: DataFrame, col: str) -> dict[str, Any]:
         dict with ``rows``, ``null_rows``, ``max_len``, ``min_step``, ``max_step``,
         ``null_steps``.
     """
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, _ = functions_for(df)
     c = F.col(quote(col))
@@ -168,7 +168,7 @@ def null_vector_message(df: DataFrame, features_col: str, label_col: str) -> str
     one count job run after the load failed on them."""
     from pyspark.ml.linalg import VectorUDT
 
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, _ = functions_for(df)
     cols = [(c, role) for c, role in ((features_col, "features"), (label_col, "label"))
@@ -196,7 +196,7 @@ def label_width(df: DataFrame, col: str) -> int | None:
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql import types as T
 
-    from sparknet.cluster.engine import functions_for
+    from sparknet.cluster.engine.base import functions_for
 
     F, vector_to_array = functions_for(df)
     if col not in df.columns:

@@ -110,7 +110,7 @@ def features_to_numpy(arr: Union[pa.Array, pa.ChunkedArray], dim: int, column: s
     Raises:
         ValueError: null rows, rows of another length than ``dim``, NaN or infinity.
     """
-    from sparknet.cluster.data import _list_column
+    from sparknet.cluster.data.sharding import _list_column
 
     info: dict[str, Any] = {}          # the reader's notes: null rows, row lengths
     x = _list_column(arr, "x", info)

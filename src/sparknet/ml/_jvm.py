@@ -1,6 +1,6 @@
 """Small dense networks scored inside the JVM (``jvm/ScoreRows.java``, ``jvm/DenseForward.java``),
 and the jar of the package's Java classes (also ``jvm/PackRows.java``, which hands a
-DataFrame's training rows to the shard build: ``sparknet.cluster.packed``).
+DataFrame's training rows to the shard build: ``sparknet.cluster.data.packed_rows``).
 
 For a small network, ``transform`` through Arrow spends most of its time handing rows
 to a Python worker and back (about 1.5 microseconds a row on this project's benchmark

@@ -40,7 +40,7 @@ from typing import Any, ClassVar, TypeVar
 from pyspark.ml.param import Params
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from sparknet.cluster.engine import is_connect
+from sparknet.cluster.engine.base import is_connect
 from sparknet.errors import CheckpointError
 from sparknet.model import Sequential
 

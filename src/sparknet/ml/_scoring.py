@@ -95,10 +95,10 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         return None
 
     def _broadcast(self, spark: SparkSession) -> Broadcast[ShippedNetwork]:
-        from sparknet.cluster.engine import is_connect
+        from sparknet.cluster.engine.base import is_connect
 
         if is_connect(spark):  # no broadcasts: the network goes with the query
-            from sparknet.cluster.engine_connect import InClosure
+            from sparknet.cluster.engine.connect import InClosure
 
             return InClosure(_shipped(self.network))  # type: ignore[return-value]
         sc = spark.sparkContext
@@ -155,7 +155,7 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         ``field`` one of ``raw``/``prob``/``pred``), on the engine ``inferenceEngine``
         picks (kept in :attr:`lastInferenceEngine`).  ``mode``: 0 classifier, 1
         regressor with one output, 2 with several."""
-        from sparknet.cluster.engine import arrow_udf_for, functions_for
+        from sparknet.cluster.engine.base import arrow_udf_for, functions_for
 
         F, _ = functions_for(dataset)
         feats = self._features(dataset)          # the schema checks, for either engine
@@ -200,7 +200,7 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         their own."""
         from pyspark.sql import types as T
 
-        from sparknet.cluster.engine import functions_for
+        from sparknet.cluster.engine.base import functions_for
 
         F, _ = functions_for(dataset)
 

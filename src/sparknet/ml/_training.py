@@ -94,7 +94,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         kind = _columns.feature_kind(dataset, fcol)
         shape = tuple(self.getInputShape())
         if kind.kind == "sequence":
-            from sparknet.cluster.engine import functions_for
+            from sparknet.cluster.engine.base import functions_for
 
             F, _ = functions_for(dataset)
             if len(shape) not in (0, 2):
@@ -116,7 +116,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         return model, dataset
 
     def _check_network(self, model: Sequential) -> None:
-        from sparknet.cluster.data_parallel import _is_classifier
+        from sparknet.cluster.data_parallel.trainer import _is_classifier
 
         if self._classification and not _is_classifier(model):
             raise ValueError("SparkNetClassifier needs a network whose last layer is "
@@ -149,7 +149,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         return {"checkpoint_dir": folder, "checkpoint_every": f"{every} epochs"}, self.getResume()
 
     def _train(self, dataset: DataFrame) -> tuple[Sequential, History]:
-        from sparknet.cluster.data_parallel import DataParallelTrainer, resolve_mode
+        from sparknet.cluster.data_parallel.trainer import DataParallelTrainer, resolve_mode
 
         self._check_params()
         optimizer = self._make_optimizer()

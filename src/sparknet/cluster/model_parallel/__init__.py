@@ -1,7 +1,7 @@
 """Model parallelism by neuron blocks: the paper's distributed backpropagation.
 
 A dense layer too large for one machine is cut into ``K`` blocks of neurons (see
-:mod:`sparknet.cluster.blocks`); block ``k`` of every blocked layer lives on executor
+:mod:`sparknet.cluster.model_parallel.block_partition`); block ``k`` of every blocked layer lives on executor
 *slot* ``k``, resident across Spark jobs (weights *and* optimizer state), and only
 activations and deltas cross the network:
 
@@ -68,7 +68,7 @@ width, never with the blocked weights, which do not move during training.
 
 Where the blocks live
 ---------------------
-Blocks are kept by :class:`sparknet.cluster.resident.Resident`: a persisted anchor
+Blocks are kept by :class:`sparknet.cluster.resident.driver.Resident`: a persisted anchor
 RDD with one partition per slot (which pins slot -> executor), the arrays held
 memory-mapped from ``.npy`` files in ``/dev/shm`` (or the executor's local
 directory), so every Python worker of the host sees the same bytes and in-place
@@ -108,7 +108,7 @@ manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process and S
 Example::
 
     from sparknet import Dense
-    from sparknet.cluster.blocks import BlockPlan
+    from sparknet.cluster.model_parallel.block_partition import BlockPlan
     from sparknet.cluster.model_parallel import ModelParallel
 
     mp = ModelParallel([Dense(16384, activation="relu"), Dense(16384, activation="relu"),
@@ -121,8 +121,8 @@ Example::
 """
 from __future__ import annotations
 
-from sparknet.cluster.blocks import BlockedLayer, BlockPlan
 from sparknet.cluster.model_parallel.backends import BlockMemoryError, BlockStateLost, LocalBlocks, SparkBlocks
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan
 from sparknet.cluster.model_parallel.executor import MEMORY_TAG, _vm_size
 from sparknet.cluster.model_parallel.files import FORMAT, VERSION
 from sparknet.cluster.model_parallel.jobs import Layout

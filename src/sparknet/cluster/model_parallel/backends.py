@@ -15,7 +15,7 @@ import numpy as np
 
 from sparknet.cluster.model_parallel.executor import MEMORY_TAG, MemStore, _mem_limit
 from sparknet.cluster.model_parallel.jobs import BlockJob, Data
-from sparknet.cluster.resident import lost_reason
+from sparknet.cluster.resident.driver import lost_reason
 
 
 class BlockStateLost(RuntimeError):
@@ -119,11 +119,11 @@ class LocalBlocks:
 
 
 class SparkBlocks:
-    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident`;
-    under Spark Connect :class:`~sparknet.cluster.engine_connect.ConnectResident`).
+    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident.driver`;
+    under Spark Connect :class:`~sparknet.cluster.engine.connect.ConnectResident`).
 
     Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it
-    (under Connect inside the job's query, :class:`~sparknet.cluster.engine_connect.InClosure`);
+    (under Connect inside the job's query, :class:`~sparknet.cluster.engine.connect.InClosure`);
     results come back with ``collect``.  ``home`` records the executor process
     (the Python daemon's parent id) that built each slot, and :attr:`moves` counts
     the tasks that ran anywhere else (their arrays were re-attached from the
@@ -131,21 +131,21 @@ class SparkBlocks:
     """
 
     def __init__(self, spark: Any, n_slots: int, name: str = "blocks", timeout: float | None = None) -> None:
-        from sparknet.cluster.engine import engine_for
+        from sparknet.cluster.engine.base import engine_for
 
         self.engine = engine_for(spark)
         self.n_slots = int(n_slots)
         #: seconds a job may run before it is cancelled (:class:`~sparknet.errors.RoundTimeout`)
         self.timeout = timeout
         if self.engine.kind == "connect":
-            from sparknet.cluster.engine_connect import ConnectResident
+            from sparknet.cluster.engine.connect import ConnectResident
 
             # one row per slot; the anchor is the checkpointed one-row-per-slot DataFrame
             self.sc = None
             self.res: Any = ConnectResident(spark.range(self.n_slots, numPartitions=self.n_slots),
                                             _build_slot, name=name)
         else:
-            from sparknet.cluster.resident import Resident
+            from sparknet.cluster.resident.driver import Resident
 
             self.sc = getattr(spark, "sparkContext", spark)
             # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
@@ -159,7 +159,7 @@ class SparkBlocks:
         self.last_read_s = self.last_compute_s = 0.0
 
     def run(self, job: BlockJob, data: Data | None = None) -> list:
-        from sparknet.cluster.resident import ResidentStateLost
+        from sparknet.cluster.resident.driver import ResidentStateLost
 
         # one broadcast for all of the job's arrays: one fetch per executor, not one per array
         # (under Connect: the arrays travel in the query's function)
@@ -198,7 +198,7 @@ class SparkBlocks:
 
     def _lost_what(self, reason: str) -> str:
         """``reason``, prefixed with the executors gone and the slots they held (when known)."""
-        from sparknet.cluster.executors import live_executors
+        from sparknet.cluster.resident.executors import live_executors
 
         if self.sc is None:  # a Connect client cannot list the executors
             return reason

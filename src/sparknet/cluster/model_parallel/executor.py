@@ -1,6 +1,6 @@
 """Executor side of model parallelism: a slot's resident store and the block maths.
 
-A slot's arrays live in a dict-like *store* (a resident :class:`~sparknet.cluster.resident.Shard`,
+A slot's arrays live in a dict-like *store* (a resident :class:`~sparknet.cluster.resident.driver.Shard`,
 or a :class:`MemStore` for the in-process backend) under the names
 
 * ``"<layer>.kernel"``, ``"<layer>.bias"``: the block's parameters;
@@ -32,8 +32,8 @@ import sparknet._activations as _activations
 import sparknet._blas as _blas
 import sparknet._dense as _dense
 from sparknet import initializers
-from sparknet.cluster.blocks import BlockedLayer
-from sparknet.cluster.resident import LOST_TAG
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer
+from sparknet.cluster.resident.driver import LOST_TAG
 from sparknet.optim import Optimizer
 
 #: tag of executor-side errors meaning "this block does not fit the Python worker's memory limit"

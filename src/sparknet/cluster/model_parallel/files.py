@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
-from sparknet.cluster.blocks import BlockedLayer
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.executor import Arrays
 from sparknet.errors import CheckpointError
 from sparknet.io import _ZIP_ERRORS, _atomic_savez, _ModelFile, atomic_write

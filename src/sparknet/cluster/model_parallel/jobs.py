@@ -3,7 +3,7 @@
 Each kind of job is a frozen dataclass whose :meth:`BlockJob.run` runs it on one slot's
 resident store; the small fields travel with the task, the batch-sized arrays in one
 broadcast per job (the ``data`` mapping).  Layers travel as
-:class:`~sparknet.cluster.blocks.BlockedLayer` objects and the optimizer as an
+:class:`~sparknet.cluster.model_parallel.block_partition.BlockedLayer` objects and the optimizer as an
 :class:`~sparknet.optim.Optimizer` (its hyper-parameters; blocks keep their state).
 
 Slots are laid out by :class:`Layout`: with ``D`` replicas of ``K`` blocks, slot
@@ -27,8 +27,8 @@ from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from sparknet.cluster.blocks import BlockedLayer
 from sparknet.cluster.model_parallel import executor as ex
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.files import load_block, save_block
 from sparknet.optim import Optimizer
 

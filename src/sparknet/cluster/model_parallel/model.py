@@ -13,9 +13,9 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int
 from sparknet.checkpoint import Checkpoint, CheckpointStore
-from sparknet.cluster.blocks import BlockedLayer, BlockPlan, as_plan
 from sparknet.cluster.model_parallel import persistence, recovery, stages
 from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan, as_plan
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
     ChainJob,
@@ -54,8 +54,8 @@ class ModelParallel:
     Args:
         layers: the model's layers (a list, or an *unbuilt*
             :class:`~sparknet.model.Sequential` whose layers, dtype, seed and loss are used).
-        plan: a :class:`~sparknet.cluster.blocks.BlockPlan`, a ``{layer_index: K}`` dict, or ``"auto"``
-            (the planner's K and pairing for ``spark``'s cluster: :func:`~sparknet.cluster.planner.auto_blocks`).
+        plan: a :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan`, a ``{layer_index: K}`` dict, or ``"auto"``
+            (the planner's K and pairing for ``spark``'s cluster: :func:`~sparknet.cluster.planning.planner.auto_blocks`).
         input_shape: per-sample input shape.
         spark: a ``SparkSession`` or ``SparkContext``; ``None`` runs the blocks in this
             process (:class:`LocalBlocks`, the reference).
@@ -95,10 +95,10 @@ class ModelParallel:
                  checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
         if isinstance(plan, str) and plan == "auto":  # the planner's K and pairing for the cluster
-            from sparknet.cluster.planner import auto_blocks
+            from sparknet.cluster.planning.planner import auto_blocks
             if spark is None:
                 raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the blocks for its cluster")
-            from sparknet.cluster.engine import is_connect
+            from sparknet.cluster.engine.base import is_connect
             if is_connect(spark):
                 raise NotImplementedError("plan='auto' probes the executors through a SparkContext; under Spark "
                                           "Connect pass a BlockPlan (the blocks per layer)")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from sparknet import optim as optim_mod
 from sparknet.checkpoint import Checkpoint
-from sparknet.cluster.blocks import BlockPlan
 from sparknet.cluster.model_parallel import files, recovery
+from sparknet.cluster.model_parallel.block_partition import BlockPlan
 from sparknet.cluster.model_parallel.stages import driver_arrays
 from sparknet.errors import CheckpointError
 

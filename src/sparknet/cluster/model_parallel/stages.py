@@ -22,7 +22,7 @@ import numpy as np
 
 import sparknet._activations as _activations
 from sparknet import optim as optim_mod
-from sparknet.cluster.blocks import BlockedLayer
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.jobs import (
     ApplyJob,
     BackwardJob,

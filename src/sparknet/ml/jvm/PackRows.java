@@ -13,10 +13,10 @@
  * rows int, dim int, bad string, seconds double: the time spent here).  The file holds rows x dim features, then rows labels.
  * The first bad row ends the partition: no file, and `bad` says what and where
  * ("x_null 12", "x_lengths 783 784 12", "y_null 12", rows counted within the partition),
- * which sparknet/cluster/data.py turns into a clear error.  The reader deletes the file;
+ * which sparknet/cluster/data/sharding.py turns into a clear error.  The reader deletes the file;
  * the end of the task deletes it if the reader did not (a failed or killed task).
  *
- * Layout (written by sparknet/cluster/packed.py):
+ * Layout (written by sparknet/cluster/data/packed_rows.py):
  *   spec  "features kind;float bytes;folder"
  *         kind 0 ML Vector, 1 array of doubles, 2 array of floats; float bytes 4 or 8;
  *         folder the files' folder (empty: /dev/shm where writable, else java.io.tmpdir).

@@ -1,0 +1,31 @@
+"""Class ids in sharded training data: their range over the shards, checked against the
+model's outputs before the first round."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sparknet.cluster.resident.driver import ShardInfo
+
+
+def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:
+    """Smallest and largest class id over all shards (None without labels)."""
+    los = [i.meta["y_min"] for i in infos if "y_min" in i.meta]
+    his = [i.meta["y_max"] for i in infos if "y_max" in i.meta]
+    return (min(los), max(his)) if los else None
+
+
+def label_desc(source: str, label_col: str) -> str:
+    return {"dataframe": f"label column {label_col!r}", "rdd": "y of the (x, y) pairs"}.get(source, "y")
+
+
+def check_label_range(infos: list[ShardInfo], n_classes: int, what: str, ldesc: str) -> None:
+    """Raise ``ValueError`` when a class id lies outside ``[0, n_classes)``."""
+    rng = label_range(infos)
+    if rng is None:
+        return
+    lo, hi = rng
+    if lo < 0 or hi >= n_classes:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what}: {ldesc} holds the label {bad:g}, outside [0, {n_classes}) "
+                         f"(the model has {n_classes} outputs)")

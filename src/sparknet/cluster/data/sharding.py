@@ -1,0 +1,538 @@
+"""Training data onto the executors, once: DataFrames (through Arrow), RDDs of
+``(x, y)`` pairs, or numpy arrays become one contiguous ``(rows, features)`` array and
+one label array per partition, resident for the whole fit (see
+:mod:`sparknet.cluster.resident.driver`).
+
+Every check that can fail runs before any training round: column names and types on
+the driver, then the conversion job reports per partition its row count, vector
+lengths, the first NaN and the label range, and the driver raises a ``ValueError``
+naming the column and value.
+
+Reuse: the shards of a *cached* DataFrame (``df.cache()``) or a persisted RDD stay on
+the executors after the fit and serve the next fit on the same data, columns and
+partitioning without a job (:func:`shard_data` with ``reuse=True``), keyed by the
+cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus the
+columns, dtype and partitions: different rows are a different cache, built anew, as is
+the data after ``unpersist()`` (the entry is dropped then).  At most :data:`MAX_REUSED`
+sets are kept (least recently used out first); :func:`release_shards` frees them all.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+from sparknet._validation import positive_int
+from sparknet.cluster.data.labels import check_label_range
+from sparknet.cluster.data.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
+from sparknet.cluster.data.shard_checks import finish, no_rows
+from sparknet.cluster.resident.driver import Resident
+
+if TYPE_CHECKING:
+    from pyspark import RDD, SparkContext
+    from pyspark.sql import DataFrame
+
+    from sparknet.cluster.engine.base import Engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardedData:
+    """Training (or validation) data resident on the executors.
+
+    Attributes:
+        resident: the :class:`~sparknet.cluster.resident.driver.Resident` holding, per
+            partition, ``x`` (rows, features) and ``y`` (rows,) or (rows, targets).
+        rows: rows per partition, in partition order.
+        dim: features per row (flat).
+        source: ``"dataframe"``, ``"rdd"`` or ``"numpy"`` (for messages).
+        phases: seconds of each step of putting the data there (empty when reused).
+        reused: whether these shards were already resident (built by an earlier fit).
+        cache_key: the reuse key (``None``: not reusable, deleted by :meth:`close`).
+    """
+
+    resident: Resident
+    rows: list[int]
+    dim: int
+    source: str
+    phases: dict[str, float] = field(default_factory=dict)
+    reused: bool = False
+    cache_key: tuple | None = None
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.rows))
+
+    @property
+    def num_partitions(self) -> int:
+        return len(self.rows)
+
+    def close(self) -> None:
+        """Done with the shards: reusable ones go back to the cache, others are deleted."""
+        if self.cache_key is None or not _REUSE.give_back(self):
+            self.resident.close()
+
+
+# ----------------------------------------------------------------- executor side builds
+def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
+    """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or \
+            pa.types.is_fixed_size_list(col.type):
+        n = len(col)
+        if col.null_count:
+            extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            return np.zeros((n, 0))
+        if pa.types.is_fixed_size_list(col.type):
+            lengths = np.full(n, col.type.list_size)
+        else:
+            offs = np.asarray(col.offsets)
+            lengths = np.diff(offs)
+        vals = col.flatten().to_numpy(zero_copy_only=False)
+        if n and lengths.min() != lengths.max():
+            lo, hi = int(lengths.min()), int(lengths.max())
+            extra[f"{what}_lengths"] = (lo, hi, int(np.flatnonzero(lengths != lengths[0])[0]))
+            return np.zeros((n, 0))
+        d = int(lengths[0]) if n else 0
+        extra[f"{what}_dim"] = d
+        return np.asarray(vals, dtype=np.float64 if vals.dtype.kind != "f" else vals.dtype).reshape(n, d)
+    if col.null_count:
+        extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+    return col.to_numpy(zero_copy_only=False).astype(np.float64)
+
+
+class _ArrowBuild:
+    """Executor side: the record batches of one partition -> contiguous x and y."""
+
+    def __init__(self, classification: bool, dtype: str) -> None:
+        self.classification, self.dtype = classification, dtype
+
+    def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
+        import pyarrow as pa
+
+        batches = list(batches)
+        extra: dict[str, Any] = {}
+        if not batches or sum(b.num_rows for b in batches) == 0:
+            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), {"rows": 0}
+        table = pa.Table.from_batches(batches)
+        x = _list_column(table.column(0), "x", extra)
+        y = _list_column(table.column(1), "y", extra)
+        if "x_null" in extra or "x_lengths" in extra:
+            x = np.zeros((table.num_rows, 0))
+        if "y_null" in extra or "y_lengths" in extra:
+            y = np.zeros(table.num_rows)
+        return finish(x, y, self.classification, self.dtype, extra)
+
+
+class _PairsBuild:
+    """Executor side: ``(x, y)`` pairs of one RDD partition -> contiguous x and y."""
+
+    def __init__(self, classification: bool, dtype: str) -> None:
+        self.classification, self.dtype = classification, dtype
+
+    def __call__(self, index: int, it: Iterable) -> tuple[dict, dict]:
+        xs: list[np.ndarray] = []
+        ys: list[Any] = []
+        extra: dict[str, Any] = {}
+        for k, item in enumerate(it):
+            if not (isinstance(item, (tuple, list)) and len(item) == 2):
+                extra.setdefault("pair_bad", (k, type(item).__name__))
+                continue
+            xs.append(np.asarray(item[0]))
+            ys.append(item[1])
+        if "pair_bad" in extra or not xs:
+            return no_rows(self.dtype), {**extra, "rows": 0}
+        shapes = {a.shape for a in xs}
+        if len(shapes) > 1:
+            sizes = sorted(int(np.prod(s)) for s in shapes)
+            first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
+            extra["x_lengths"] = (sizes[0], sizes[-1], first)
+            return no_rows(self.dtype), {**extra, "rows": len(xs)}
+        if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
+            extra["dtype_bad"] = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
+            return no_rows(self.dtype), {**extra, "rows": len(xs)}
+        x = np.stack(xs).reshape(len(xs), -1)
+        extra["x_dim"] = int(x.shape[1])
+        return finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
+
+
+# ------------------------------------------------------------------------- driver side
+def _is_dataframe(data: Any) -> bool:
+    try:
+        from pyspark.sql import DataFrame
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(data, DataFrame):
+        return True
+    try:  # Spark Connect DataFrames
+        from pyspark.sql.connect.dataframe import DataFrame as CDF
+        return isinstance(data, CDF)
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _is_rdd(data: Any) -> bool:
+    from pyspark import RDD
+    return isinstance(data, RDD)
+
+
+def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: str,
+                       classification: bool) -> tuple[DataFrame, str | None]:
+    """Select features and label (JVM side) as ``x`` (a Vector, or an array of floats or
+    doubles) and ``y``, and the kind of ``x``: ``"vector"``, ``"float"`` or ``"double"``
+    when the JVM can hand the rows over (a numeric label), else None (Arrow reads them)."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import types as T
+
+    from sparknet.cluster.engine.base import functions_for
+
+    F, vector_to_array = functions_for(df)
+    names = df.columns
+    for col, role in ((features_col, "features"), (label_col, "label")):
+        if col not in names:
+            raise ValueError(f"the DataFrame has no {role} column {col!r} (its columns: {names})")
+    schema = {f.name: f.dataType for f in df.schema.fields}
+    ftype = schema[features_col]
+
+    def named(name: str) -> Any:  # backquoted: a dot in a name is part of it, not a struct field
+        return F.col("`" + name.replace("`", "``") + "`")
+    fcol = named(features_col)
+    kind: str | None
+    if isinstance(ftype, VectorUDT):
+        kind = "vector"
+    elif isinstance(ftype, T.ArrayType) and isinstance(ftype.elementType, T.NumericType):
+        kind = "float" if isinstance(ftype.elementType, T.FloatType) else "double"
+        fcol = fcol.cast(f"array<{kind}>")
+    else:
+        raise ValueError(f"features column {features_col!r} has type {ftype.simpleString()}; "
+                         f"use an ML Vector column or an array of numbers")
+    ltype = schema[label_col]
+    if isinstance(ltype, T.NumericType) or isinstance(ltype, T.BooleanType):
+        lcol = named(label_col).cast("double")
+    elif (not classification and isinstance(ltype, T.ArrayType)
+          and isinstance(ltype.elementType, T.NumericType)):
+        lcol, kind = named(label_col).cast("array<double>"), None
+    elif not classification and isinstance(ltype, VectorUDT):
+        lcol, kind = vector_to_array(named(label_col), dtype="float64"), None
+    else:
+        want = "numeric class ids (index strings with StringIndexer)" if classification \
+            else "numbers, arrays of numbers or Vectors"
+        raise ValueError(f"label column {label_col!r} has type {ltype.simpleString()}; use {want}")
+    return df.select(fcol.alias("x"), lcol.alias("y")), kind
+
+
+def _arrow_features(ftype: Any, dtype: str, df: Any = None) -> Any:
+    """Column ``x`` (of type ``ftype``) as an array of ``dtype`` elements, for Arrow
+    (functions of ``df``'s kind of session)."""
+    from pyspark.ml.linalg import VectorUDT
+
+    from sparknet.cluster.engine.base import functions_for
+
+    F, vector_to_array = functions_for(df)
+
+    if isinstance(ftype, VectorUDT):
+        return vector_to_array(F.col("x"), dtype=dtype).alias("x")
+    return F.col("x").cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
+
+
+def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_partitions: int | None,
+               features_col: str = "features", label_col: str = "label", dtype: Any = np.float32,
+               classification: bool = True, n_classes: int | None = None,
+               sample_shape: tuple | None = None, seed: int = 0, what: str = "training data",
+               name: str = "data", reuse: bool = False) -> ShardedData:
+    """Put training data on the executors, one contiguous shard per partition, checked.
+
+    Args:
+        data: a Spark DataFrame (``features_col`` an ML Vector or array column,
+            ``label_col`` numeric), an RDD of ``(x, y)`` pairs, or a numpy array ``X``
+            (with ``y``).
+        y: labels when ``data`` is a numpy array.
+        sc: the SparkContext, or the session's :class:`~sparknet.cluster.engine.base.Engine`
+            (under Spark Connect: DataFrame and numpy input; no reuse).
+        num_partitions: shards wanted; ``None`` keeps the DataFrame's/RDD's partitions
+            (numpy: ``sc.defaultParallelism``).
+        features_col: features column of a DataFrame.
+        label_col: label column of a DataFrame.
+        dtype: float dtype of the features (the model's).
+        classification: labels are class ids (checked integral and in range).
+        n_classes: number of classes (the model's outputs) for the range check.
+        sample_shape: per-sample shape the model expects (its ``input_shape``); the
+            flat feature length must equal its product.
+        seed: seeds the split of numpy input.
+        what: how messages call this data (``"training data"``, ``"validation data"``).
+        name: prefix of the resident state's key.
+        reuse: take the shards of an earlier call on the same cached DataFrame or
+            persisted RDD (same columns, dtype and partitions) when there are some,
+            and leave these for later calls (see the module docstring); ``close()``
+            then gives them back instead of deleting them.
+
+    Returns:
+        :class:`ShardedData` (``phases``: the seconds of each step).
+
+    Raises:
+        ValueError: missing column, unsupported column type, empty data, vectors of
+            different lengths, NaN/infinity/null, non-integer labels or labels outside
+            ``[0, n_classes)``, feature length not matching the model.
+    """
+    from sparknet.cluster.engine.base import engine_for
+
+    t0 = time.perf_counter()
+    engine = engine_for(sc)
+    classic: SparkContext | None = getattr(engine, "sc", None)  # None under Spark Connect
+    if classic is None:
+        reuse = False  # reuse follows Classic's persisted RDDs
+    dtype = np.dtype(dtype).name
+    if num_partitions is not None:
+        num_partitions = positive_int(num_partitions, "num_partitions")
+    key = _reuse_key(data, y, classic, features_col, label_col, dtype, classification,
+                     num_partitions) if reuse and classic is not None else None
+    if key is not None and classic is not None:
+        hit = _REUSE.take(key, classic)
+        if hit is not None:
+            try:
+                hit.dim = _check_meta(hit.resident, what, hit.source, *_names(hit.source, features_col, label_col),
+                                      classification, n_classes, sample_shape)
+            except ValueError:
+                hit.close()
+                raise
+            hit.phases = {"reuse lookup": time.perf_counter() - t0}
+            return hit
+    if _is_dataframe(data):
+        if y is not None:
+            raise ValueError("pass labels inside the DataFrame (label_col), not as y")
+        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name, engine)
+        source = "dataframe"
+    elif _is_rdd(data):
+        if y is not None:
+            raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
+        res = _from_rdd(data, dtype, classification, num_partitions, name)
+        source = "rdd"
+    else:
+        X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
+        res = engine.resident_from_numpy(X, Y, num_partitions, seed, name, what)
+        source = "numpy"
+    t_built = time.perf_counter()
+    try:
+        dim = _check_meta(res, what, source, *_names(source, features_col, label_col), classification,
+                          n_classes, sample_shape)
+    except ValueError:
+        res.close()
+        raise
+    phases = _job_phases(res, t_built - t0 - res.build_seconds)
+    phases["checks (driver)"] = time.perf_counter() - t_built
+    out = ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source, phases)
+    if key is not None and _REUSE.put(key, out):
+        out.cache_key = key
+    return out
+
+
+def _names(source: str, features_col: str, label_col: str) -> tuple[str, str]:
+    """What messages call the features and the labels of ``source``."""
+    return {"dataframe": (features_col, label_col), "rdd": ("x", "y")}.get(source, ("X", "y"))
+
+
+def _job_phases(res: Resident, plan: float) -> dict[str, float]:
+    """The steps of building ``res``: ``plan`` (driver seconds before the job), then the
+    job's (:meth:`Resident.build_phases`), its build split into conversion and checks."""
+    job = res.build_phases()
+    check = max((float(i.meta.get("check_seconds", 0.0)) for i in res.infos), default=0.0)
+    check = min(check, job.get("build", 0.0))
+    # rows handed over by the JVM (packed.py): its part ran before the builder started
+    jvm = min(max((float(i.meta.get("jvm_seconds", 0.0)) for i in res.infos), default=0.0),
+              job.get("start", 0.0))
+    phases = {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0) - jvm}
+    if jvm:
+        phases["convert in the JVM"] = jvm
+    return {**phases, "convert to numpy": job.get("build", 0.0) - check, "checks (executors)": check,
+            "spill": job.get("spill", 0.0), "shard job: scheduling, results": job["rest"]}
+
+
+def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
+                    num_partitions: int | None, name: str, engine: "Engine") -> Resident:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
+        raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
+                          "pip install 'sparknet[arrow]'") from exc
+    df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
+    # (the select is narrow: ``data``'s partitions, whose ``rdd`` a fit has usually built already)
+    if num_partitions is not None and (engine.kind != "classic" or data.rdd.getNumPartitions() != num_partitions):
+        df = df.repartition(int(num_partitions))  # (a Connect DataFrame's partitions are not known before it runs)
+    if kind is not None and engine.kind == "classic":
+        from sparknet.cluster.data.packed_rows import PackedBuild, packed_columns
+
+        packed = packed_columns(df, kind, dtype)
+        if packed is not None:
+            return Resident.from_dataframe(packed, PackedBuild(classification, dtype), name=name,
+                                           on_lost="rebuild")
+    df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype, df), "y")
+    return engine.resident_from_dataframe(df, _ArrowBuild(classification, dtype), name, "rebuild", None)
+
+
+def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | None, name: str) -> Resident:
+    if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
+        rdd = rdd.repartition(int(num_partitions))
+    return Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
+
+
+def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, classification: bool,
+                n_classes: int | None, sample_shape: tuple | None) -> int:
+    infos = res.infos
+    fdesc = f"features column {fcol!r}" if source == "dataframe" else ("x of the (x, y) pairs" if source == "rdd" else fcol)
+    ldesc = f"label column {lcol!r}" if source == "dataframe" else ("y of the (x, y) pairs" if source == "rdd" else lcol)
+    where = lambda info, r: f"partition {info.index}, row {r}"  # noqa: E731
+    for info in infos:
+        m = info.meta
+        if "pair_bad" in m:
+            k, t = m["pair_bad"]
+            raise ValueError(f"{what}: the RDD must hold (x, y) pairs; found a {t} ({where(info, k)})")
+        if "dtype_bad" in m:
+            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes {m['dtype_bad']}")
+        if "x_null" in m:
+            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m['x_null'])})")
+        if "x_lengths" in m:
+            lo, hi, r = m["x_lengths"]
+            raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({lo} and {hi}; "
+                             f"first odd one at {where(info, r)})")
+        if "y_null" in m:
+            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m['y_null'])})")
+        if "y_lengths" in m:
+            lo, hi, r = m["y_lengths"]
+            raise ValueError(f"{what}: {ldesc} holds arrays of different lengths ({lo} and {hi})")
+    total = sum(int(i.meta.get("rows", 0)) for i in infos)
+    if total == 0:
+        kind = {"dataframe": "the DataFrame has no rows", "rdd": "the RDD is empty",
+                "numpy": "no rows"}[source]
+        raise ValueError(f"{what} is empty: {kind}")
+    dims = {int(i.meta["x_dim"]) for i in infos if i.meta.get("rows", 0) and "x_dim" in i.meta}
+    if len(dims) > 1:
+        raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({min(dims)} and "
+                         f"{max(dims)}, in different partitions)")
+    dim = dims.pop() if dims else 0
+    if dim == 0:
+        raise ValueError(f"{what}: {fdesc} holds empty vectors (length 0)")
+    for info in infos:
+        m = info.meta
+        if "x_bad" in m:
+            r, c, v = m["x_bad"]
+            raise ValueError(f"{what}: {fdesc} contains {v} (NaN or infinity) at {where(info, r)}, "
+                             f"element {c}")
+        if "y_bad" in m:
+            raise ValueError(f"{what}: {ldesc} contains NaN or infinity ({where(info, m['y_bad'])})")
+        if classification and "y_nonint" in m:
+            raise ValueError(f"{what}: {ldesc} holds the non-integer label {m['y_nonint']}; "
+                             f"cross-entropy needs class ids")
+    if classification and n_classes is not None:
+        check_label_range(infos, n_classes, what, ldesc)
+    if sample_shape is not None and int(np.prod(sample_shape)) != dim:
+        raise ValueError(f"{what}: {fdesc} has {dim} values per row, the model expects "
+                         f"{int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
+    return dim
+
+
+# --------------------------------------------------------------------------- reuse
+#: Sets of shards kept for reuse (training and validation data count one each).
+MAX_REUSED = 4
+
+
+def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col: str, dtype: str,
+               classification: bool, num_partitions: int | None) -> tuple | None:
+    """The reuse key of a cached DataFrame or a persisted RDD: the application, the id
+    of the cache's RDD, the columns, dtype and partitions; ``None`` for anything else
+    (numpy input, uncached data whose source may change, Spark Connect)."""
+    try:
+        if y is None and _is_dataframe(data):
+            manager = data.sparkSession._jsparkSession.sharedState().cacheManager()
+            cached = manager.lookupCachedData(data._jdf)
+            if cached.isEmpty():
+                return None
+            rdd_id = int(cached.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers().id())
+            return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype, classification,
+                    num_partitions)
+        if y is None and _is_rdd(data) and data.is_cached:
+            return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification, num_partitions)
+    except Exception as exc:  # internals of another Spark version: no reuse
+        log.debug("shards not reusable: %s", exc)
+    return None
+
+
+class _ShardCache:
+    """The reusable shards of this driver: key -> :class:`ShardedData`, least recently
+    used first.  An entry lent to a fit is not lent again until it is given back."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[tuple, ShardedData] = OrderedDict()
+        self._busy: set[tuple] = set()
+        self._lock = threading.Lock()
+
+    def take(self, key: tuple, sc: SparkContext) -> ShardedData | None:
+        self.prune(sc)
+        with self._lock:
+            d = self._entries.get(key)
+            if d is None or key in self._busy:
+                return None
+            self._busy.add(key)
+            self._entries.move_to_end(key)
+        d.reused = True
+        return d
+
+    def put(self, key: tuple, d: ShardedData) -> bool:
+        """Keep ``d`` (lent to its caller until given back); False when ``key`` is taken."""
+        with self._lock:
+            if key in self._entries:
+                return False
+            self._entries[key] = d
+            self._busy.add(key)
+            old = [k for k in self._entries if k not in self._busy][:max(0, len(self._entries) - MAX_REUSED)]
+            evicted = [self._entries.pop(k) for k in old]
+        for e in evicted:
+            e.resident.close()
+        return True
+
+    def give_back(self, d: ShardedData) -> bool:
+        """End a loan; False when ``d`` is no longer kept (released meanwhile)."""
+        key = d.cache_key
+        with self._lock:
+            if key is None or self._entries.get(key) is not d:
+                return False
+            self._busy.discard(key)
+            return True
+
+    def prune(self, sc: SparkContext) -> None:
+        """Drop the entries whose cache is gone (``unpersist()``) or whose application ended."""
+        with self._lock:  # fits load their training and validation data side by side
+            keys = list(self._entries)
+        try:
+            kept = sc._jsc.getPersistentRDDs()
+            gone = [k for k in keys if k[0] != sc.applicationId or not kept.containsKey(k[1])]
+        except Exception:  # pragma: no cover - context stopped
+            gone = keys
+        self.release([k for k in gone if k not in self._busy])
+
+    def release(self, keys: Iterable[tuple] | None = None) -> int:
+        """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
+        with self._lock:
+            chosen = list(self._entries) if keys is None else [k for k in keys if k in self._entries]
+            dropped = [self._entries.pop(k) for k in chosen]
+        for d in (d for d in dropped if d.cache_key not in self._busy):
+            d.resident.close()
+        return len(dropped)
+
+
+_REUSE = _ShardCache()
+
+
+def release_shards() -> int:
+    """Delete every set of training and validation shards kept for reuse (files on the
+    executors' hosts, store entries, anchors); returns how many sets.  A set a running
+    fit holds is deleted when that fit ends."""
+    return _REUSE.release()

@@ -1,0 +1,211 @@
+"""The seam between the trainers and Spark: what a fit asks of a session.
+
+A data-parallel fit needs few things from Spark: the session's settings, a description
+on its jobs, a value every task of the next round reads (the parameters), resident
+shards built from a DataFrame, one job per round over them summed on the driver, and
+cancelling a fit's jobs.  :class:`Engine` names them; two implementations stand behind
+it, chosen from the session's type by :func:`engine_for`:
+
+* :class:`ClassicEngine` (this module): a session with a ``SparkContext`` on the
+  driver.  Parameters go out as one ``Broadcast`` per round, rounds are RDD jobs over
+  the anchor of :class:`~sparknet.cluster.resident.driver.Resident`, summed by
+  ``treeAggregate`` (:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer`).
+* :class:`~sparknet.cluster.engine.connect.ConnectEngine`: a Spark Connect session
+  (``SparkSession.builder.remote(...)``; Databricks serverless and shared clusters),
+  which has no ``SparkContext``, RDD, broadcast or accumulator.  Resident shards are
+  anchored on a checkpointed DataFrame with one row per partition, rounds are
+  ``mapInArrow`` queries over it carrying the parameters in the query's function and
+  bringing each task's result back as one Arrow binary row.
+
+The round logic, the shards' executor side (:mod:`sparknet.cluster.resident.shards`), the
+optimizer state and the checks are the same under both.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+if TYPE_CHECKING:
+    from pyspark import SparkContext
+    from pyspark.sql import DataFrame, SparkSession
+
+    from sparknet.cluster.data_parallel.parameter_server import RoundResult
+
+
+class Shipped(Protocol):
+    """A value sent to every task of the jobs that follow (read as ``.value`` there)."""
+
+    @property
+    def value(self) -> Any: ...
+
+    def unpersist(self) -> None: ...
+
+    def destroy(self, blocking: bool = False) -> None: ...
+
+
+class Engine(Protocol):
+    """What a fit asks of its Spark session (see the module docstring).
+
+    Attributes:
+        kind: ``"classic"`` or ``"connect"``.
+        app_id: the application's id (resident folders are named after it).
+    """
+
+    kind: str
+    app_id: str
+
+    def default_parallelism(self) -> int:
+        """Partitions of numpy input when none are asked for."""
+        ...
+
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        """A Spark setting of the session, or ``default``."""
+        ...
+
+    def describe(self, text: str | None) -> None:
+        """The description the next jobs carry in Spark's UI (``None`` clears it)."""
+        ...
+
+    def ship(self, value: Any) -> Shipped:
+        """``value`` for every task of the next jobs."""
+        ...
+
+    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
+        """The sum of the :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult` s of ``job`` (a
+        resident state's :meth:`mapPartitions`), by ``reduce`` where the engine has a
+        choice."""
+        ...
+
+    def add_tag(self, tag: str) -> None:
+        """Tag the jobs this thread starts next (until :meth:`remove_tag`)."""
+        ...
+
+    def remove_tag(self, tag: str) -> None: ...
+
+    def cancel(self, tag: str) -> None:
+        """Cancel the running jobs tagged ``tag``."""
+        ...
+
+    def join_group(self, group: str, description: str) -> None:
+        """Put the jobs this thread starts from now on into ``group`` (for the whole
+        thread: an asynchronous partition's driver thread), interrupted when cancelled."""
+        ...
+
+    def cancel_group(self, group: str) -> None:
+        """Cancel the running jobs of ``group``, interrupting their tasks."""
+        ...
+
+    def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
+                                spill_dir: str | None) -> Any:
+        """Resident shards built from ``df``'s partitions through Arrow
+        (:meth:`~sparknet.cluster.resident.driver.Resident.from_dataframe`'s contract)."""
+        ...
+
+    def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
+                            what: str) -> Any:
+        """Resident shards of checked numpy input, split by
+        :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``)."""
+        ...
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` (a session or a DataFrame) is a Spark Connect one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def functions_for(df: Any) -> tuple[Any, Callable]:
+    """pyspark's SQL functions module and ``vector_to_array`` for ``df``'s kind of session.
+    pyspark picks Classic or Connect functions by an environment variable the builder
+    sets, not by the DataFrame: a process with a Classic session and a Connect client
+    (a Connect session made from ``pyspark.sql.connect.session``) needs the right ones."""
+    if is_connect(df):
+        from pyspark.ml.connect.functions import vector_to_array
+        from pyspark.sql.connect import functions as F
+    else:
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F  # type: ignore[no-redef]
+    return F, vector_to_array
+
+
+def arrow_udf_for(df: Any, fn: Callable, return_type: Any) -> Any:
+    """``pyspark.sql.functions.arrow_udf(fn, return_type)`` made for ``df``'s kind of
+    session (see :func:`functions_for`): pyspark types the UDF from ``fn``'s hints, then
+    a Connect DataFrame gets the Connect form of the same UDF."""
+    from pyspark.sql.functions import arrow_udf
+
+    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]  # the stubs want a functionType, which pyspark deprecates
+    if not is_connect(df):
+        return udf
+    from pyspark.sql.connect.udf import _create_udf
+
+    return _create_udf(udf.func, udf.returnType, udf.evalType)
+
+
+class ClassicEngine:
+    """:class:`Engine` over a ``SparkContext``."""
+
+    kind = "classic"
+
+    def __init__(self, sc: "SparkContext") -> None:
+        self.sc = sc
+        self.app_id = str(sc.applicationId)
+
+    def default_parallelism(self) -> int:
+        return int(self.sc.defaultParallelism)
+
+    def conf(self, key: str, default: str | None = None) -> str | None:
+        return self.sc.getConf().get(key, default)
+
+    def describe(self, text: str | None) -> None:
+        self.sc.setJobDescription(text)  # type: ignore[arg-type]  # None clears it; the stub says str
+
+    def ship(self, value: Any) -> Shipped:
+        return self.sc.broadcast(value)
+
+    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
+        from sparknet.cluster.data_parallel.parameter_server import RoundResult, RoundResultParam, _Adder, _seq
+
+        if reduce == "tree":
+            return job.treeAggregate(RoundResult(), _seq, _seq, depth=depth)
+        acc = self.sc.accumulator(RoundResult(), RoundResultParam())
+        job.foreach(_Adder(acc))
+        return acc.value
+
+    def add_tag(self, tag: str) -> None:
+        self.sc.addJobTag(tag)
+
+    def remove_tag(self, tag: str) -> None:
+        self.sc.removeJobTag(tag)
+
+    def cancel(self, tag: str) -> None:
+        self.sc.cancelJobsWithTag(tag)
+
+    def join_group(self, group: str, description: str) -> None:
+        self.sc.setJobGroup(group, description, interruptOnCancel=True)
+
+    def cancel_group(self, group: str) -> None:
+        self.sc.cancelJobGroup(group)
+
+    def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
+                                spill_dir: str | None) -> Any:
+        from sparknet.cluster.resident.driver import Resident
+
+        return Resident.from_dataframe(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
+
+    def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
+                            what: str) -> Any:
+        from sparknet.cluster.data.numpy_input import from_numpy
+
+        return from_numpy(self.sc, X, Y, num_partitions, seed, name, what)
+
+
+def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
+    """The :class:`Engine` of a session (Classic or Connect by its type), of a
+    ``SparkContext``, or ``spark`` itself when it is an engine already."""
+    if hasattr(spark, "kind") and hasattr(spark, "gather"):
+        return spark  # type: ignore[return-value]
+    if is_connect(spark):
+        from sparknet.cluster.engine.connect import ConnectEngine
+
+        return ConnectEngine.of(spark)  # type: ignore[arg-type]
+    sc = getattr(spark, "sparkContext", spark)
+    return ClassicEngine(sc)  # type: ignore[arg-type]

@@ -1,0 +1,6 @@
+"""Choosing how to train: the cost model of every mode (:mod:`~sparknet.cluster.planning.cost`),
+the probes and flop counts that feed it (:mod:`~sparknet.cluster.planning.probes`), memory
+needs (:mod:`~sparknet.cluster.planning.memory`), the planner
+(:mod:`~sparknet.cluster.planning.planner`) and the cluster simulation
+(:mod:`~sparknet.cluster.planning.simulate`).
+"""
