@@ -108,17 +108,22 @@ class FitProgress:
         self._val_every = 1
 
     def __enter__(self) -> "FitProgress":
-        if self.verbose == 1:
-            try:
-                from tqdm.auto import tqdm
-                from tqdm.contrib.logging import logging_redirect_tqdm
-            except ImportError:  # pragma: no cover - tqdm is a dependency
-                return self
-            self._bar = tqdm(total=self.epochs, unit=self.unit, file=sys.stderr, leave=True, dynamic_ncols=True,
-                             mininterval=0.2, bar_format="{desc} |{bar:20}| [{elapsed}<{remaining}{postfix}]")
-            self._redirect = logging_redirect_tqdm(tqdm_class=tqdm)
-            self._redirect.__enter__()
-        return self
+        return self  # the bar appears with the first rounds (no empty bar while Spark starts)
+
+    def _open_bar(self) -> None:
+        """Start the live bar (``verbose=1``), showing the current description at once."""
+        if self.verbose != 1 or self._bar is not None:
+            return
+        try:
+            from tqdm.auto import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+        except ImportError:  # pragma: no cover - tqdm is a dependency
+            return
+        self._bar = tqdm(total=self.epochs, unit=self.unit, file=sys.stderr, leave=True, dynamic_ncols=True,
+                         mininterval=0.2, desc=self._desc,
+                         bar_format="{desc} |{bar:20}| [{elapsed}<{remaining}{postfix}]")
+        self._redirect = logging_redirect_tqdm(tqdm_class=tqdm)
+        self._redirect.__enter__()
 
     def __exit__(self, *exc: object) -> None:
         if self._redirect is not None:
@@ -130,6 +135,8 @@ class FitProgress:
 
     def skip(self, n: int) -> None:
         """``n`` epochs are done already (a resumed fit)."""
+        if n > 0:
+            self._open_bar()
         if self._bar is not None and n > 0:
             self._bar.update(int(n))
 
@@ -157,6 +164,7 @@ class FitProgress:
     def rounds(self, total: int, desc: str) -> "FitProgress":
         """Start the rounds (or batches) of one epoch or span of epochs."""
         self._desc, self._done, self._total = desc, 0, int(total)
+        self._open_bar()
         self._show_desc()
         return self
 

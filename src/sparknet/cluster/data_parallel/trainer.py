@@ -483,9 +483,9 @@ class DataParallelTrainer:
         synchronous rounds, or the registered mode's epoch runner."""
         epochs = ctx.epochs
         desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
+        if ctx.val is not None and self.mode == "sync":  # said above the bar, before it starts
+            ctx.progress.validation_every(min(ctx.epochs_per_round, epochs))
         bar = ctx.progress.rounds(ctx.rounds, desc)
-        if ctx.val is not None and self.mode == "sync":
-            ctx.progress.validation_every(ctx.epochs_per_round)
         if self.mode == "sync":
             rl = ctx.sync_epoch(epoch, bar, span, start, carry, t0)
             ctx.resize(rl, span)

@@ -123,13 +123,28 @@ def get_spark(master: str | None = None, app_name: str = "sparknet",
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-    for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
+    for k, v in {**DEFAULT_CONF, **_quiet_logging(conf or {}), **(conf or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     _warn_settings(spark)
     if warm_up and active is None:  # a running session (getOrCreate returned it) is warm already
         start_python_workers(spark)
     return spark
+
+
+#: the driver's log4j configuration in sessions sparknet starts (:func:`get_spark`)
+LOG4J_CONF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2.properties")
+
+
+def _quiet_logging(conf: dict) -> dict:
+    """Driver JVM options that point log4j at :data:`LOG4J_CONF` (warnings on stderr, no
+    banner), unless the caller sets the driver's Java options or ``SPARK_CONF_DIR`` holds a
+    log4j configuration of its own."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if "spark.driver.extraJavaOptions" in conf or not os.path.exists(LOG4J_CONF) or (
+            conf_dir and os.path.exists(os.path.join(conf_dir, "log4j2.properties"))):
+        return {}
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{LOG4J_CONF}"}
 
 
 def start_python_workers(spark: SparkSession, wait: float = 30.0) -> threading.Thread:
