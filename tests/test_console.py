@@ -76,6 +76,11 @@ def test_demo_output_has_one_bar_one_result_and_no_noise(tmp_path):
     assert any(ln.startswith("sparknet demo: loading scikit-learn's digits") for ln in first), err[:2000]
     assert any(ln.startswith("sparknet: loading the data onto the executors") for ln in first), err[:2000]
     assert "spark: " in err and "% of round time" in err and "nan" not in err.lower()
+    # Spark's log4j banner (printed twice by a default profile) and Hadoop's native-library note
+    for noise in ("log4j", "Setting default log level", "NativeCodeLoader"):
+        assert noise not in err, f"{noise!r} in the demo's console:\n{err[:2000]}"
+    # no bar drawn before the first round: the first bar line already names its epoch
+    assert not re.search(r"^ *\|\s*\| \[", err, re.M), err[:2000]
     for noise in ("[Stage", "WARN PythonRDD", "locally checkpointed", " INFO ", "sparknet.cluster"):
         assert noise not in err, f"{noise!r} in the demo's console:\n{err[-2000:]}"
     assert not re.search(r"epoch \d+/\d+: loss=", err), err[-2000:]  # the trainer's debug log lines
