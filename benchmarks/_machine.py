@@ -142,3 +142,23 @@ def machine_header() -> str:
 
 if __name__ == "__main__":
     print(machine_header())
+
+
+def print_rates(res: dict) -> None:
+    """The table of an interleaved sparknet-against-PyTorch run: samples/s of each (median and
+    best wall-clock round, CPU-time rate), their ratios and the per-round ratio range.  ``res``
+    holds ``sparknet`` and ``torch`` (``wall_median``, ``wall_best``, ``cpu``), ``ratio_wall``,
+    ``ratio_best``, ``ratio_cpu``, ``ratio_wall_range``, ``ratio_cpu_range`` and ``config``
+    (``rounds``, ``n_steps``)."""
+    c = res["config"]
+    print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
+    for k in ("sparknet", "torch"):
+        if res.get(k):
+            r = res[k]
+            print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
+    if res["torch"]:
+        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x"
+              f"{res['ratio_cpu']:>9.2f}x   (sparknet / PyTorch)")
+        (wl, wh), (cl, ch) = res["ratio_wall_range"], res["ratio_cpu_range"]
+        print(f"per-round ratio range: wall {wl:.2f}-{wh:.2f}x, CPU time {cl:.2f}-{ch:.2f}x "
+              f"({c['rounds']} alternating rounds of {c['n_steps']} steps)")

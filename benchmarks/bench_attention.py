@@ -38,7 +38,7 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _machine import machine_header  # noqa: E402  (the benchmarks folder, put on the path above)
+from _machine import machine_header, print_rates  # noqa: E402  (the benchmarks folder, put on the path above)
 
 from sparknet import Dense, GlobalAveragePooling1D, Sequential, TransformerEncoder  # noqa: E402
 from sparknet.optim import Adam  # noqa: E402
@@ -164,18 +164,7 @@ def report(res: dict) -> None:
     print(f"TransformerEncoder d_model {c['d_model']}, {c['heads']} heads, FFN {c['ffn']}, "
           f"dropout {c['dropout']}, {c['seq']} tokens + mean + Dense {c['classes']}, batch "
           f"{c['batch']}, float32, 1 thread, Adam; training samples/s")
-    print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
-    for k in ("sparknet", "torch"):
-        if res.get(k):
-            r = res[k]
-            print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
-    if res["torch"]:
-        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x"
-              f"{res['ratio_cpu']:>9.2f}x   (sparknet / PyTorch)")
-        (wl, wh), (cl, ch) = res["ratio_wall_range"], res["ratio_cpu_range"]
-        print(f"per-round ratio: wall median {res['ratio_wall_per_round_median']:.2f}x, range "
-              f"{wl:.2f}-{wh:.2f}x; CPU time {cl:.2f}-{ch:.2f}x ({c['rounds']} alternating rounds "
-              f"of {c['n_steps']} steps)")
+    print_rates(res)
     lo, hi = res["load"]
     print(f"1-minute load average during the rounds: {lo:.1f}-{hi:.1f} ({os.cpu_count()} CPUs)")
 

@@ -39,7 +39,7 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _machine import machine_header  # noqa: E402  (the benchmarks folder, put on the path above)
+from _machine import machine_header, print_rates  # noqa: E402  (the benchmarks folder, put on the path above)
 
 from sparknet import LSTM, Bidirectional, Dense, Sequential  # noqa: E402
 from sparknet.data import lengths_to_mask  # noqa: E402
@@ -178,18 +178,7 @@ def report(res: dict[str, Any]) -> None:
     print(f"Bidirectional LSTM {c['features']}->2x{c['hidden']} x {c['steps']} steps ({lengths}) "
           f"+ Dense {c['classes']}, batch {c['batch']}, float32, 1 thread, RMSprop; "
           f"training samples/s")
-    print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
-    for k in ("sparknet", "torch"):
-        if res.get(k):
-            r = res[k]
-            print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
-    if res["torch"]:
-        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x"
-              f"{res['ratio_cpu']:>9.2f}x   (sparknet / PyTorch)")
-        (wl, wh), (cl, ch) = res["ratio_wall_range"], res["ratio_cpu_range"]
-        print(f"per-round ratio range: wall {wl:.2f}-{wh:.2f}x, CPU time {cl:.2f}-{ch:.2f}x "
-              f"({c['rounds']} alternating rounds of {c['n_steps']} steps)")
-
+    print_rates(res)
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])

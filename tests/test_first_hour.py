@@ -93,3 +93,23 @@ def test_set_params_refuses_non_finite_weights_and_keeps_the_old_ones():
     with pytest.raises(ValueError, match=r"1 NaN or infinite value\(s\), first at index 5"):
         model.set_params(bad)
     np.testing.assert_array_equal(model.params, before)
+
+
+def test_a_pandas_dataframe_is_refused_with_how_to_pass_it(spark, digits):
+    """A pandas DataFrame handed to the trainer or to an Estimator: a TypeError saying to
+    make a Spark DataFrame (or numpy arrays), not "needs labels y" nor a missing ``schema``."""
+    pd = pytest.importorskip("pandas")
+    from sparknet.cluster import DataParallelTrainer
+    from sparknet.ml import SparkNetClassifier
+
+    X, y, _, _ = digits
+    pdf = pd.DataFrame(X).assign(label=y)
+    trainer = DataParallelTrainer(Sequential([Dense(10, activation="softmax")]), spark)
+    with pytest.raises(TypeError, match=r"DataParallelTrainer.fit got a pandas DataFrame: pass a Spark "
+                                        r"DataFrame \(spark.createDataFrame\(df\).*to_numpy\(\)"):
+        trainer.fit(pdf, epochs=1, verbose=0)
+    with pytest.raises(TypeError, match=r"validation data got a pandas Series"):
+        trainer.fit(X, y, epochs=1, verbose=0, validation_data=(pdf[0], y))
+    with pytest.raises(TypeError, match=r"SparkNetClassifier.fit takes a Spark DataFrame "
+                                        r"\(spark.createDataFrame\(df\).*got a pandas DataFrame"):
+        SparkNetClassifier(epochs=1).fit(pdf)

@@ -5,6 +5,7 @@ The single-process core: :class:`~sparknet.model.Sequential` over layers from
 :mod:`sparknet.optim`, callbacks in :mod:`sparknet.callbacks` and learning-rate
 schedules in :mod:`sparknet.schedules`.  Distributed training lives in :mod:`sparknet.cluster`.
 """
+from sparknet._version import __version__
 from sparknet.callbacks import (
     Callback,
     EarlyStopping,
@@ -46,8 +47,6 @@ from sparknet.layers import (
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
 from sparknet.optim import SGD, Adam, AdamW, Optimizer, RMSprop
-
-__version__ = "0.1.0"
 
 __all__ = [
     "SimpleRNN", "LSTM", "GRU", "Embedding", "Bidirectional",

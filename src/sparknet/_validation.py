@@ -82,6 +82,25 @@ def check_shape(value: Any, what: str) -> tuple[int, ...]:
     return tuple(int(d) for d in items)
 
 
+def is_pandas(value: Any) -> bool:
+    """A pandas DataFrame or Series (told by its type's module; pandas is not imported)."""
+    return type(value).__module__.split(".")[0] == "pandas" and hasattr(value, "to_numpy")
+
+
+def refuse_pandas(value: Any, where: str, spark_only: bool = False) -> None:
+    """Raise ``TypeError`` for a pandas DataFrame or Series where ``where`` reads Spark data
+    (or numpy arrays), saying how to pass it."""
+    if not is_pandas(value):
+        return
+    kind = type(value).__name__
+    spark = ("a Spark DataFrame (spark.createDataFrame(df), then VectorAssembler(inputCols=[...], "
+             "outputCol='features') for the feature columns)")
+    if spark_only:
+        raise TypeError(f"{where} takes {spark}, got a pandas {kind}")
+    raise TypeError(f"{where} got a pandas {kind}: pass {spark}, or numpy arrays X and y "
+                    f"(df[feature_columns].to_numpy(), df[label_column].to_numpy())")
+
+
 def check_callbacks(callbacks: Any) -> list[Any]:
     """``callbacks`` as a list of :class:`sparknet.callbacks.Callback` objects and plain
     callables ``f(epoch, logs)`` (checked before training starts)."""

@@ -59,3 +59,8 @@ class RoundTimeout(TimeoutError):
 class CheckpointError(ValueError):
     """A checkpoint or model file that cannot be read safely: missing or truncated files,
     a checksum that does not match, declared sizes that do not match the content."""
+
+
+class WorkerSetupError(RuntimeError):
+    """The executors cannot run this sparknet: their Python lacks it (or a package it needs)
+    or holds another version than the driver's.  The message says how to ship it."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence, TypeVar
 import numpy as np
 from pyspark.ml.base import Predictor, _FitMultipleIterator
 
+from sparknet._validation import refuse_pandas
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns
 from sparknet.ml._params import _EstimatorParams
@@ -63,6 +64,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         return _FitMultipleIterator(fit_one, len(paramMaps))
 
     def _fit(self, dataset: DataFrame) -> _M:
+        refuse_pandas(dataset, f"{type(self).__name__}.fit", spark_only=True)
         network, history = self._train(dataset)
         model = self._new_model()
         model._set_network(network)

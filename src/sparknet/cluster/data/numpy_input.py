@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from sparknet._validation import check_array, check_labels
+from sparknet._validation import check_array, check_labels, refuse_pandas
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
@@ -44,6 +44,7 @@ def split_indices(n: int, num_partitions: int, seed: int) -> list[np.ndarray]:
 def check_numpy(data: Any, y: Any, dtype: str, classification: bool, n_classes: int | None,
                 sample_shape: tuple | None, what: str) -> tuple[np.ndarray, np.ndarray]:
     """Numpy input checked on the driver: ``(X flattened per row, labels or targets)``."""
+    refuse_pandas(data, what)
     if y is None:
         raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
     xname, yname = ("X", "y") if what == "training data" else ("X_val", "y_val")

@@ -69,7 +69,7 @@ import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
-from sparknet._validation import positive_int
+from sparknet._validation import positive_int, refuse_pandas
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
@@ -330,6 +330,7 @@ class DataParallelTrainer:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
         verbose = check_verbose(verbose)
+        refuse_pandas(data, "DataParallelTrainer.fit")  # before Spark starts
         cbl = CallbackList(callbacks, self.model, self, FitControl(self.model, self.optimizer))
         store = trainer_state.open_store(self, resume)
         model = self.model

@@ -207,5 +207,8 @@ def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
         from sparknet.cluster.engine.connect import ConnectEngine
 
         return ConnectEngine.of(spark)  # type: ignore[arg-type]
+    from sparknet.cluster.engine.workers import check_workers
+
     sc = getattr(spark, "sparkContext", spark)
+    check_workers(sc)  # once per application: executors that cannot import sparknet say so
     return ClassicEngine(sc)  # type: ignore[arg-type]
