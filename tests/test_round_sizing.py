@@ -1,4 +1,4 @@
-"""How ``local_steps="auto"`` sizes averaged rounds from the rounds it measured
+"""How ``local_steps="timed"`` sizes averaged rounds from the rounds it measured
 (``FitContext.resize``): Spark's fixed cost per round is the median of the fit's rounds, so
 one slow round does not re-size them, and 4 rounds per epoch are kept while Spark's share
 stays within 4 times ``max_overhead`` (``ROUND_SHARES``), or within ``DROP_MARGIN`` times that
@@ -18,7 +18,7 @@ ROWS, BATCH, T_STEP, T_FIXED = 30_000, 128, 0.0044, 0.1   # an MNIST MLP partiti
 
 
 def _ctx() -> FitContext:
-    trainer = SimpleNamespace(sync="average", mode="sync", local_steps="auto", max_overhead=0.1,
+    trainer = SimpleNamespace(sync="average", mode="sync", local_steps="timed", max_overhead=0.1,
                               max_epochs_per_round=4, cost=None,
                               model=SimpleNamespace(params=np.zeros(1000, np.float32)))
     spec = SimpleNamespace(config={"layers": []})

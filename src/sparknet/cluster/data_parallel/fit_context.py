@@ -21,6 +21,16 @@ from sparknet.cluster.data_parallel import guards, layer_state
 from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer, RoundResult
 from sparknet.cluster.data_parallel.round_task import FitSpec, TaskKind, chunk_lrs, make_task
 from sparknet.cluster.planning.cost import RoundCostModel
+from sparknet.cluster.planning.rounds import (  # noqa: F401 - the sizing's constants, re-exported
+    DROP_MARGIN,
+    FIXED_S_PER_MIB,
+    MIN_FIXED_S,
+    ROUND_SHARES,
+    SIZED,
+    choose_tau,
+    nominal_cost,
+    size_rounds,
+)
 from sparknet.model import History, Sequential
 from sparknet.schedules import ScheduledLR
 
@@ -38,35 +48,19 @@ log = logging.getLogger(__name__)
 #: them instead of a probe round.  Keyed by :func:`_cost_key`; the newest 32 are kept.
 _MEASURED: dict[tuple, RoundCostModel] = {}
 
-#: The least fixed cost of a round assumed before one is measured (seconds), and the
-#: seconds per MiB of parameters sent out (broadcast) or brought back (task results)
-#: assumed with it: the first epoch's rounds are sized from these and a step timed on
-#: the driver (:meth:`FitContext._estimate`).
-MIN_FIXED_S = 0.08
-FIXED_S_PER_MIB = 0.01
-
 #: Applications whose first shard job a fit of this process has estimated from: that
 #: job's scheduling and results hold one-time costs of the session (0.40 s against 0.06 s
 #: for the next one, ``benchmarks/README.md``, "fast AMD EPYC"), which, read as the
 #: fixed cost of every round, made a first fit's rounds span several epochs.
 _ESTIMATED_APPS: set[str] = set()
 
-#: Rounds per epoch ``local_steps="auto"`` makes, the most first, each with the share of
-#: Spark's fixed cost in a round allowed for it, in multiples of ``max_overhead`` (see
-#: :meth:`FitContext._tau`).  Four rounds per epoch learn about as much per epoch as one
-#: process; a fit that drops from 4 rounds to 2 loses up to 4 points of test accuracy in the
-#: epoch it does (MNIST MLP, 2 partitions, seeds 0-2; ``benchmarks/README.md``, "A warm
-#: shard path, steady round costs and four rounds per epoch"), so 4 are kept up to twice the
-#: share of the others.
-ROUND_SHARES = ((4, 4.0), (2, 2.0), (1, 2.0))
-#: A fit leaves the rounds per epoch it runs (a first epoch: the first of
-#: :data:`ROUND_SHARES`) for fewer only when Spark's share of them is past their allowance
-#: by this factor: measured shares swing by a tenth between epochs, and a share at the
-#: limit moved fits from 4 rounds per epoch to 1 and kept them there (``benchmarks/README.md``,
-#: "Rounds per epoch that stay put").
-DROP_MARGIN = 1.25
 #: Rounds whose fixed cost :meth:`FitContext.resize` takes the median of.
 FIXED_WINDOW = 16
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 round"``, ``"4 rounds"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class FitHistory(History):
@@ -188,7 +182,7 @@ class FitContext:
         batch_size: the fit's ``batch_size``.
         history: the fit's history (``None`` for ``evaluate``).
         cost: the round cost model, once measured: by the probe round
-            (``local_steps="auto"``), else from the first epoch's rounds.
+            (``local_steps="timed"``), else from the first epoch's rounds.
         rounds: rounds per epoch.
         steps_per_round: local steps per partition in one round.
         epochs_per_round: epochs one round spans (``sync="average"``).
@@ -232,27 +226,30 @@ class FitContext:
         """The fit's engine (:mod:`sparknet.cluster.engine.base`)."""
         return self.ps.engine
 
-    def describe_round(self) -> str:
+    def describe_round(self, span: int | None = None) -> str:
+        """The rounds as run: their steps, and how many an epoch holds (or how many epochs
+        one spans).  ``span``: the epochs a round of several really spans (the fit's last
+        epochs cut it short); default ``epochs_per_round``."""
         if self.trainer.sync == "gradient":
-            return f"1 global step of {self.batch_size} rows"
-        if self.epochs_per_round > 1:
-            return (f"{self.epochs_per_round} epochs (~{self.steps_per_round} local steps of "
-                    f"{self.batch_size} rows)")
-        return f"~{self.steps_per_round} local steps of {self.batch_size} rows"
+            return (f"rounds of 1 global step of {self.batch_size} rows, "
+                    f"{_count(self.rounds, 'round')} per epoch")
+        m = self.epochs_per_round if span is None else max(1, min(int(span), self.epochs_per_round))
+        if m > 1:
+            steps = self.steps_per_round // self.epochs_per_round * m
+            return (f"rounds of {m} epochs (~{steps} local steps of {self.batch_size} rows), "
+                    f"1 round per {m} epochs")
+        return (f"rounds of ~{self.steps_per_round} local steps of {self.batch_size} rows, "
+                f"{_count(self.rounds, 'round')} per epoch")
 
     def _size(self, steps_epoch: int, tau: int) -> None:
-        """Rounds per epoch (or epochs per round) for ``tau`` local steps per round."""
+        """Rounds per epoch (or epochs per round) for ``tau`` local steps per round
+        (:func:`~sparknet.cluster.planning.rounds.size_rounds`)."""
         tr = self.trainer
-        if tau > steps_epoch and tr.mode == "sync":
-            self.rounds = 1
-            self.epochs_per_round = max(1, min(tr.max_epochs_per_round,
-                                               tau // steps_epoch if tr.local_steps != "auto"
-                                               else math.ceil(tau / steps_epoch)))
-        else:
-            self.rounds = max(1, steps_epoch // tau if tr.local_steps == "auto"
-                              else math.ceil(steps_epoch / tau))
-            self.epochs_per_round = 1
-        self.steps_per_round = math.ceil(steps_epoch / self.rounds) * self.epochs_per_round
+        sized = tr.local_steps in SIZED
+        size = size_rounds(steps_epoch, tau, sized=sized, multi_epoch=tr.mode == "sync",
+                           max_epochs_per_round=tr.max_epochs_per_round)
+        self.rounds, self.epochs_per_round = size.rounds, size.epochs_per_round
+        self.steps_per_round = size.steps_per_round
 
     def _run(self, data: ShardedData, task: Any, description: str, kind: str = "train") -> RoundResult:
         """One round: ``task`` over every shard of ``data``, summed by the server, within
@@ -339,9 +336,11 @@ class FitContext:
     def calibrate(self) -> None:
         """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no
         measurement (the cost model then comes from the first epoch's rounds, see
-        :meth:`resize`); ``local_steps="auto"`` sizes the first epoch from an estimate
-        (:meth:`_estimate`, no job), unless the shards are reused and an earlier fit
-        there measured the same rounds."""
+        :meth:`resize`); ``local_steps="auto"`` sizes them once from the nominal machine's
+        costs (:func:`~sparknet.cluster.planning.rounds.nominal_cost`: no clock, so the same
+        in every process); ``"timed"`` sizes the first epoch from an estimate
+        (:meth:`_estimate`, no job), unless the shards are reused and an earlier fit there
+        measured the same rounds, and re-sizes from the rounds run."""
         tr = self.trainer
         n_max = max(self.train.rows)
         if tr.sync == "gradient":
@@ -349,7 +348,16 @@ class FitContext:
             self.steps_per_round = 1
             return
         steps_epoch = max(1, math.ceil(n_max / self.batch_size))
-        if tr.local_steps != "auto":
+        if tr.local_steps == "auto":
+            from sparknet.cluster.planning.probes import network_shape
+
+            model = self.model
+            flops = network_shape(model)[0]
+            layers, nbytes = len(model.layers), int(model.params.nbytes)
+            nominal = nominal_cost(flops, layers, nbytes, self.batch_size)
+            self._size(steps_epoch, self._tau(nominal, steps_epoch, ROUND_SHARES[0][0])[0])
+            return
+        if tr.local_steps != "timed":
             self._size(steps_epoch, int(tr.local_steps))
             return
         cost = _MEASURED.get(self._cost_key()) if self.train.reused else None
@@ -365,27 +373,15 @@ class FitContext:
                      tr.max_epochs_per_round)
 
     def _tau(self, cost: RoundCostModel, steps_epoch: int, current: int) -> tuple[int, float]:
-        """Local steps per round and the share of Spark's fixed cost allowed: the fewest
-        steps keeping the share at most ``max_overhead``, cut to 4 rounds per epoch when
-        that keeps it at most 4 times that, else to 2 or 1 within twice
-        (:data:`ROUND_SHARES`; long rounds average the partitions' models too rarely to
-        learn as much per epoch as one process, and rounds of several epochs validate
-        only every few epochs: ``benchmarks/README.md``, "Rounds per epoch").  The
-        ``current`` rounds per epoch keep their place up to :data:`DROP_MARGIN` times
-        their share."""
-        tr = self.trainer
-        tau = cost.steps_for(tr.max_overhead)
-        for rounds, times in ROUND_SHARES:
-            short, share = max(1, steps_epoch // rounds), times * tr.max_overhead
-            allowed = share * (DROP_MARGIN if rounds == current else 1.0)
-            if tau > short and cost.overhead(short) <= allowed:
-                return short, share
-        return tau, tr.max_overhead
+        """Local steps per round and the share of Spark's fixed cost allowed
+        (:func:`~sparknet.cluster.planning.rounds.choose_tau` at the trainer's ``max_overhead``)."""
+        return choose_tau(cost, steps_epoch, self.trainer.max_overhead, current)
 
     def resize(self, rl: RoundLog, span: int = 1) -> None:
         """Measure the cost model from the rounds just run, and re-size the next rounds
-        from it (``sync="average"`` with ``local_steps="auto"``): the first epoch's
-        estimate timed one step on the driver, a round times them all on the executors."""
+        from it (``sync="average"`` with ``local_steps="timed"``): the first epoch's
+        estimate timed one step on the driver, a round times them all on the executors.
+        Other fits keep their rounds (the measured model sets the rounds' timeouts)."""
         tr = self.trainer
         if rl.rounds == 0 or rl.wall <= 0:
             return
@@ -414,7 +410,7 @@ class FitContext:
                             "a larger batch_size or sync='average' amortises it", self.batch_size,
                             1e3 * cost.t_step, 1e3 * cost.t_fixed, 100 * cost.overhead(1))
             return
-        if tr.local_steps != "auto":
+        if tr.local_steps != "timed":
             return
         before = (self.rounds, self.epochs_per_round, self.steps_per_round)
         tau, share = self._tau(cost, steps_epoch, self.rounds if self.epochs_per_round == 1 else 0)
@@ -427,7 +423,7 @@ class FitContext:
             # average the partitions too rarely and validate only every few epochs)
             self.rounds, self.epochs_per_round, self.steps_per_round = before
         if (self.rounds, self.epochs_per_round) != before[:2]:
-            log.info("measured round: %.0f ms fixed, %.2f ms per local step: rounds of %s from now on",
+            log.info("measured round: %.0f ms fixed, %.2f ms per local step: %s from now on",
                      1e3 * t_fixed, 1e3 * t_step, self.describe_round())
 
     # -- rounds -----------------------------------------------------------

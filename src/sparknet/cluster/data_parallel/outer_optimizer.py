@@ -159,7 +159,7 @@ def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str,
     """The outer optimizer of a trainer: ``None`` or ``"none"`` (plain averaging),
     ``"nesterov"`` (:class:`OuterOptimizer`, sized from the partitions), an instance, or
     ``"auto"``: sized Nesterov when the trainer sizes the rounds too (synchronous
-    average mode, ``local_steps="auto"``: the fastest time to accuracy measured, see
+    average mode, ``local_steps="auto"`` or ``"timed"``: the fastest time to accuracy measured, see
     ``benchmarks/README.md``), else plain averaging (a given ``local_steps`` runs the
     documented schedule of :mod:`sparknet.cluster.data_parallel.trainer` exactly).
 
@@ -169,7 +169,7 @@ def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str,
     """
     averaged = mode == "sync" and sync == "average"
     if isinstance(outer, str) and outer.lower() == "auto":
-        return OuterOptimizer() if averaged and local_steps == "auto" else None
+        return OuterOptimizer() if averaged and local_steps in ("auto", "timed") else None
     if outer is None or (isinstance(outer, str) and outer.lower() == "none"):
         return None
     if isinstance(outer, str) and outer.lower() == "nesterov":

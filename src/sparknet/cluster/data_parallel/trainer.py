@@ -28,9 +28,10 @@ Two synchronous flavours (``sync=``):
     never reset or shipped within the fit (a later fit on reused shards starts its
     own).  ``tau`` defaults to the smallest number of steps that
     keeps Spark's fixed cost at most ``max_overhead`` (10 %) of a round
-    (:class:`~sparknet.cluster.planning.cost.RoundCostModel`): estimated for the first epoch
-    with no job of its own (a local step timed on the driver, the shard job's fixed
-    cost), then measured from the rounds run (the next epochs are re-sized from them).  When one
+    (:class:`~sparknet.cluster.planning.rounds.RoundCostModel`), computed once from the
+    network's flops and parameter bytes on a nominal machine, so that a seed reproduces a
+    fit (``local_steps="timed"`` measures them instead: a local step timed on the driver
+    for the first epoch, then the rounds run, which re-size the next epochs).  When one
     epoch of local steps is too short to pay for a round, a round spans several whole
     epochs (at most ``max_epochs_per_round``); validation then runs at the end of each
     round, and the epochs inside it get ``NaN`` validation metrics (as with Keras's
@@ -80,6 +81,7 @@ from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServ
 from sparknet.cluster.data_parallel.round_task import FitSpec
 from sparknet.cluster.engine.base import engine_for
 from sparknet.cluster.planning.cost import RoundCostModel
+from sparknet.cluster.planning.rounds import SIZED
 from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
 from sparknet.progress import FitProgress, check_verbose, status
@@ -147,14 +149,18 @@ class DataParallelTrainer:
             with :func:`register_mode`.
         sync: ``"average"`` (default: tau local steps then average the deltas) or
             ``"gradient"`` (exact minibatch SGD, one global step per round).
-        local_steps: tau for ``sync="average"``: an int, or ``"auto"`` (default) for
-            the fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a
-            round (measured), cut to a quarter of an epoch's while that keeps it at
-            most 4 times that, else to half or a whole epoch's within twice (shorter
-            rounds learn more per epoch; ``sparknet.cluster.data_parallel.fit_context.ROUND_SHARES``).  The
-            fixed cost is the median of the fit's last rounds.  More steps than an epoch holds
-            make rounds of several whole epochs (``local_steps // steps per epoch``,
-            at most ``max_epochs_per_round``).
+        local_steps: tau for ``sync="average"``: an int; ``"auto"`` (default) for the
+            fewest steps keeping Spark's fixed cost at most ``max_overhead`` of a round,
+            cut to a quarter of an epoch's while that keeps it at most 4 times that, else
+            to half or a whole epoch's within twice (shorter rounds learn more per epoch;
+            :mod:`sparknet.cluster.planning.rounds`), the costs being a nominal machine's
+            (the network's flops, its parameter bytes): no clock is read, so the same seed,
+            data and settings train the same weights in every run; or ``"timed"``, the
+            same rule on costs measured in this process (a step timed on the driver, then
+            the median fixed cost of the fit's last rounds, re-sized between epochs):
+            rounds fitted to this cluster, but not reproducible from run to run.  More
+            steps than an epoch holds make rounds of several whole epochs
+            (``local_steps // steps per epoch``, at most ``max_epochs_per_round``).
         optimizer: an :class:`~sparknet.optim.Optimizer` or its name (default RMSprop).
             ``"gradient"``: the driver's optimizer.  ``"average"``: the configuration
             of each partition's local optimizer (its state stays on the partition).
@@ -218,8 +224,8 @@ class DataParallelTrainer:
         mode = resolve_mode(mode)
         if sync not in _SYNC:
             raise ValueError(f"sync must be 'gradient' or 'average', got {sync!r}")
-        if local_steps != "auto":
-            positive_int(local_steps, "local_steps", extra="or 'auto'")
+        if local_steps not in SIZED:
+            positive_int(local_steps, "local_steps", extra="or 'auto' or 'timed'")
         if not 0.0 < float(max_overhead) < 1.0:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
         if reduce not in ("tree", "accumulator"):
@@ -412,9 +418,10 @@ class DataParallelTrainer:
         h.setup_breakdown["other"] = max(h.setup_time - sum(h.setup_breakdown.values()), 0.0)
         share = "" if ctx.cost is None else \
             f", predicted Spark share {100 * ctx.cost.overhead(ctx.steps_per_round):.1f}%"
-        log.info("sparknet: %s rows in %d partitions (%s), %s rounds of %s, %d rounds/epoch%s",
-                 train.total, train.num_partitions, train.source, self.sync, ctx.describe_round(),
-                 ctx.rounds, share)
+        sizing = "" if self.sync == "gradient" else f", local_steps={self.local_steps!r}"
+        log.info("sparknet: %s rows in %d partitions (%s), %s: %s%s%s", train.total,
+                 train.num_partitions, train.source, self.sync, ctx.describe_round(span=ctx.epochs),
+                 sizing, share)
 
     def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
         """The epochs of the fit; ``KeyboardInterrupt`` cancels the fit's jobs (tagged

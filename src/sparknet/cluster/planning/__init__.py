@@ -2,5 +2,6 @@
 the probes and flop counts that feed it (:mod:`~sparknet.cluster.planning.probes`), memory
 needs (:mod:`~sparknet.cluster.planning.memory`), the planner
 (:mod:`~sparknet.cluster.planning.planner`) and the cluster simulation
-(:mod:`~sparknet.cluster.planning.simulate`).
+(:mod:`~sparknet.cluster.planning.simulate`), and the one rule that sizes a data-parallel
+round (:mod:`~sparknet.cluster.planning.rounds`).
 """

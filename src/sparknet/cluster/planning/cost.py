@@ -47,7 +47,8 @@ cross the driver, ``D L_s`` in and ``L_s`` out, in ``ceil(D L_s / combine)`` mor
 The paper's ``T = K [T_lat + N T_data]`` is sync average with ``K`` equal rounds:
 ``T_lat = job + M (broadcast + result + driver_delta)``, ``N T_data = tau (t(b) + u)``.
 
-:class:`RoundCostModel` is the trainers' own measured round model (used to size tau).
+:class:`RoundCostModel` is the trainers' own round model (used to size tau, see
+:mod:`~sparknet.cluster.planning.rounds`).
 """
 from __future__ import annotations
 
@@ -57,48 +58,9 @@ from typing import Any, Sequence
 
 from sparknet.cluster.planning import probes as probe
 from sparknet.cluster.planning.probes import dense_flops, dense_stages, tree_levels
+from sparknet.cluster.planning.rounds import RoundCostModel, size_rounds  # noqa: F401 - re-exported
 
 MIB = float(1 << 20)
-
-
-@dataclass
-class RoundCostModel:
-    """Measured round costs.
-
-    Attributes:
-        t_fixed: seconds of a round that do not depend on its local steps.
-        t_step: seconds of one local step (slowest partition).
-        param_bytes: bytes of the flat parameter vector (sent out once, back once per task).
-    """
-
-    t_fixed: float
-    t_step: float
-    param_bytes: int = 0
-
-    def round_time(self, steps: int) -> float:
-        """Predicted seconds of a round of ``steps`` local steps."""
-        return self.t_fixed + steps * self.t_step
-
-    def overhead(self, steps: int) -> float:
-        """Predicted fraction of a round spent on Spark's fixed cost."""
-        return self.t_fixed / self.round_time(max(int(steps), 1))
-
-    def steps_for(self, max_overhead: float = 0.1) -> int:
-        """The fewest local steps per round keeping the fixed cost at most ``max_overhead``
-        of the round.
-
-        Raises:
-            ValueError: ``max_overhead`` not in (0, 1).
-        """
-        if not 0.0 < max_overhead < 1.0:
-            raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
-        if self.t_step <= 0:
-            return 1
-        return max(1, math.ceil(self.t_fixed * (1.0 - max_overhead) / (max_overhead * self.t_step)))
-
-    def epoch_time(self, steps_per_epoch: int, rounds: int) -> float:
-        """Predicted seconds of an epoch of ``steps_per_epoch`` local steps cut into ``rounds``."""
-        return rounds * self.t_fixed + steps_per_epoch * self.t_step
 
 
 @dataclass
@@ -408,15 +370,14 @@ def _per_epoch(per_round: dict[str, float], rounds: float) -> dict[str, float]:
 
 def _rounds_of(net: NetworkCosts, samples: int, partitions: int, tau: int,
                max_epochs_per_round: int = 4) -> tuple[float, float]:
-    """``(rounds per epoch, rows per partition and round)`` as the trainer sizes them
-    (:meth:`~sparknet.cluster.data_parallel.fit_context.FitContext._size` with a given ``local_steps``)."""
+    """``(rounds per epoch, rows per partition and round)`` as the trainer sizes them with a
+    given ``local_steps`` (:func:`~sparknet.cluster.planning.rounds.size_rounds`)."""
     n_p = math.ceil(samples / partitions)
-    steps_epoch = max(1, math.ceil(n_p / net.batch_size))
-    if tau > steps_epoch:
-        m = max(1, min(max_epochs_per_round, tau // steps_epoch))
-        return 1.0 / m, float(n_p * m)
-    rounds = max(1, math.ceil(steps_epoch / tau))
-    return float(rounds), n_p / rounds
+    size = size_rounds(max(1, math.ceil(n_p / net.batch_size)), int(tau), sized=False,
+                       max_epochs_per_round=max_epochs_per_round)
+    if size.rounds == 1:
+        return 1.0 / size.epochs_per_round, float(n_p * size.epochs_per_round)
+    return float(size.rounds), n_p / size.rounds
 
 
 # --------------------------------------------------------------------- data parallel

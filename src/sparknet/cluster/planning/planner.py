@@ -539,7 +539,7 @@ def auto_partitions(model: "Sequential", data: Any, spark: Any, *, batch_size: i
     """Partitions for ``DataParallelTrainer(num_partitions="auto")``: the planner's best
     for the trainer's mode (``local_steps`` fixed when given)."""
     want = "async" if mode == "async" else sync
-    taus = None if local_steps == "auto" else [int(local_steps)]
+    taus = None if local_steps in ("auto", "timed") else [int(local_steps)]
     best = plan(model, data, spark, modes=[want], batch_size=batch_size, verbose=verbose, taus=taus).best
     return int(best.settings["partitions"])
 
