@@ -82,9 +82,11 @@ A partition's job that fails (after Spark's own task retries,
 ``local[N,F]``) cancels the other partitions' jobs and raises
 :class:`AsyncPartitionError` naming the partition and the executor's exception; the
 driver never waits on a dead job (it polls its result queue and checks its threads).
-A shard whose resident files vanished (``SPARKNET_RESIDENT_LOST``) is handled as in the
-synchronous rounds: the driver cancels the other rounds, rebuilds the shards from the
-source (twice per fit at most) and goes on; their rows return to the budget.
+A shard whose resident files vanished (``SPARKNET_RESIDENT_LOST``), or whose executor is
+gone, is handled as in the synchronous rounds and reported with the same lines
+(:mod:`~sparknet.cluster.data_parallel.async_recovery`): the driver cancels the other rounds,
+rebuilds the shards from the source (twice per fit at most), restores their optimizer state
+or says it restarts, and goes on; their rows return to the budget.
 ``KeyboardInterrupt`` on the driver (Ctrl-C, or raised by the ``on_update`` callback)
 cancels every outstanding job (``SparkContext.cancelJobGroup`` with
 ``interruptOnCancel``), waits for the cancellations, and ``fit`` returns the model as
@@ -119,13 +121,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sparknet.cluster.data_parallel import async_recovery as recovery
 from sparknet.cluster.data_parallel import guards, layer_state
 from sparknet.cluster.data_parallel import trainer as dp
-from sparknet.cluster.data_parallel.async_threads import Launch, PartitionThread, _AsyncLog, _Epoch, executor_message
+from sparknet.cluster.data_parallel.async_recovery import AsyncPartitionError  # noqa: F401
+from sparknet.cluster.data_parallel.async_threads import Launch, PartitionThread, _AsyncLog, _Epoch
 from sparknet.cluster.data_parallel.fit_context import FitContext, RoundEnd, round_hook
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.cluster.data_parallel.round_task import chunk_lrs
-from sparknet.cluster.resident.driver import ResidentStateLost, lost_reason
 from sparknet.errors import RoundTimeout
 
 log = logging.getLogger(__name__)
@@ -133,18 +136,6 @@ log = logging.getLogger(__name__)
 _STALE = ("reject", "downweight")
 #: seconds the driver waits for cancelled jobs to end before giving up on them
 CANCEL_TIMEOUT = 60.0
-
-
-class AsyncPartitionError(RuntimeError):
-    """A partition's job failed during asynchronous training.
-
-    Attributes:
-        partition: the partition whose job failed.
-    """
-
-    def __init__(self, partition: int, message: str) -> None:
-        super().__init__(message)
-        self.partition = partition
 
 
 # ---------------------------------------------------------------------------- options
@@ -379,6 +370,7 @@ class _AsyncRun:
                     self._relaunch_held(st, q)
                 self._check_threads(st.workers)
                 self._check_deadlines(st)
+                recovery.watch(self, st)  # an executor holding a shard gone: rebuild, relaunch
                 continue
             st.workers[p].busy = None
             self._release(job.version)
@@ -388,15 +380,8 @@ class _AsyncRun:
                 self._arrive(st, p, job, out[0] if out else None)
 
     def _recover(self, st: _Epoch, p: int, job: Launch, exc: BaseException) -> None:
-        """A failed job: lost shards are rebuilt and every partition relaunched (at most
-        twice per fit); anything else ends the fit."""
-        if lost_reason(exc) is None or not self._may_rebuild():
-            raise self._failure(p, job, exc)
-        self._rebuild(st.workers, job)
-        st.held.clear()  # relaunched here with the others
-        for x in st.workers:
-            if x.busy is None:
-                self._launch_if_due(x, st)
+        """A failed job (:func:`~sparknet.cluster.data_parallel.async_recovery.recover`)."""
+        recovery.recover(self, st, p, job, exc)
 
     def _arrive(self, st: _Epoch, p: int, job: Launch, res: RoundResult | None) -> None:
         """A partition's delta is back: weigh it by its staleness, apply it, record it,
@@ -535,36 +520,6 @@ class _AsyncRun:
             if w.busy is not None and not w.thread.is_alive():
                 raise AsyncPartitionError(w.index, f"the driver thread of partition {w.index} died "
                                                    f"without a result")
-
-    def _failure(self, p: int, job: Launch, exc: BaseException) -> BaseException:
-        if isinstance(exc, KeyboardInterrupt):
-            return exc
-        msg = executor_message(exc)
-        reason = lost_reason(exc)
-        if reason is not None:
-            return ResidentStateLost(f"partition {p}: {reason}")
-        return AsyncPartitionError(
-            p, f"asynchronous training failed: partition {p}'s job (pass {job.epoch + 1}, chunk "
-               f"{job.chunk + 1}/{self.rounds}, launched at update {job.version}) failed after "
-               f"Spark's task retries: {msg}")
-
-    def _may_rebuild(self) -> bool:
-        return self.resident.on_lost == "rebuild" and self.rebuilds < 2
-
-    def _rebuild(self, workers: list[PartitionThread], lost: Launch) -> None:
-        """A shard's files vanished (its executor's host changed or they were deleted):
-        stop the other rounds, rebuild the lost shards from the source (the others
-        re-attach), as the synchronous rounds do; the rows of the lost and cancelled rounds go back into the budget."""
-        self.rebuilds += 1
-        self.dispatched -= lost.rows
-        back = [w.busy for w in workers if w.busy is not None]
-        self._cancel(workers)
-        self.dispatched -= sum(j.rows for j in back)
-        log.warning("sparknet async: resident training data of partition %d lost; rebuilding the "
-                    "lost shards", lost.partition)
-        self.resident.rebuild()
-        if self.ctx.state is not None:  # their optimizer state: from the newest checkpoint
-            self.ctx.state.before_round(self.ctx, standalone=True)
 
     def _cancel(self, workers: list[PartitionThread]) -> int:
         """Cancel every outstanding job and wait (bounded) until each has ended."""

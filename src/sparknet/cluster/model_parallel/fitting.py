@@ -60,6 +60,8 @@ class _Plan(NamedTuple):
     lookahead: bool
     callbacks: CallbackList | None = None
     lrs: dict[int, float] | None = None       # epoch -> the rate of its first step
+    started: dict[int, float] | None = None   # epoch -> perf_counter at its first start
+    times: dict[int, float] | None = None     # epoch -> its seconds, restores and replays included
 
 
 class BlocksControl(FitControl):
@@ -138,7 +140,7 @@ def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int
     control = BlocksControl(mp)
     cbl = CallbackList(callbacks, mp, mp, control)
     try:
-        hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}),
+        hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}, {}, {}),
                     checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps, resume=resume)
         cbl.on_fit_end({k: v[-1] for k, v in hist.items() if isinstance(v, list) and v and k != "step_time"})
     finally:
@@ -167,6 +169,8 @@ def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
             raise _back_to_finite(mp, X, y, lo, pos, exc, run) from None
     hist = pos.history()
     hist["lr"] = [run.lrs.get(e, math.nan) for e in range(len(hist["loss"]))]
+    times = run.times or {}
+    hist["time"] = [times.get(e, math.nan) for e in range(len(hist["loss"]))]
     hist["bytes_per_step"] = dict(mp.last_step_bytes)
     return hist
 
@@ -253,7 +257,10 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
             order = rng.permutation(n) if run.shuffle else np.arange(n)
             bar = progress.rounds(len(starts), f"epoch {pos.epoch + 1}/{run.epochs}")
             bar.update(pos.batch)
+            # an epoch restarted after a restore counts from its first start
             t0 = time.perf_counter()
+            if run.started is not None:
+                t0 = run.started.setdefault(pos.epoch, t0)
             if cbl is not None:
                 cbl.on_epoch_begin(pos.epoch)
                 assert run.lrs is not None
@@ -277,6 +284,8 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
 def _epoch_end(pos: FitPosition, lo: losses_mod.Loss, t0: float, run: _Plan, progress: Any) -> bool:
     """The epoch just closed: the console's line, the callbacks; whether one stops the fit."""
     logs = {"loss": pos.loss[-1], "time": time.perf_counter() - t0}
+    if run.times is not None:
+        run.times[pos.epoch - 1] = logs["time"]
     if lo.is_classification:
         logs["accuracy"] = pos.accuracy[-1]
     if run.lrs is not None and pos.epoch - 1 in run.lrs:

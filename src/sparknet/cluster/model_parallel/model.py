@@ -441,8 +441,8 @@ class ModelParallel:
                 (``on_batch_end`` per step; the rate set on every optimizer: blocks' and driver's).
 
         Returns:
-            ``{"loss": [...], "accuracy": [...], "lr": [...], "step_time": [...], "bytes_per_step": {...}}``
-            (a resumed fit's history includes the steps before the checkpoint).
+            a dict: per epoch ``loss``, ``accuracy``, ``lr``, ``time`` (restores included), then
+            ``step_time``, ``bytes_per_step`` (a resumed fit's: the steps before it too).
 
         Raises:
             ValueError: bad input shapes, labels or arguments; a resume with other data.

@@ -360,22 +360,39 @@ class Resident:
             return
         live = live_executors(self.sc)
         if live is None or live:  # with no executor left there is nobody to ask
-            # over the anchor, its tasks go where the shards are; with one of those
-            # executors gone they would wait for it (spark.locality.wait.process), so
-            # then over an RDD without preferences, one task per shard
+            # over the anchor, its tasks go where the shards are; with one of those executors
+            # gone they would wait for it (spark.locality.wait.process), so then over an RDD
+            # without preferences, one task per shard: from the start when the loss is known,
+            # else as soon as the guard sees it during the job
             healthy = live is None or set(self.homes.values()) <= live
-            rdd = anchor if healthy else self.sc.parallelize(range(len(self.infos)), max(1, len(self.infos)))
-            try:
-                with JobGuard(self.sc, f"deleting resident state {key}", timeout=CLEANUP_TIMEOUT):
-                    rdd.mapPartitions(_Dropper(key, self.spill_dir)).collect()
-            except Exception as exc:  # executors gone meanwhile
-                log.debug("resident %s: executor cleanup failed: %s", key, exc)
+            if not (healthy and self._drop_job(over_anchor=True)):
+                self._drop_job(over_anchor=False)
         _drop_local(key, self.spill_dir)
         try:
             _unpersist(anchor)
         except Exception:  # pragma: no cover - context stopped
             pass
         self.anchor = None
+
+    def _drop_job(self, over_anchor: bool) -> bool:
+        """One job deleting the state's files on the executors' hosts, over the anchor (its
+        tasks where the shards live, cancelled when an executor holding one is lost) or
+        over a plain RDD (no placement, nothing to wait for); ``False`` when cancelled for
+        a lost executor."""
+        n = len(self.infos)
+        rdd = self.anchor if over_anchor else self.sc.parallelize(range(n), max(1, n))
+        watch = set(self.homes.values()) if over_anchor else None
+        guard = JobGuard(self.sc, f"deleting resident state {self.key}", CLEANUP_TIMEOUT, watch)
+        try:
+            with guard:
+                rdd.mapPartitions(_Dropper(self.key, self.spill_dir)).collect()
+        except Exception as exc:  # executors gone meanwhile
+            if guard.reason == "lost":
+                log.info("resident %s: executor %s lost during the clean-up; deleting without "
+                         "placement", self.key, ", ".join(sorted(guard.lost)))
+                return False
+            log.debug("resident %s: executor cleanup failed: %s", self.key, exc)
+        return True
 
     def __enter__(self) -> "Resident":
         return self
