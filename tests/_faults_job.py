@@ -52,6 +52,8 @@ class _Events(logging.Handler):
         want = self.fit.get("kill_after")
         if want and msg.startswith(f"epoch {want}/"):
             print(f"KILL {self.fit['name']}", flush=True)
+            if self.fit.get("hold_for_kill"):  # go on once the test says the worker is dead
+                sys.stdin.readline()
         if msg.startswith("epoch "):
             from sparknet.cluster.resident import driver as resident
             for res in list(resident._OPEN):
@@ -90,6 +92,7 @@ class FaultDriver:
     def __init__(self, master: str, dataset: str, train_rows: int, base: dict | None = None,
                  driver_memory: str = "2g", ready_timeout: float = 300, warm: bool = False) -> None:
         self.base = dict(base or {})
+        self._hold = False
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), master, dataset, driver_memory,
                                       str(train_rows)] + (["warm"] if warm else []),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -116,11 +119,15 @@ class FaultDriver:
                 raise RuntimeError(f"the fault driver exited ({self.proc.wait()}) before {prefix!r}")
             if line.startswith("KILL") and on_kill is not None:
                 on_kill()
+                if self._hold:
+                    self.stdin.write("GO\n")
+                    self.stdin.flush()
             if line.startswith(prefix):
                 return line
 
     def fit(self, timeout: float = 300, on_kill: Callable[[], None] | None = None, **fit: Any) -> dict:
         """Run one fit (``self.base`` updated with ``fit``); its ``RESULT`` as a dict."""
+        self._hold = bool(fit.get("hold_for_kill"))
         self.stdin.write(json.dumps({**self.base, **fit}) + "\n")
         self.stdin.flush()
         out = json.loads(self._expect("RESULT", timeout, on_kill)[len("RESULT "):])
@@ -153,7 +160,8 @@ def main() -> int:
         "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1", "spark.driver.memory": driver_memory,
         "spark.executor.cores": "1", "spark.executor.memory": "1g",
-        "spark.task.maxFailures": "4"})
+        "spark.task.maxFailures": "4",
+        "spark.locality.wait.process": os.environ.get("SPARKNET_FAULTS_LOCALITY_WAIT", "30s")})
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     events = _Events()
@@ -209,6 +217,7 @@ def main() -> int:
         try:
             _, hist = trainer.fit(data, labels, epochs=int(fit.get("epochs", 8)),
                                   batch_size=int(fit.get("batch_size", 32)), verbose=0, reuse_data=False)
+            out["returned"] = time.time()
             out["accuracy"] = float(np.mean(model.predict(Xt) == yt))
             out["epochs_run"] = len(hist["loss"])
         except BaseException as exc:  # noqa: BLE001 - reported to the test
