@@ -334,7 +334,7 @@ class FitContext:
         seed), the batch size, the sync flavour and the training mode."""
         cfg = {k: v for k, v in self.spec.config.items() if k not in ("seed", "name")}
         tr = self.trainer
-        return (self.train.resident.key, repr(cfg), self.batch_size, tr.sync, tr.mode)
+        return (self.train.resident.key, repr(cfg), self.batch_size, tr.sync, tr.mode, tr.precision)
 
     def calibrate(self) -> None:
         """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no
