@@ -137,6 +137,7 @@ class ParameterServer:
         bytes_out: bytes of the parameters (and layer state) broadcast so far.
         bytes_in: bytes of the vectors the training tasks sent back so far (each task's
             delta or gradient as it crossed the network: half with ``wire="bf16"``).
+        fell_back: whether a task asked for ``precision="bf16"`` ran in float32.
 
     Raises:
         ValueError: unknown ``reduce``.
@@ -155,7 +156,7 @@ class ParameterServer:
         self._bc: Shipped | None = None
         self.bytes_out = 0
         self.bytes_in = 0
-        self._warned = False
+        self.fell_back = False
         self._lock = threading.Lock()
 
     def broadcast(self) -> Shipped:
@@ -180,7 +181,7 @@ class ParameterServer:
         res.vec = decode(res.vec)
         with self._lock:
             self.bytes_in += int(res.wire_bytes)
-            warn, self._warned = res.fallback and not self._warned, self._warned or res.fallback
+            warn, self.fell_back = res.fallback and not self.fell_back, self.fell_back or res.fallback
         if warn:
             precision_mod.warn_executor_fallback()
         return res

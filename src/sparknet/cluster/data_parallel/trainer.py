@@ -382,6 +382,8 @@ class DataParallelTrainer:
             finally:
                 engine.remove_tag(tag)
                 ps.close()
+                history.bytes_out, history.bytes_in = ps.bytes_out, ps.bytes_in
+                history.precision = "fp32" if ps.fell_back else self.precision
         model.optimizer = self.optimizer
         cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return model, history
