@@ -178,7 +178,7 @@ class ParameterServer:
         its vector float32 (:func:`~sparknet.cluster.data_parallel.wire.decode`), its bytes
         counted in :attr:`bytes_in`, and the fit's one warning when a task ran ``"bf16"`` in
         float32 (:func:`sparknet.precision.warn_executor_fallback`)."""
-        res.vec = decode(res.vec)
+        res.vec = None if res.vec is None else decode(res.vec)
         with self._lock:
             self.bytes_in += int(res.wire_bytes)
             warn, self.fell_back = res.fallback and not self.fell_back, self.fell_back or res.fallback

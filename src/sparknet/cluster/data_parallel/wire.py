@@ -63,6 +63,6 @@ def is_encoded(vec: np.ndarray | None) -> bool:
     return vec is not None and vec.dtype == np.uint16
 
 
-def decode(vec: np.ndarray | None) -> np.ndarray | None:
-    """float32 of an encoded vector; any other vector (or ``None``) as it is."""
+def decode(vec: np.ndarray) -> np.ndarray:
+    """float32 of an encoded vector; any other vector as it is."""
     return _bf16.from_bf16(vec) if is_encoded(vec) else vec
