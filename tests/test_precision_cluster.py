@@ -169,3 +169,32 @@ def test_bad_precision_or_wire_names_the_value():
         DataParallelTrainer(_mlp(), wire="int8")
     with pytest.raises(ValueError, match=r"sync='gradient' \(exact minibatch SGD\) keeps float32"):
         DataParallelTrainer(_mlp(), sync="gradient", wire="bf16")
+
+
+# ------------------------------------------------------------------------ Spark ML Param
+def test_estimator_precision_param_trains_bf16_and_round_trips(spark, digits, tmp_path):
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier
+
+    X, y, Xt, yt = digits
+    df = spark.createDataFrame([(Vectors.dense(x.astype(float)), float(t)) for x, t in zip(X, y)],
+                               ["features", "label"]).repartition(2)
+    acc, weights = {}, {}
+    for p in ("fp32", "bf16"):
+        clf = SparkNetClassifier(network=_mlp(), epochs=8, learningRate=3e-3, numPartitions=2,
+                                 localSteps=8, batchSize=32, verbose=0, seed=5, precision=p)
+        model = clf.fit(df)
+        assert model.getPrecision() == p and model.history.precision == p
+        acc[p] = float((model.network.predict(Xt.astype(np.float32)) == yt).mean())
+        weights[p] = model.network.params.copy()
+    print(f"estimator: test accuracy fp32 {acc['fp32']:.4f}, bf16 {acc['bf16']:.4f}")
+    assert acc["fp32"] > 0.93 and abs(acc["bf16"] - acc["fp32"]) <= ACC_POINTS
+    assert np.abs(weights["bf16"] - weights["fp32"]).max() > 1e-4
+    model.write().overwrite().save(str(tmp_path / "model"))
+    assert SparkNetClassificationModel.load(str(tmp_path / "model")).getPrecision() == "bf16"
+    clf.write().overwrite().save(str(tmp_path / "est"))
+    assert SparkNetClassifier.load(str(tmp_path / "est")).getPrecision() == "bf16"
+    assert SparkNetClassifier().getPrecision() == "fp32"
+    with pytest.raises(TypeError, match=r"precision must be one of \('fp32', 'bf16'\), got 'fp16'"):
+        SparkNetClassifier(precision="fp16")
