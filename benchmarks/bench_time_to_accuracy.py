@@ -19,6 +19,13 @@ epoch.  The runs (``--runs`` picks a subset):
 ``torch``        ``TorchDistributor`` (2 DDP processes, gloo, one thread each, local
                  mode), ``torch.optim.RMSprop`` lr 1e-3, 128 rows per process and step.
 
+bfloat16 (issue 33): ``single-bf16``, ``df-plain-bf16``, ``df-outer-bf16``, ``np-outer-bf16``,
+``async-bf16`` and ``estimator-bf16`` are the same runs with ``precision="bf16"`` (the matrix
+products on bfloat16 operands, float32 sums; :mod:`sparknet.precision`); ``df-outer-wire`` and
+``df-outer-bf16-wire`` send the rounds' deltas as bfloat16 (``wire="bf16"``, half the bytes;
+:mod:`sparknet.cluster.data_parallel.wire`) with float32 and bf16 products.  Each bf16 run is
+also given as a ratio against its float32 twin (the name without ``-bf16``/``-wire``).
+
 Everything is in memory before a clock starts: the numpy arrays, the DataFrames
 (cached and counted), and for torch the arrays as ``.npy`` files in the page cache
 (memory-mapped by the DDP processes).  The Spark runs validate on the test set on the
@@ -62,7 +69,9 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MNIST = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
-RUNS = ("single", "df-plain", "df-outer", "np-plain", "np-outer", "async", "estimator", "torch")
+RUNS = ("single", "df-plain", "df-outer", "np-plain", "np-outer", "async", "estimator", "torch",
+        "single-bf16", "df-plain-bf16", "df-outer-bf16", "np-outer-bf16", "async-bf16", "estimator-bf16",
+        "df-outer-wire", "df-outer-bf16-wire")
 TARGETS = (0.975, 0.98)
 PARTITIONS = 2
 
@@ -107,7 +116,7 @@ def session(master: str) -> Any:
 
 
 # --------------------------------------------------------------------------- the runs
-def run_single(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def run_single(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp32") -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
     from sparknet import RMSprop
@@ -116,7 +125,8 @@ def run_single(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     with threadpool_limits(1):
         for _ in range(args.epochs):
             t0 = time.perf_counter()
-            model.fit(d["X"], d["y"], epochs=1, batch_size=args.batch_size, optimizer=opt, verbose=0)
+            model.fit(d["X"], d["y"], epochs=1, batch_size=args.batch_size, optimizer=opt, verbose=0,
+                      precision=precision)
             times.append(time.perf_counter() - t0)
             accs.append(float(model.evaluate(d["Xt"], d["yt"])["accuracy"]))
     return {"setup": 0.0, "epoch_times": times, "accs": accs}
@@ -135,7 +145,7 @@ def _from_history(h: Any, setup: float) -> dict[str, Any]:
 
 
 def run_trainer(d: dict[str, Any], args: argparse.Namespace, *, source: str, outer: bool,
-                mode: str = "sync") -> dict[str, Any]:
+                mode: str = "sync", precision: str = "fp32", wire: str = "fp32") -> dict[str, Any]:
     from sparknet import RMSprop
     from sparknet.cluster import DataParallelTrainer
     from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer
@@ -144,14 +154,16 @@ def run_trainer(d: dict[str, Any], args: argparse.Namespace, *, source: str, out
     if mode == "sync":
         kw["outer"] = OuterOptimizer(momentum=args.outer_momentum, lr=args.outer_lr) if outer else None
     trainer = DataParallelTrainer(model, d["spark"], num_partitions=PARTITIONS, optimizer=RMSprop(lr=args.lr),
-                                  seed=args.seed, **kw)
+                                  seed=args.seed, precision=precision, wire=wire, **kw)
     if source == "df":
         _, h = trainer.fit(d["df"], epochs=args.epochs, batch_size=args.batch_size,
                            validation_data=d["dft"], verbose=0)
     else:
         _, h = trainer.fit(d["X"], d["y"], epochs=args.epochs, batch_size=args.batch_size,
                            validation_data=(d["Xt"], d["yt"]), verbose=0)
-    return _from_history(h, h.setup_time)
+    out = _from_history(h, h.setup_time)
+    out["bytes_in"] = int(h.bytes_in)
+    return out
 
 
 @contextlib.contextmanager
@@ -173,11 +185,11 @@ def _validating(validation_data: Any) -> Iterator[None]:
         DataParallelTrainer.fit = fit  # type: ignore[method-assign]
 
 
-def run_estimator(d: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+def run_estimator(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp32") -> dict[str, Any]:
     from sparknet.ml import SparkNetClassifier
     clf = SparkNetClassifier(network=make_model(args.seed), epochs=args.epochs, batchSize=args.batch_size,
                              learningRate=args.lr, optimizer="rmsprop", numPartitions=PARTITIONS,
-                             seed=args.seed, verbose=0)
+                             seed=args.seed, verbose=0, precision=precision)
     with _validating(d["dft"]):
         t0 = time.perf_counter()
         fitted = clf.fit(d["df"])
@@ -253,6 +265,15 @@ RUNNERS: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]
     "async": functools.partial(run_trainer, source="df", outer=False, mode="async"),
     "estimator": run_estimator,
     "torch": run_torch,
+    "single-bf16": functools.partial(run_single, precision="bf16"),
+    "df-plain-bf16": functools.partial(run_trainer, source="df", outer=False, precision="bf16"),
+    "df-outer-bf16": functools.partial(run_trainer, source="df", outer=True, precision="bf16"),
+    "np-outer-bf16": functools.partial(run_trainer, source="np", outer=True, precision="bf16"),
+    "async-bf16": functools.partial(run_trainer, source="df", outer=False, mode="async", precision="bf16"),
+    "estimator-bf16": functools.partial(run_estimator, precision="bf16"),
+    "df-outer-wire": functools.partial(run_trainer, source="df", outer=True, wire="bf16"),
+    "df-outer-bf16-wire": functools.partial(run_trainer, source="df", outer=True, precision="bf16",
+                                            wire="bf16"),
 }
 LABELS = {
     "single": "Sequential.fit, one process, 1 thread",
@@ -263,7 +284,21 @@ LABELS = {
     "async": "DataParallelTrainer, DataFrame, async",
     "estimator": "SparkNetClassifier.fit, DataFrame",
     "torch": "TorchDistributor, 2 DDP processes",
+    "single-bf16": "Sequential.fit, one process, bf16",
+    "df-plain-bf16": "DataParallelTrainer, DataFrame, plain avg, bf16",
+    "df-outer-bf16": "DataParallelTrainer, DataFrame, outer, bf16",
+    "np-outer-bf16": "DataParallelTrainer, numpy, outer, bf16",
+    "async-bf16": "DataParallelTrainer, DataFrame, async, bf16",
+    "estimator-bf16": "SparkNetClassifier.fit, DataFrame, bf16",
+    "df-outer-wire": "DataParallelTrainer, DataFrame, outer, bf16 wire",
+    "df-outer-bf16-wire": "DataParallelTrainer, DataFrame, outer, bf16 + bf16 wire",
 }
+
+
+def fp32_twin(name: str) -> str | None:
+    """The float32 run a bf16 run is compared with (``None`` for a float32 run)."""
+    base = name.replace("-bf16", "").replace("-wire", "")
+    return base if base != name else None
 
 
 # --------------------------------------------------------------------------- figures
@@ -297,6 +332,12 @@ def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
             s[f"time_to_{tgt}"] = float(np.median([time_to(r, tgt) for r in reps]))
         out[name] = s
     for name, s in out.items():
+        twin = fp32_twin(name)
+        if twin is not None and twin in out:
+            for key in ("median_epoch", *(f"time_to_{t}" for t in TARGETS)):
+                a, b = s[key], out[twin][key]
+                s[f"{key}_vs_fp32"] = a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+            s["final_acc_minus_fp32"] = s["accs"][-1] - out[twin]["accs"][-1]
         for ref in ("single", "torch"):
             if ref in out and ref != name:
                 for key in ("median_epoch", *(f"time_to_{t}" for t in TARGETS)):
@@ -331,6 +372,10 @@ def print_tables(summary: dict[str, dict[str, Any]], epochs: int) -> None:
             if f"median_epoch_vs_{ref}" in s:
                 parts.append(f"vs {ref}: " + " / ".join(_ratio(s.get(f"{k}_vs_{ref}")) for k in
                                                          ("median_epoch", "time_to_0.975", "time_to_0.98")))
+        if "median_epoch_vs_fp32" in s:
+            parts.append(f"vs fp32 {fp32_twin(name)}: " + " / ".join(
+                _ratio(s.get(f"{k}_vs_fp32")) for k in ("median_epoch", "time_to_0.975", "time_to_0.98"))
+                + f", final accuracy {100 * s['final_acc_minus_fp32']:+.2f} points")
         print(f"  {name:<10} " + "; ".join(parts))
     print("\ntest accuracy after each epoch (%, median over repeats):")
     print("| run | " + " | ".join(str(e + 1) for e in range(epochs)) + " |")
@@ -390,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         np.load(path)  # in the page cache before any clock
     if any(r != "single" for r in runs):
         d["spark"] = session(args.master)
-        if any(r in runs for r in ("df-plain", "df-outer", "async", "estimator")):
+        if any(r.split("-")[0] in ("df", "async", "estimator") for r in runs):
             d["df"] = to_df(d["spark"], X, y, PARTITIONS)
             d["dft"] = to_df(d["spark"], Xt, yt, PARTITIONS)
 
@@ -403,10 +448,11 @@ def main(argv: list[str] | None = None) -> int:
             res = RUNNERS[name](d, args)
             res["wall"] = time.perf_counter() - t0
             results[name].append(res)
-            if first_spark is None and name not in ("single", "torch"):
+            if first_spark is None and name not in ("single", "single-bf16", "torch"):
                 first_spark = (name, res["setup"], res.get("setup_breakdown", {}))
             acc = ", ".join(f"{100 * a:.2f}" for a in res["accs"])
             rounds = f", rounds/epoch {res['rounds']}" if "rounds" in res else ""
+            rounds += f", {res['bytes_in'] / 2 ** 20:.0f} MiB back" if "bytes_in" in res else ""
             print(f"repeat {rep + 1} {name:<10} set-up {res['setup']:5.2f} s, median epoch "
                   f"{np.median(res['epoch_times']):.2f} s, test acc. [{acc}], 98% at "
                   f"{_sec(time_to(res, 0.98))}{rounds}", flush=True)

@@ -20,7 +20,9 @@ time step.
 
 On a CPU without AVX512-BF16 (or with ``SPARKNET_BF16=fallback`` set, see
 :mod:`sparknet._bf16`) ``precision="bf16"`` trains in float32 and warns once per process.
-Model-parallel blocks and the data-parallel trainers train in float32.
+The trainers on Spark take the same ``precision=``: each executor task decides with
+:func:`task_precision` (no warning there), reports a fallback in its result, and the driver
+warns once per fit (:func:`warn_executor_fallback`).
 """
 from __future__ import annotations
 
@@ -63,6 +65,17 @@ def check_precision(value: Any, what: str = "precision") -> str:
     return value
 
 
+def check_model_precision(model: Any, value: Any, what: str = "precision") -> str:
+    """``value`` checked by :func:`check_precision`, and ``"bf16"`` refused for a model that
+    is not float32 (naming its dtype and the fix)."""
+    value = check_precision(value, what)
+    dtype = getattr(model, "dtype", np.dtype(np.float32))
+    if value == "bf16" and dtype != np.float32:
+        raise ValueError(f"{what}='bf16' trains float32 models; this model is "
+                         f"{np.dtype(dtype).name} (build it with dtype='float32')")
+    return value
+
+
 def available() -> bool:
     """True when bfloat16 products run on a bfloat16 kernel here (AMX tiles or AVX512-BF16: this
     CPU, not switched off with ``sparknet._bf16.set_backend("fallback")`` or
@@ -82,12 +95,31 @@ def resolve(precision: Any, what: str = "precision") -> str:
             why = ("its bfloat16 kernel is switched off (sparknet._bf16.set_backend or "
                    "SPARKNET_BF16=fallback)" if cpu["avx512_bf16"]
                    else "this CPU has no AVX512-BF16 instructions")
-            warnings.warn(f"{what}='bf16' trains in float32 here: {why}. bfloat16 needs a CPU "
-                          f"with AVX512-BF16 (Intel Cooper Lake / Sapphire Rapids or later, AMD "
-                          f"Zen 4 or later); see `python -m sparknet info`.",
+            warnings.warn(f"{what}='bf16' trains in float32 here: {why}. {_NEEDS}",
                           PrecisionFallbackWarning, stacklevel=3)
         return "fp32"
     return value
+
+
+_NEEDS = ("bfloat16 needs a CPU with AVX512-BF16 (Intel Cooper Lake / Sapphire Rapids or later, "
+          "AMD Zen 4 or later); see `python -m sparknet info`.")
+
+
+def task_precision(precision: str) -> tuple[str, bool]:
+    """Executor side: ``(the precision a task runs its products in here, whether that is a
+    fallback from "bf16")``; no warning (the driver gives it, see
+    :func:`warn_executor_fallback`)."""
+    if precision == "bf16" and not available():
+        return "fp32", True
+    return precision, False
+
+
+def warn_executor_fallback(what: str = "precision", where: str = "some executors") -> None:
+    """Driver side: the one warning of a fit whose executor tasks ran ``"bf16"`` in float32."""
+    warnings.warn(f"{what}='bf16' trained in float32 on {where}: their CPU has no AVX512-BF16 "
+                  f"instructions or their bfloat16 kernel is switched off (SPARKNET_BF16=fallback "
+                  f"in the executors' environment). {_NEEDS}", PrecisionFallbackWarning,
+                  stacklevel=2)
 
 
 def active() -> bool:

@@ -64,6 +64,9 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         mode: ``"sync"`` or ``"async"``.
         syncMethod: ``"average"`` (local steps then average, default) or ``"gradient"``.
         localSteps: local steps per round for ``"average"``; 0 = sized automatically.
+        precision: ``"fp32"`` (default) or ``"bf16"``: the training steps' matrix products take
+            bfloat16 operands and accumulate in float32 (``DataParallelTrainer``'s
+            ``precision``); weights, optimizer state, losses and scoring stay float32.
         maxSequenceLength: steps per sequence (0 = longest in the training data).
         seed: seeds the initial weights, the data split and the shuffles.
         thresholds: MLlib's per-class thresholds for the prediction.
@@ -115,7 +118,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                  thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                  inferenceEngine: str | None = None, verbose: int | None = None,
                  checkpointInterval: int | None = None, checkpointDir: str | None = None,
-                 resume: bool | None = None, callbacks: Sequence[Any] | None = None) -> None:
+                 resume: bool | None = None, callbacks: Sequence[Any] | None = None,
+                 precision: str | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -133,7 +137,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                   thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                   inferenceEngine: str | None = None, verbose: int | None = None,
                   checkpointInterval: int | None = None, checkpointDir: str | None = None,
-                  resume: bool | None = None, callbacks: Sequence[Any] | None = None) -> SparkNetClassifier:
+                  resume: bool | None = None, callbacks: Sequence[Any] | None = None,
+                  precision: str | None = None) -> SparkNetClassifier:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -236,7 +241,7 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                  verbose: int | None = None, checkpointInterval: int | None = None,
                  checkpointDir: str | None = None, resume: bool | None = None,
-                 callbacks: Sequence[Any] | None = None) -> None:
+                 callbacks: Sequence[Any] | None = None, precision: str | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -253,7 +258,8 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                   inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                   verbose: int | None = None, checkpointInterval: int | None = None,
                   checkpointDir: str | None = None, resume: bool | None = None,
-                  callbacks: Sequence[Any] | None = None) -> SparkNetRegressor:
+                  callbacks: Sequence[Any] | None = None,
+                  precision: str | None = None) -> SparkNetRegressor:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 

@@ -198,6 +198,10 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                           "sequence features: steps kept per row (longer sequences are "
                                           "cut, shorter ones padded); 0 uses the longest training sequence",
                                           typeConverter=_count("maxSequenceLength", positive=False))
+    precision: Param[str] = Param(Params._dummy(), "precision",
+                                  "'fp32' (default) or 'bf16': the training steps' matrix products on "
+                                  "bfloat16 operands with float32 accumulation (sparknet.precision)",
+                                  typeConverter=_choice("precision", ("fp32", "bf16")))
     verbose: Param[int] = Param(Params._dummy(), "verbose",
                                 "0 nothing, 1 (default) a live progress bar and a line per epoch on the "
                                 "driver, 2 the lines alone",
@@ -208,7 +212,8 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
         self._setDefault(inputShape=[], epochs=10, batchSize=32, learningRate=1e-3,
                          optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0, clipNorm=0.0, clipValue=0.0,
                          numPartitions=0, mode="sync", syncMethod="average", localSteps=0,
-                         maxSequenceLength=0, verbose=1, seed=_default_seed(type(self)))
+                         maxSequenceLength=0, verbose=1, seed=_default_seed(type(self)),
+                         precision="fp32")
 
     def getInputShape(self) -> list[int]:
         return self.getOrDefault(self.inputShape)
@@ -257,6 +262,10 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
 
     def getVerbose(self) -> int:
         return self.getOrDefault(self.verbose)
+
+    def getPrecision(self) -> str:
+        """``"fp32"`` or ``"bf16"``: the precision of the training steps' matrix products."""
+        return self.getOrDefault(self.precision)
 
 
 class _ThresholdsParams(HasThresholds):

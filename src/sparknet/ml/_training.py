@@ -164,7 +164,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
             mode=resolve_mode(self.getMode()), sync=self.getSyncMethod(),
             local_steps=self.getLocalSteps() or "auto", optimizer=optimizer,
             loss=None if self._classification else "mse", seed=int(self.getSeed()) & 0x7FFFFFFF,
-            **checkpoints)
+            precision=self.getPrecision(), **checkpoints)
         fit_options: dict[str, Any] = {"resume": True} if resume else {}
         try:
             return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),

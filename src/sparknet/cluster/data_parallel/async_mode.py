@@ -377,7 +377,7 @@ class _AsyncRun:
             if exc is not None:
                 self._recover(st, p, job, exc)
             else:
-                self._arrive(st, p, job, out[0] if out else None)
+                self._arrive(st, p, job, self.ctx.ps.received(out[0]) if out else None)
 
     def _recover(self, st: _Epoch, p: int, job: Launch, exc: BaseException) -> None:
         """A failed job (:func:`~sparknet.cluster.data_parallel.async_recovery.recover`)."""

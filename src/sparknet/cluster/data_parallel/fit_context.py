@@ -90,10 +90,14 @@ class FitHistory(History):
             checkpoint at an epoch's end is written after the epoch's ``time`` was taken.
         resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
         interrupted: whether the fit ended on ``KeyboardInterrupt``.
+        precision: what the training tasks' products ran in: ``"bf16"``, or ``"fp32"`` (asked
+            for, or some executor had no bfloat16 kernel).
+        bytes_out, bytes_in: bytes of the parameters broadcast, of the vectors the training
+            tasks sent back (:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer`).
     """
 
     extra_fields = ("setup_time", "setup_breakdown", "reused_shards", "updates", "checkpoints",
-                    "resumed_from", "interrupted")
+                    "resumed_from", "interrupted", "precision", "bytes_out", "bytes_in")
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +108,7 @@ class FitHistory(History):
         self.checkpoints: list[dict[str, Any]] = []
         self.resumed_from: str | None = None
         self.interrupted = False
+        self.precision, self.bytes_out, self.bytes_in = "fp32", 0, 0
 
 
 @dataclass(frozen=True)
@@ -331,7 +336,7 @@ class FitContext:
         seed), the batch size, the sync flavour and the training mode."""
         cfg = {k: v for k, v in self.spec.config.items() if k not in ("seed", "name")}
         tr = self.trainer
-        return (self.train.resident.key, repr(cfg), self.batch_size, tr.sync, tr.mode)
+        return (self.train.resident.key, repr(cfg), self.batch_size, tr.sync, tr.mode, tr.precision)
 
     def calibrate(self) -> None:
         """Size the rounds: ``sync="gradient"`` and a fixed ``local_steps`` need no

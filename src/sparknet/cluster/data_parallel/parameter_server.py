@@ -19,6 +19,7 @@ as a new one is made (it is stale), and destroyed when the server closes.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from pyspark.accumulators import AccumulatorParam
 
+from sparknet import precision as precision_mod
 from sparknet.cluster.data_parallel.layer_state import merge, shipped
+from sparknet.cluster.data_parallel.wire import decode, is_encoded
 
 if TYPE_CHECKING:
     from pyspark import Accumulator, SparkContext
@@ -58,6 +61,10 @@ class RoundResult:
             (BatchNormalization's running statistics; :mod:`sparknet.cluster.data_parallel.layer_state`),
             or ``None`` when the model keeps none.
         state_rows: the rows that mean is weighted by.
+        wire_bytes: bytes of the vectors the training tasks sent back (halved with
+            ``wire="bf16"``: :mod:`sparknet.cluster.data_parallel.wire`).
+        fallback: some task was asked for ``precision="bf16"`` and ran its products in
+            float32 (no bfloat16 kernel on its executor).
     """
 
     vec: np.ndarray | None = None
@@ -68,16 +75,22 @@ class RoundResult:
     states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     state: np.ndarray | None = None
     state_rows: float = 0.0
+    wire_bytes: int = 0
+    fallback: bool = False
 
     def add(self, other: "RoundResult | None") -> "RoundResult":
         """In-place sum (vectors and statistics add, times concatenate); returns self."""
         if other is None:
             return self
         if other.vec is not None:
-            if self.vec is None:
+            if self.vec is None:  # kept as sent: a task's own result leaves it encoded
                 self.vec = np.array(other.vec, copy=True)
+            elif is_encoded(self.vec):  # the sum is float32
+                self.vec = decode(self.vec) + decode(other.vec)
             else:
-                self.vec += other.vec
+                self.vec += decode(other.vec)
+        self.wire_bytes += other.wire_bytes
+        self.fallback = self.fallback or other.fallback
         self.stats = self.stats + other.stats
         self.times = self.times + list(other.times)
         self.nonfinite = self.nonfinite + list(other.nonfinite)
@@ -120,6 +133,12 @@ class ParameterServer:
         reduce: ``"tree"`` (``treeAggregate``, default) or ``"accumulator"``.
         tree_depth: depth of ``treeAggregate``.
 
+    Attributes:
+        bytes_out: bytes of the parameters (and layer state) broadcast so far.
+        bytes_in: bytes of the vectors the training tasks sent back so far (each task's
+            delta or gradient as it crossed the network: half with ``wire="bf16"``).
+        fell_back: whether a task asked for ``precision="bf16"`` ran in float32.
+
     Raises:
         ValueError: unknown ``reduce``.
     """
@@ -136,6 +155,9 @@ class ParameterServer:
         self.state = np.zeros(0, dtype=params.dtype) if state is None else state
         self._bc: Shipped | None = None
         self.bytes_out = 0
+        self.bytes_in = 0
+        self.fell_back = False
+        self._lock = threading.Lock()
 
     def broadcast(self) -> Shipped:
         """A ``Broadcast`` of the current parameters and layer state (under Spark Connect,
@@ -149,7 +171,20 @@ class ParameterServer:
     def gather(self, rdd: Any) -> RoundResult:
         """Sum the :class:`RoundResult` s of ``rdd`` (one per task; a resident state's
         ``mapPartitions``) with the chosen primitive."""
-        return self.engine.gather(rdd, self.reduce, self.tree_depth)
+        return self.received(self.engine.gather(rdd, self.reduce, self.tree_depth))
+
+    def received(self, res: RoundResult) -> RoundResult:
+        """``res`` (a round's sum, or one asynchronous task's result) as the driver uses it:
+        its vector float32 (:func:`~sparknet.cluster.data_parallel.wire.decode`), its bytes
+        counted in :attr:`bytes_in`, and the fit's one warning when a task ran ``"bf16"`` in
+        float32 (:func:`sparknet.precision.warn_executor_fallback`)."""
+        res.vec = None if res.vec is None else decode(res.vec)
+        with self._lock:
+            self.bytes_in += int(res.wire_bytes)
+            warn, self.fell_back = res.fallback and not self.fell_back, self.fell_back or res.fallback
+        if warn:
+            precision_mod.warn_executor_fallback()
+        return res
 
     def _drop(self, destroy: bool) -> None:
         if self._bc is not None:

@@ -15,6 +15,12 @@ A task has one :class:`TaskKind`:
 Every kind returns one :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`.  The minibatch
 schedule (:func:`round_rows`) is documented in :mod:`sparknet.cluster.data_parallel.trainer`.
 
+A training task of a fit with ``precision="bf16"`` runs its steps inside
+:func:`sparknet.precision.autocast` (the layers' products in bfloat16, everything else float32),
+or in float32 where its executor has no bfloat16 kernel, saying so in its result
+(``fallback``; the driver warns once).  Evaluation runs in float32.  With ``wire="bf16"`` an
+``AVERAGE`` task sends its delta as bfloat16 (:mod:`sparknet.cluster.data_parallel.wire`).
+
 :func:`set_task_wrapper` is the one hook that changes what a driver ships: for
 fault-injection in tests and benchmarks (:func:`sparknet.cluster.testing.inject_faults`).
 """
@@ -31,8 +37,9 @@ import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
+from sparknet import precision as precision_mod
 from sparknet import threads
-from sparknet.cluster.data_parallel import guards, layer_state
+from sparknet.cluster.data_parallel import guards, layer_state, wire
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
@@ -74,6 +81,8 @@ class FitSpec:
     classification: bool
     int_input: bool
     y_shape: tuple[int, ...] = ()
+    precision: str = "fp32"
+    wire: str = "fp32"
 
 
 #: fit key -> the worker's copy of the model (rebuilt from its config once per fit).
@@ -168,10 +177,21 @@ class RoundTask:
         for i, layer in enumerate(model.layers):  # dropout & co: seeded per task
             layer.rng = np.random.default_rng([self.spec.seed, self.epoch, self.rnd, index, i, 7])
         run = _RUNNERS[self.kind]
-        res = run(self, index, shard, model)
-        if self.kind.trains:  # the driver must not apply a non-finite result (guards)
-            layer_state.attach(res, model)
-            res.nonfinite = guards.scan(index, res, "gradient" if self.kind is TaskKind.GRADIENT else "delta")
+        if not self.kind.trains:
+            res = run(self, index, shard, model)
+            res.times = [time.perf_counter() - t0]
+            return [res]
+        use, fallback = precision_mod.task_precision(self.spec.precision)
+        with precision_mod.autocast(use):
+            res = run(self, index, shard, model)
+        # the driver must not apply a non-finite result (guards)
+        layer_state.attach(res, model)
+        res.nonfinite = guards.scan(index, res, "gradient" if self.kind is TaskKind.GRADIENT else "delta")
+        if res.vec is not None and self.kind is TaskKind.AVERAGE and self.spec.wire == "bf16":
+            residual = shard.ensure(f"{STATE_PREFIX}{self.spec.key}-{wire.RESIDUAL}", (res.vec.size,))
+            res.vec = wire.encode(res.vec, residual)
+        res.wire_bytes = 0 if res.vec is None else int(res.vec.nbytes)
+        res.fallback = fallback
         res.times = [time.perf_counter() - t0]
         return [res]
 
@@ -249,6 +269,7 @@ class RoundTask:
                 if lrs is not None:
                     opt.lr = lrs[n_steps]
                 opt.step(model.params, model.grads)
+                precision_mod.next_step()  # bf16 copies of the weights are stale
                 per_epoch[e] += _stat_row(s, w, c, xb.shape[0], 1)
                 n_steps += 1
         step_time = (time.perf_counter() - t_loop) / max(1, n_steps)

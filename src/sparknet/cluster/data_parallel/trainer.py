@@ -75,15 +75,18 @@ from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
 from sparknet.cluster.data_parallel import checkpoints as trainer_state
+from sparknet.cluster.data_parallel.epoch_logs import record_epochs
 from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
-from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer
+from sparknet.cluster.data_parallel.parameter_server import ParameterServer
 from sparknet.cluster.data_parallel.round_task import FitSpec
+from sparknet.cluster.data_parallel.wire import check_wire
 from sparknet.cluster.engine.base import engine_for
 from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.cluster.planning.rounds import SIZED
 from sparknet.errors import TrainingDiverged
 from sparknet.model import Sequential
+from sparknet.precision import check_model_precision
 from sparknet.progress import FitProgress, check_verbose, status
 
 if TYPE_CHECKING:
@@ -196,12 +199,21 @@ class DataParallelTrainer:
             :class:`~sparknet.errors.RoundTimeout`, its jobs cancelled: a number, ``None``
             (wait forever) or ``"auto"`` (default: ``max(120 s, 20 x`` the slowest round of
             its kind measured so far, or predicted by the round cost model``)``).
+        precision: ``"fp32"`` (default) or ``"bf16"``: the executors' training steps run the
+            layers' matrix products on bfloat16 operands with float32 accumulation, as
+            ``Sequential.fit(precision="bf16")`` does (:mod:`sparknet.precision`); the parameters,
+            optimizer states, losses, round sums and evaluation stay float32.  Needs a float32
+            model.  Executors without a bfloat16 kernel train in float32, and the fit warns once
+            (:class:`~sparknet.precision.PrecisionFallbackWarning`).
+        wire: ``"fp32"`` (default) or ``"bf16"``: how ``sync="average"`` and ``mode="async"``
+            tasks send their deltas back: ``"bf16"`` halves the bytes, rounding to nearest even
+            with error feedback (:mod:`sparknet.cluster.data_parallel.wire`).
         **mode_options: options of a registered mode (``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
             see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`).
 
     Raises:
-        ValueError: unknown ``mode``/``sync``/``reduce``, bad ``local_steps``,
+        ValueError: unknown ``mode``/``sync``/``reduce``/``precision``/``wire``, bad ``local_steps``,
             ``max_overhead``, ``outer`` (an outer optimizer outside synchronous
             average mode), ``checkpoint_every``, ``checkpoint_keep`` or ``round_timeout``.
     """
@@ -218,7 +230,8 @@ class DataParallelTrainer:
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
                  outer: "OuterOptimizer | str | None" = "auto", checkpoint_dir: "str | None" = None,
                  checkpoint_every: "str | int" = "epoch", checkpoint_keep: int = 3,
-                 round_timeout: "float | str | None" = "auto", **mode_options: Any) -> None:
+                 round_timeout: "float | str | None" = "auto", precision: str = "fp32",
+                 wire: str = "fp32", **mode_options: Any) -> None:
         if not isinstance(model, Sequential):
             raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
         mode = resolve_mode(mode)
@@ -230,6 +243,8 @@ class DataParallelTrainer:
             raise ValueError(f"max_overhead must be in (0, 1), got {max_overhead!r}")
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
+        self.precision = check_model_precision(model, precision)
+        self.wire = check_wire(wire, mode, sync)
         self.max_epochs_per_round = positive_int(max_epochs_per_round, "max_epochs_per_round")
         self.num_partitions = num_partitions if num_partitions in (None, "auto") else \
             positive_int(num_partitions, "num_partitions", extra="or 'auto'")
@@ -373,6 +388,8 @@ class DataParallelTrainer:
             finally:
                 engine.remove_tag(tag)
                 ps.close()
+                history.bytes_out, history.bytes_in = ps.bytes_out, ps.bytes_in
+                history.precision = "fp32" if ps.fell_back else self.precision
         model.optimizer = self.optimizer
         cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return model, history
@@ -399,7 +416,8 @@ class DataParallelTrainer:
                        batch_size=batch_size, seed=self.seed, input_shape=_shape(model.input_shape),
                        classification=classification,
                        int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
-                       y_shape=() if classification else _shape(model.output_shape))
+                       y_shape=() if classification else _shape(model.output_shape),
+                       precision=self.precision, wire=self.wire)
 
     def _calibrate(self, ctx: FitContext, t_fit: float) -> None:
         """Size the rounds (from an estimate when ``local_steps="auto"``); the fit's
@@ -460,7 +478,7 @@ class DataParallelTrainer:
                 tv = time.perf_counter()
                 val_logs = ctx.evaluate(ctx.val, f"sparknet epoch {epoch + span}/{epochs} validation")
                 val_logs["val_time"] = time.perf_counter() - tv
-            loss, logs = self._record(ctx, epoch, span, rl, train_time, val_logs, lrs)
+            loss, logs = record_epochs(ctx, epoch, span, rl, train_time, val_logs, lrs)
             for i, entry in enumerate(logs):
                 ctx.callbacks.on_epoch_end(epoch + i, entry)
             epoch += span
@@ -503,43 +521,6 @@ class DataParallelTrainer:
             return EPOCH_RUNNERS[self.mode](self, ctx, epoch)
         finally:
             ctx.bar = None
-
-    def _record(self, ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_time: float,
-                val_logs: dict[str, float], lrs: list[float]) -> tuple[float, list[dict[str, float]]]:
-        """One history entry per epoch of the round(s) just run (``lrs``: each one's rate);
-        returns the last one's loss and the entries.
-        The round's figures and training time are shared by its epochs; validation (run
-        when the round ends) goes to the last, the others get ``NaN``."""
-        assert ctx.history is not None
-        rows = np.atleast_2d(rl.stats)
-        if rows.shape[0] != span:  # a round with no rows anywhere: zeros for each epoch
-            rows = np.broadcast_to(rows.sum(axis=0), (span, len(STATS)))
-        shared = {  # the round's figures, the same for each of its epochs
-            "rounds": rl.rounds / span,
-            "local_steps": (rows[:, STATS.index("steps")].sum() /
-                            max(rl.rounds * max(1, ctx.train.num_partitions), 1)),
-            "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
-            **getattr(rl, "logs", {})}
-        loss, entries = math.nan, []
-        for i in range(span):
-            last = i == span - 1
-            st = dict(zip(STATS, rows[i]))
-            w = max(st["weight_sum"], 1e-12)
-            logs = {"loss": st["loss_sum"] / w}
-            if ctx.spec.classification:
-                logs["accuracy"] = st["correct"] / w
-            if val_logs:
-                logs.update(val_logs if last else dict.fromkeys(val_logs, math.nan))
-            logs["time"] = train_time / span + (val_logs.get("val_time", 0.0) if last else 0.0)
-            logs.update(shared)
-            logs["lr"] = lrs[i]
-            ctx.history.append(epoch + i, **logs)
-            entries.append(logs)
-            log.debug("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
-            if ctx.progress is not None:
-                ctx.progress.epoch_end(epoch + i + 1, logs)
-            loss = logs["loss"]
-        return loss, entries
 
     @staticmethod
     def release_shards() -> int:

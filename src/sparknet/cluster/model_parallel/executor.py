@@ -13,6 +13,11 @@ or a :class:`MemStore` for the in-process backend) under the names
 * ``"cache.<layer>.x.<rows>"``, ``"cache.<layer>.y.<rows>"``: the forward activations the
   backward pass needs.
 
+With ``bf16`` (a fit under ``precision="bf16"``, :mod:`sparknet.precision`) the block's products
+take bfloat16 operands and accumulate in float32 (:mod:`sparknet._bf16`: the weights packed once
+per job, the gradients' operands rounded as the kernel reads them); the parameters, their
+gradients and the optimizer state stay float32.
+
 Parameters are updated through the optimizer's functional step
 (:meth:`~sparknet.optim.Optimizer.apply`) row chunk by row chunk, so a block never needs a
 gradient buffer of its own size, and the replicas' combined gradient can arrive in pieces.
@@ -29,6 +34,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 import sparknet._activations as _activations
+import sparknet._bf16 as _bf16
 import sparknet._blas as _blas
 import sparknet._dense as _dense
 from sparknet import initializers
@@ -292,15 +298,28 @@ def cache(store: Store, name: str, src: np.ndarray) -> np.ndarray:
     return cur
 
 
+def _matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray, bf16: bool) -> None:
+    """``out[...] = a @ b``: float32/float64 BLAS, or bfloat16 operands with float32 sums."""
+    if bf16:
+        _bf16.py_gemm(a, b, out)
+    else:
+        _blas.py_gemm(False, False, 1.0, a, b, 0.0, out)
+
+
+def _packed_t(W: np.ndarray, bf16: bool) -> "_bf16.PackedB | None":
+    """``W.T`` packed for the bfloat16 kernel (``None`` in full precision)."""
+    return _bf16.pack(np.ascontiguousarray(W), True) if bf16 else None
+
+
 def forward_rows(store: Store, slot: int, layer: BlockedLayer, x: np.ndarray, gen: int, step: int,
-                 training: bool) -> np.ndarray:
+                 training: bool, bf16: bool = False) -> np.ndarray:
     """``A_k = f(x W_k^T + b_k)`` for this slot's row block (x: N x in -> N x rows_k)."""
     arrays = Arrays(store)
     check_state(arrays, slot, layer, gen, step)
     i = layer.index
     W = arrays[f"{i}.kernel"]
     y = np.empty((x.shape[0], W.shape[0]), dtype=W.dtype)
-    _dense.forward(x, W, arrays.get(f"{i}.bias"), y, layer.kernel_activation)
+    _dense.forward(x, W, arrays.get(f"{i}.bias"), y, layer.kernel_activation, None, _packed_t(W, bf16))
     if training:
         cache(store, f"cache.{i}.x", x)
         cache(store, f"cache.{i}.y", y)
@@ -308,14 +327,14 @@ def forward_rows(store: Store, slot: int, layer: BlockedLayer, x: np.ndarray, ge
 
 
 def forward_pair(store: Store, slot: int, a: BlockedLayer, b: BlockedLayer, x: np.ndarray, gen: int,
-                 step: int, training: bool) -> np.ndarray:
+                 step: int, training: bool, bf16: bool = False) -> np.ndarray:
     """``H_k W2_k^T`` with ``H_k = f(x W1_k^T + b1_k)``: this slot's partial pair output."""
     arrays = Arrays(store)
     check_state(arrays, slot, b, gen, step)
-    h = forward_rows(store, slot, a, x, gen, step, training)
+    h = forward_rows(store, slot, a, x, gen, step, training, bf16)
     W2 = arrays[f"{b.index}.kernel"]                         # (out2, rows_k)
     part = np.empty((x.shape[0], W2.shape[0]), dtype=W2.dtype)
-    _dense.forward(h, W2, None, part, 0)
+    _dense.forward(h, W2, None, part, 0, None, _packed_t(W2, bf16))
     return part
 
 
@@ -326,7 +345,8 @@ def _mark(st: np.ndarray, busy: int, step: int | None = None) -> None:
 
 
 def backward_rows(store: Store, slot: int, layer: BlockedLayer, dy: np.ndarray, need_dx: bool,
-                  gen: int, step: int, sink: Sink, done: tuple[int, int]) -> np.ndarray | None:
+                  gen: int, step: int, sink: Sink, done: tuple[int, int],
+                  bf16: bool = False) -> np.ndarray | None:
     """Backward of this slot's row block; ``dy`` holds the delta of the block's own neurons.
 
     ``dx = dz W_k`` uses the weights before the update; ``dW_k = dz^T x`` and
@@ -346,12 +366,12 @@ def backward_rows(store: Store, slot: int, layer: BlockedLayer, dy: np.ndarray, 
     dx = None
     if need_dx:
         dx = np.empty(x.shape, dtype=W.dtype)
-        _blas.py_gemm(False, False, 1.0, dz, W, 0.0, dx)     # dx = dz @ W_k (old weights)
+        _matmul(dz, W, dx, bf16)                             # dx = dz @ W_k (old weights)
     dzt = np.ascontiguousarray(dz.T)
     _mark(st, 1)
 
     def kernel_rows(r0: int, r1: int, out: np.ndarray) -> None:
-        _blas.py_gemm(False, False, 1.0, dzt[r0:r1], x, 0.0, out)      # dW rows = dz^T x
+        _matmul(dzt[r0:r1], x, out, bf16)                              # dW rows = dz^T x
     sink(arrays, f"{i}.kernel", kernel_rows)
     if f"{i}.bias" in arrays:
         db = dzt.sum(axis=1, dtype=W.dtype)
@@ -364,7 +384,8 @@ def backward_rows(store: Store, slot: int, layer: BlockedLayer, dy: np.ndarray, 
 
 
 def backward_pair(store: Store, slot: int, a: BlockedLayer, b: BlockedLayer, dz2: np.ndarray,
-                  need_dx: bool, gen: int, step: int, sink: Sink, done: tuple[int, int]) -> np.ndarray | None:
+                  need_dx: bool, gen: int, step: int, sink: Sink, done: tuple[int, int],
+                  bf16: bool = False) -> np.ndarray | None:
     """Backward of this slot's share of a pair: ``dh = dz2 W2_k`` (old weights),
     ``dW2_k = dz2^T h`` to ``sink``, then the first layer's row block with delta ``dh``."""
     arrays = Arrays(store)
@@ -374,16 +395,16 @@ def backward_pair(store: Store, slot: int, a: BlockedLayer, b: BlockedLayer, dz2
         raise lost(slot, b.index, "has no forward activations for this batch")
     W2 = arrays[f"{b.index}.kernel"]                          # (out2, rows_k)
     dh = np.empty(h.shape, dtype=W2.dtype)
-    _blas.py_gemm(False, False, 1.0, dz2, W2, 0.0, dh)      # dh = dz2 @ W2_k (old weights)
+    _matmul(dz2, W2, dh, bf16)                              # dh = dz2 @ W2_k (old weights)
     dz2t = np.ascontiguousarray(dz2.T)
     _mark(st_b, 1)
 
     def kernel_rows(r0: int, r1: int, out: np.ndarray) -> None:
-        _blas.py_gemm(False, False, 1.0, dz2t[r0:r1], h, 0.0, out)     # dW2_k = dz2^T h
+        _matmul(dz2t[r0:r1], h, out, bf16)                             # dW2_k = dz2^T h
     sink(arrays, f"{b.index}.kernel", kernel_rows)
     _mark(st_b, done[1], done[0])
     # the first layer of the pair: dh is the delta of exactly this slot's neurons
-    return backward_rows(store, slot, a, dh, need_dx, gen, step, sink, done)
+    return backward_rows(store, slot, a, dh, need_dx, gen, step, sink, done, bf16)
 
 
 # ---------------------------------------------------------- replicas: combining gradients

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 import numpy as np
 
 from sparknet import losses as losses_mod
+from sparknet import precision as precision_mod
 from sparknet._validation import check_float, positive_int
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.model_parallel.backends import BlockStateLost
@@ -129,10 +130,11 @@ def _checked(mp: "ModelParallel", epochs: Any, batch_size: Any, checkpoint_every
 
 def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int, shuffle: bool,
             checkpoint_every: int, verbose: int, max_steps: int | None, lookahead: bool, resume: bool,
-            callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+            callbacks: Sequence[Any] = (), precision: str = "fp32") -> dict[str, Any]:
     """The body of :meth:`ModelParallel.fit` (its arguments checked here)."""
     epochs, batch_size, checkpoint_every, max_steps = _checked(mp, epochs, batch_size, checkpoint_every,
                                                                max_steps, bool(resume))
+    precision = fit_precision(mp, precision)
     resume, shuffle = bool(resume), bool(shuffle)
     lo = mp.loss
     X = mp._prepare_x(X)
@@ -140,12 +142,28 @@ def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int
     control = BlocksControl(mp)
     cbl = CallbackList(callbacks, mp, mp, control)
     try:
-        hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}, {}, {}),
-                    checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps, resume=resume)
+        with precision_mod.autocast(precision):
+            hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}, {}, {}),
+                        checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps,
+                        resume=resume)
+        hist["precision"] = precision
         cbl.on_fit_end({k: v[-1] for k, v in hist.items() if isinstance(v, list) and v and k != "step_time"})
     finally:
         control.close()
     return hist
+
+
+def fit_precision(mp: "ModelParallel", precision: Any) -> str:
+    """The precision a fit's products run in: ``precision`` checked (a float32 model for
+    ``"bf16"``), or ``"fp32"`` with one warning where the driver or a block's executor has no
+    bfloat16 kernel (asked of the executors in one job)."""
+    from sparknet.cluster.model_parallel.jobs import PrecisionJob
+
+    value = precision_mod.resolve(precision_mod.check_model_precision(mp, precision))
+    if value == "bf16" and not all(mp.backend.run(PrecisionJob(mp.layout, tuple(mp.blocked)))):
+        precision_mod.warn_executor_fallback(where="the executors of some blocks")
+        return "fp32"
+    return value
 
 
 def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, run: _Plan, *,

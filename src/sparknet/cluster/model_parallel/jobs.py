@@ -21,12 +21,14 @@ kept gradients times the factor the driver computed.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from sparknet import precision as precision_mod
 from sparknet.cluster.model_parallel import executor as ex
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.files import load_block, save_block
@@ -181,6 +183,14 @@ class StatusJob(BlockJob):
 
 
 @dataclass(frozen=True)
+class PrecisionJob(BlockJob):
+    """Whether each slot's executor runs ``precision="bf16"`` on a bfloat16 kernel."""
+
+    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+        return precision_mod.available()
+
+
+@dataclass(frozen=True)
 class GatherJob(BlockJob):
     """Copies of the blocks' ``keys`` from the slots of one replica (the others return ``None``)."""
 
@@ -237,6 +247,12 @@ class _StageJob(BlockJob):
     step: int = 0
     #: row offsets of the replicas' shards of the batch (``None``: one replica, the whole batch)
     shards: Optional[tuple[int, ...]] = None
+    #: ``"bf16"``: the block's products on bfloat16 operands (where this executor has the kernel)
+    precision: str = "fp32"
+
+    @property
+    def bf16(self) -> bool:
+        return self.precision == "bf16" and precision_mod.available()
 
     def rows(self, slot: int, x: np.ndarray) -> np.ndarray:
         if self.shards is None:
@@ -246,9 +262,10 @@ class _StageJob(BlockJob):
 
     def forward(self, store: ex.Store, slot: int, x: np.ndarray, step: int, training: bool) -> np.ndarray:
         if len(self.layers) == 1:
-            return ex.forward_rows(store, slot, self.layers[0], x, self.generation, step, training)
+            return ex.forward_rows(store, slot, self.layers[0], x, self.generation, step, training,
+                                   self.bf16)
         a, b = self.layers
-        return ex.forward_pair(store, slot, a, b, x, self.generation, step, training)
+        return ex.forward_pair(store, slot, a, b, x, self.generation, step, training, self.bf16)
 
 
 @dataclass(frozen=True)
@@ -261,6 +278,16 @@ class ForwardJob(_StageJob):
         if not self.holds(slot):
             return None
         return self.forward(store, slot, self.rows(slot, data["x"]), self.step, self.training)
+
+
+def with_precision(job: BlockJob, precision: str) -> BlockJob:
+    """``job`` (and the jobs of a :class:`ChainJob`) with the stage jobs' products in
+    ``precision``."""
+    if isinstance(job, _StageJob) and job.precision != precision:
+        return dataclasses.replace(job, precision=precision)
+    if isinstance(job, ChainJob):
+        return dataclasses.replace(job, jobs=tuple(with_precision(j, precision) for j in job.jobs))
+    return job
 
 
 @dataclass(frozen=True)
@@ -321,10 +348,11 @@ class BackwardJob(_StageJob):
         g, step = self.generation, self.step
         if len(self.layers) == 1:
             lo, hi = self.layers[0].span(self.layout.block(slot))
-            dx = ex.backward_rows(store, slot, self.layers[0], dy[:, lo:hi], self.need_dx, g, step, sink, done)
+            dx = ex.backward_rows(store, slot, self.layers[0], dy[:, lo:hi], self.need_dx, g, step, sink,
+                                  done, self.bf16)
         else:
             a, b = self.layers
-            dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done)
+            dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done, self.bf16)
         ahead = self.forward(store, slot, data["x_next"], step + 1, True) if self.prefetch else None
         piece = _gather_piece(store, self.layout.block(slot), self.gather) if self.gather else None
         return BackwardResult(dx, ahead, piece, now.finite, kept.sumsq)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
+from sparknet import precision as precision_mod
 from sparknet._validation import positive_int
 from sparknet.checkpoint import Checkpoint, CheckpointStore
 from sparknet.cluster.model_parallel import persistence, recovery, stages
-from sparknet.cluster.model_parallel.backends import Backend, BlockStateLost, LocalBlocks, SparkBlocks
+from sparknet.cluster.model_parallel.backends import Backend, LocalBlocks, SparkBlocks
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan, as_plan
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
@@ -26,6 +27,7 @@ from sparknet.cluster.model_parallel.jobs import (
     StatusJob,
     plan_pieces,
     shard_rows,
+    with_precision,
 )
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
@@ -254,7 +256,7 @@ class ModelParallel:
             first, first_data, first_readers = pending
             job, data = ChainJob(self.layout, (), jobs=(first, job)), {"0": first_data, "1": data}
             sent, moved = sent + nbytes(first_data), moved + nbytes(first_data) * first_readers
-        out = self.backend.run(job, data)
+        out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"), data)
         got = nbytes(out)
         if pending is not None:
             out = [r[1] for r in out]
@@ -390,32 +392,13 @@ class ModelParallel:
         if next_x is not None:
             nx = self._prepare_x(next_x)
             self._next_raw, self._next_checked = next_x, nx
-        s, w, c = self._guarded(lambda: self._train_step(x, y, lo, nx))
+        s, w, c = recovery.guarded(self, lambda: self._train_step(x, y, lo, nx))
         return (s / w if w else 0.0), (c / w if w else float("nan"))
-
-    def _guarded(self, fn: Callable[[], Any]) -> Any:
-        """Run a step; when a block's state is lost, restore the newest checkpoint and redo
-        the step (:meth:`train_on_batch` does not know the batches since the checkpoint:
-        :meth:`fit` replays them)."""
-        try:
-            return fn()
-        except BlockStateLost as exc:
-            ckpt = self._checkpoint_store().latest() if self.checkpoint_dir else None
-            if ckpt is None:
-                raise BlockStateLost(
-                    f"{exc}; no checkpoint to restore from (set checkpoint_dir and call checkpoint()), "
-                    f"training stopped rather than going on with missing or stale weights") from None
-            lost_at = self.t
-            self._restore(ckpt)
-            self.restores += 1
-            log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and redoing this step; "
-                        "train_on_batch cannot replay the %d step(s) between them (fit() does)", lost_at, exc,
-                        ckpt.path, ckpt.step, max(lost_at - 1 - ckpt.step, 0))
-            return fn()
 
     def fit(self, X: Any, y: Any, epochs: int = 1, batch_size: int = 256, shuffle: bool = True,
             checkpoint_every: int = 0, verbose: int = 0, max_steps: int | None = None,
-            lookahead: bool = True, resume: bool = False, callbacks: Sequence[Any] = ()) -> dict:
+            lookahead: bool = True, resume: bool = False, callbacks: Sequence[Any] = (),
+            precision: str = "fp32") -> dict:
         """Minibatch training with distributed backpropagation.
 
         Args:
@@ -439,6 +422,9 @@ class ModelParallel:
                 fresh fit (logged).
             callbacks: :class:`sparknet.callbacks.Callback` objects or ``f(epoch, logs)``
                 (``on_batch_end`` per step; the rate set on every optimizer: blocks' and driver's).
+            precision: ``"fp32"`` (default) or ``"bf16"``: the blocks' and the driver layers'
+                products on bfloat16 operands with float32 sums (:mod:`sparknet.precision`;
+                ``train_on_batch`` inside ``sparknet.precision.autocast()`` does the same).
 
         Returns:
             a dict: per epoch ``loss``, ``accuracy``, ``lr``, ``time`` (restores included), then
@@ -454,7 +440,7 @@ class ModelParallel:
 
         return run_fit(self, X, y, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
                        checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps,
-                       lookahead=lookahead, resume=resume, callbacks=callbacks)
+                       lookahead=lookahead, resume=resume, callbacks=callbacks, precision=precision)
 
     # ----------------------------------------------------------------- inference
     def predict_output(self, X: Any, batch_size: int = 512) -> np.ndarray:

@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from sparknet.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from sparknet.checkpoint import MANIFEST, Checkpoint, CheckpointStore, _is_uri
+from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.jobs import SaveJob, SaveResult
 from sparknet.cluster.model_parallel.stages import BlockStage, DriverStage, PairStage, driver_arrays, set_driver_arrays
 from sparknet.errors import CheckpointError, TrainingDiverged
+
+log = logging.getLogger("sparknet.cluster.model_parallel.model")
 
 if TYPE_CHECKING:
     from sparknet.cluster.model_parallel import ModelParallel
@@ -259,3 +263,23 @@ def restore(mp: "ModelParallel", path: "str | Checkpoint",
     fit = ckpt.meta.get("fit")
     return ckpt, None if fit is None else FitPosition.from_json(fit)
 
+
+def guarded(mp: "ModelParallel", fn: Callable[[], Any]) -> Any:
+    """Run a step; when a block's state is lost, restore the newest checkpoint and redo
+    the step (:meth:`ModelParallel.train_on_batch` does not know the batches since the checkpoint:
+    :meth:`ModelParallel.fit` replays them)."""
+    try:
+        return fn()
+    except BlockStateLost as exc:
+        ckpt = mp._checkpoint_store().latest() if mp.checkpoint_dir else None
+        if ckpt is None:
+            raise BlockStateLost(
+                f"{exc}; no checkpoint to restore from (set checkpoint_dir and call checkpoint()), "
+                f"training stopped rather than going on with missing or stale weights") from None
+        lost_at = mp.t
+        mp._restore(ckpt)
+        mp.restores += 1
+        log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and redoing this step; "
+                    "train_on_batch cannot replay the %d step(s) between them (fit() does)", lost_at, exc,
+                    ckpt.path, ckpt.step, max(lost_at - 1 - ckpt.step, 0))
+        return fn()
