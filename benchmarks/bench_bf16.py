@@ -127,21 +127,38 @@ def gemm_flops(model: Sequential, batch: int) -> float:
 def sparknet_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[[int], None]:
     model, opt = sparknet_net(name), RMSprop(lr=1e-3)
     opt.init_state(model.n_params, model.dtype)
+    fresh = [False]
 
     def step(i: int) -> None:
-        # as in fit: a new step token before the forward pass, then loss, gradients, update
-        precision.next_step()
+        # as in fit: a new step token before the forward pass unless the last update refilled
+        # the packed weights (bf16), then loss, gradients, update
+        if not fresh[0]:
+            precision.next_step()
         model.loss_and_grad(X[i % len(X)], y[i % len(y)])
-        opt.step(model.params, model.grads)
+        fresh[0] = precision.optimizer_step(model, opt)
 
-    if not bf16:
-        return step
+    return step
 
-    def step_bf16(i: int) -> None:
-        with precision.autocast("bf16"):
+
+def sparknet_round(step: Callable[[int], None], bf16: bool) -> Callable[[int, int], None]:
+    """Steps ``i0 .. i0 + n - 1`` of a sparknet contender, in bf16 inside one
+    :func:`sparknet.precision.autocast` as ``fit`` runs them all (entering it marks the packed
+    weights stale, so each round packs them once more than ``fit`` would)."""
+    def run_steps(i0: int, n: int) -> None:
+        with precision.autocast("bf16" if bf16 else "fp32"):
+            for i in range(i0, i0 + n):
+                step(i)
+
+    return run_steps
+
+
+def plain_round(step: Callable[[int], None]) -> Callable[[int, int], None]:
+    """Steps ``i0 .. i0 + n - 1`` of a contender that needs no set-up around them."""
+    def run_steps(i0: int, n: int) -> None:
+        for i in range(i0, i0 + n):
             step(i)
 
-    return step_bf16
+    return run_steps
 
 
 def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[[int], None]:
@@ -171,25 +188,23 @@ def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True) -> di
     rng = np.random.default_rng(0)
     X = rng.random((4, batch) + shape, dtype=np.float32)
     y = rng.integers(0, 10, (4, batch))
-    steppers: dict[str, Callable[[int], None]] = {
-        "sparknet_fp32": sparknet_step(name, X, y, False),
-        "sparknet_bf16": sparknet_step(name, X, y, True)}
+    steppers: dict[str, Callable[[int, int], None]] = {
+        "sparknet_fp32": sparknet_round(sparknet_step(name, X, y, False), False),
+        "sparknet_bf16": sparknet_round(sparknet_step(name, X, y, True), True)}
     if torch:
         try:
-            steppers["torch_fp32"] = torch_step(name, X, y, False)
-            steppers["torch_bf16"] = torch_step(name, X, y, True)
+            steppers["torch_fp32"] = plain_round(torch_step(name, X, y, False))
+            steppers["torch_bf16"] = plain_round(torch_step(name, X, y, True))
         except ImportError as exc:
             print(f"PyTorch not importable ({exc}); sparknet only", file=sys.stderr)
     times: dict[str, list[float]] = {k: [] for k in steppers}
     with threadpool_limits(1):
         for st in steppers.values():        # warm-up
-            for i in range(2):
-                st(i)
+            st(0, 2)
         for _ in range(rounds):
             for k, st in steppers.items():
                 t0 = time.perf_counter()
-                for i in range(n_steps):
-                    st(i)
+                st(0, n_steps)
                 times[k].append(time.perf_counter() - t0)
     rate = {k: batch * n_steps / float(np.median(v)) for k, v in times.items()}
     flops = gemm_flops(sparknet_net(name), batch)

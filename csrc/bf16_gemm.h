@@ -208,19 +208,24 @@ SN_BF16_TARGET static inline void sn_bf16_transpose16(__m512i *r)
     }
 }
 
-/* Pack B (K x N) in panels of 32 columns (file comment).  B(k, j) = B[k * ldb + j], or
- * B[j * ldb + k] when trans_b; float32 or bfloat16 (b_bf16). */
-SN_BF16_TARGET static void sn_bf16_pack_b(ptrdiff_t K, ptrdiff_t N, const void *B, int b_bf16,
-                                          ptrdiff_t ldb, int trans_b, int32_t *out)
+/* The part of sn_bf16_pack_b's output that rows lo <= r < hi of the source determine,
+ * written where the whole packing has it: rows k of B (lo even), or when trans_b columns j of
+ * B, which are the source's rows (lo a multiple of 32, so whole panels).  A caller that has
+ * just written those rows (the optimizer, block by block) packs them while they are in cache. */
+SN_BF16_TARGET static void sn_bf16_pack_b_part(ptrdiff_t K, ptrdiff_t N, const void *B,
+                                               int b_bf16, ptrdiff_t ldb, int trans_b,
+                                               ptrdiff_t lo, ptrdiff_t hi, int32_t *out)
 {
     ptrdiff_t Kq = (K + 1) / 2, p, q, c;
-    for (p = 0; p < (N + 31) / 32; p++) {
+    ptrdiff_t p_lo = trans_b ? lo / 32 : 0, p_hi = trans_b ? (hi + 31) / 32 : (N + 31) / 32;
+    ptrdiff_t q_lo = trans_b ? 0 : lo / 2, q_hi = trans_b ? Kq : (hi + 1) / 2;
+    for (p = p_lo; p < p_hi; p++) {
         ptrdiff_t j0 = 32 * p, nc = N - j0 < 32 ? N - j0 : 32;
         int32_t *panel = out + p * Kq * 32;
         if (!trans_b) {
             /* rows 2q and 2q + 1 are contiguous over the panel's columns */
             __mmask16 m0 = sn_bf16_mask(nc), m1 = sn_bf16_mask(nc - 16);
-            for (q = 0; q < Kq; q++) {
+            for (q = q_lo; q < q_hi; q++) {
                 ptrdiff_t k = 2 * q;
                 const __m512 z = _mm512_setzero_ps();
                 __m512 x0 = sn_bf16_ld16(B, b_bf16, k * ldb + j0, m0);
@@ -252,6 +257,14 @@ SN_BF16_TARGET static void sn_bf16_pack_b(ptrdiff_t K, ptrdiff_t N, const void *
             }
         }
     }
+}
+
+/* Pack B (K x N) in panels of 32 columns (file comment).  B(k, j) = B[k * ldb + j], or
+ * B[j * ldb + k] when trans_b; float32 or bfloat16 (b_bf16). */
+SN_BF16_TARGET static void sn_bf16_pack_b(ptrdiff_t K, ptrdiff_t N, const void *B, int b_bf16,
+                                          ptrdiff_t ldb, int trans_b, int32_t *out)
+{
+    sn_bf16_pack_b_part(K, N, B, b_bf16, ldb, trans_b, 0, trans_b ? N : K, out);
 }
 
 /* One mr x 32 tile of C (nc <= 32 columns stored, masked) over nq pairs: A's pair word of
@@ -424,6 +437,13 @@ SN_BF16_UNUSED static void sn_bf16_pack_b(ptrdiff_t K, ptrdiff_t N, const void *
                                           ptrdiff_t ldb, int trans_b, int32_t *out)
 {
     (void)K; (void)N; (void)B; (void)b_bf16; (void)ldb; (void)trans_b; (void)out;
+}
+SN_BF16_UNUSED static void sn_bf16_pack_b_part(ptrdiff_t K, ptrdiff_t N, const void *B,
+                                               int b_bf16, ptrdiff_t ldb, int trans_b,
+                                               ptrdiff_t lo, ptrdiff_t hi, int32_t *out)
+{
+    (void)K; (void)N; (void)B; (void)b_bf16; (void)ldb; (void)trans_b; (void)lo; (void)hi;
+    (void)out;
 }
 SN_BF16_UNUSED static int sn_bf16_gemm_packed(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K,
                                               const void *A, int a_bf16, ptrdiff_t lda,

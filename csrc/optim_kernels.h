@@ -50,6 +50,59 @@ static void NAME(T *restrict p, const T *restrict g, T *restrict v, T *restrict 
 SPARKNET_RMSPROP(sparknet_rmsprop_f, float, sqrtf)
 SPARKNET_RMSPROP(sparknet_rmsprop_d, double, sqrt)
 
+/* The common case of sparknet_rmsprop_f (no weight decay, centring or momentum) 16 lanes at a
+ * time on AVX-512, chosen at run time (sparknet_optim_avx512()).  Bit for bit the scalar loop:
+ * the same operations in the same order, each rounded (the _round_ forms with the current
+ * rounding mode are builtins the compiler does not contract into FMAs); sqrt and division
+ * are correctly rounded in both.  The scalar build has SSE only, so the loop's speed was
+ * bound by 4-lane sqrtps and divps. */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define SPARKNET_OPTIM_AVX512 1
+#define SN_OPT_CUR (_MM_FROUND_CUR_DIRECTION)
+
+static int sparknet_optim_avx512(void)
+{
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0;
+}
+
+__attribute__((target("avx512f")))
+static void sparknet_rmsprop_plain_f_avx512(float *restrict p, const float *restrict g,
+                                            float *restrict v, ptrdiff_t n, float lr,
+                                            float alpha, float eps)
+{
+    const __m512 va = _mm512_set1_ps(alpha), voma = _mm512_set1_ps(1.0f - alpha);
+    const __m512 vlr = _mm512_set1_ps(lr), veps = _mm512_set1_ps(eps);
+    ptrdiff_t i;
+    for (i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1u);
+        __m512 gi = _mm512_maskz_loadu_ps(m, g + i);
+        /* v = alpha v + ((1 - alpha) g) g */
+        __m512 vi = _mm512_add_round_ps(
+            _mm512_mul_round_ps(va, _mm512_maskz_loadu_ps(m, v + i), SN_OPT_CUR),
+            _mm512_mul_round_ps(_mm512_mul_round_ps(voma, gi, SN_OPT_CUR), gi, SN_OPT_CUR),
+            SN_OPT_CUR);
+        /* p -= (lr g) / (sqrt(v) + eps) */
+        __m512 den = _mm512_add_round_ps(_mm512_sqrt_round_ps(vi, SN_OPT_CUR), veps, SN_OPT_CUR);
+        __m512 step = _mm512_div_round_ps(_mm512_mul_round_ps(vlr, gi, SN_OPT_CUR), den,
+                                          SN_OPT_CUR);
+        _mm512_mask_storeu_ps(v + i, m, vi);
+        _mm512_mask_storeu_ps(p + i, m, _mm512_sub_round_ps(_mm512_maskz_loadu_ps(m, p + i),
+                                                            step, SN_OPT_CUR));
+    }
+}
+#else
+#define SPARKNET_OPTIM_AVX512 0
+static int sparknet_optim_avx512(void) { return 0; }
+static void sparknet_rmsprop_plain_f_avx512(float *restrict p, const float *restrict g,
+                                            float *restrict v, ptrdiff_t n, float lr,
+                                            float alpha, float eps)
+{
+    sparknet_rmsprop_f(p, g, v, NULL, NULL, n, lr, alpha, eps, 0.0f, 0.0f);
+}
+#endif
+
 #define SPARKNET_SGD(NAME, T)                                                             \
 static void NAME(T *restrict p, const T *restrict g, T *restrict buf, ptrdiff_t n,        \
                  T lr, T mu, T damp, T wd, int nesterov, int first)                       \

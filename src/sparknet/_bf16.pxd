@@ -24,6 +24,12 @@ cdef bint kernel_on() noexcept nogil
 cdef int32_t* pack_alloc(const float* src, Py_ssize_t ld, bint trans, Py_ssize_t K,
                          Py_ssize_t N) noexcept nogil
 
+# the words of the packing of B (K, N) (as pack_alloc: src, or src^T when trans) that the
+# source's rows lo <= r < hi determine, written in place into out (lo even, or a multiple of 32
+# when trans): the optimizer packs the rows it has just updated while they are in cache
+cdef void pack_part(const float* src, Py_ssize_t ld, bint trans, Py_ssize_t K, Py_ssize_t N,
+                    Py_ssize_t lo, Py_ssize_t hi, int32_t* out) noexcept nogil
+
 # C (M, N) (+)= op(A) (M, K) @ B, B in panels; op(A) = A (M, K) or A^T (A is (K, M)) when
 # trans_a.  numpy: C[...] = (A.T if trans_a else A) @ B (+ C).  Returns -1 if out of memory.
 cdef int gemm_packed(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* A,

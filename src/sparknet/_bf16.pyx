@@ -41,6 +41,9 @@ cdef extern from "bf16_gemm.h" nogil:
     void sn_bf16_to_f32_scalar(const uint16_t* x, float* y, Py_ssize_t n)
     void sn_bf16_pack_b(Py_ssize_t K, Py_ssize_t N, const void* B, int b_bf16, Py_ssize_t ldb,
                         int trans_b, int32_t* out)
+    void sn_bf16_pack_b_part(Py_ssize_t K, Py_ssize_t N, const void* B, int b_bf16,
+                             Py_ssize_t ldb, int trans_b, Py_ssize_t lo, Py_ssize_t hi,
+                             int32_t* out)
     int sn_bf16_gemm_packed(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* A, int a_bf16,
                             Py_ssize_t lda, int trans_a, const int32_t* Bp, float* C,
                             Py_ssize_t ldc, int accumulate)
@@ -290,6 +293,12 @@ cdef int32_t* pack_alloc(const float* src, Py_ssize_t ld, bint trans, Py_ssize_t
     if out != NULL and K > 0 and N > 0:
         sn_bf16_pack_b(K, N, src, 0, ld, trans, out)
     return out
+
+
+cdef void pack_part(const float* src, Py_ssize_t ld, bint trans, Py_ssize_t K, Py_ssize_t N,
+                    Py_ssize_t lo, Py_ssize_t hi, int32_t* out) noexcept nogil:
+    if K > 0 and N > 0 and hi > lo:
+        sn_bf16_pack_b_part(K, N, src, 0, ld, trans, lo, hi, out)
 
 
 cdef int gemm_packed(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const float* A,

@@ -8,6 +8,10 @@ squares, scale: the norm is the caller's, so that it can span several buffers). 
 loops are plain C (``csrc/optim_kernels.h``) so that they vectorise.
 """
 from cython cimport floating
+from libc.stdint cimport int32_t
+from libc.stdlib cimport free, malloc
+
+from sparknet._bf16 cimport PackedB, kernel_on, pack_part
 
 
 cdef extern from "optim_kernels.h" nogil:
@@ -31,6 +35,23 @@ cdef extern from "optim_kernels.h" nogil:
     double sparknet_sumsq_d(const double* g, Py_ssize_t n)
     void sparknet_scale_f(float* g, Py_ssize_t n, float s)
     void sparknet_scale_d(double* g, Py_ssize_t n, double s)
+    int sparknet_optim_avx512()
+    void sparknet_rmsprop_plain_f_avx512(float* p, const float* g, float* v, Py_ssize_t n,
+                                         float lr, float alpha, float eps)
+
+
+# the plain float32 RMSprop step on AVX-512 where the CPU has it (bit for bit the scalar loop)
+cdef bint _have_avx512 = sparknet_optim_avx512() != 0
+cdef bint _use_avx512 = _have_avx512
+
+
+def set_simd(bint on) -> bool:
+    """Use the AVX-512 loop of the plain float32 RMSprop step (``on``, the default where the
+    CPU has AVX-512) or the scalar build's loop; the results are the same bit for bit.
+    Returns whether the AVX-512 loop is now in use (False on a CPU without it)."""
+    global _use_avx512
+    _use_avx512 = on and _have_avx512
+    return _use_avx512
 
 
 def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
@@ -59,12 +80,104 @@ def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
     if mom:
         b = &buf[0]
     with nogil:
-        if floating is float:
+        if (floating is float and _use_avx512 and not centered and not mom
+                and <float>weight_decay == 0):
+            sparknet_rmsprop_plain_f_avx512(&p[0], &g[0], &square_avg[0], n, <float>lr,
+                                            <float>alpha, <float>eps)
+        elif floating is float:
             sparknet_rmsprop_f(&p[0], &g[0], &square_avg[0], ga, b, n, <float>lr, <float>alpha,
                                <float>eps, <float>weight_decay, <float>momentum)
         else:
             sparknet_rmsprop_d(&p[0], &g[0], &square_avg[0], ga, b, n, lr, alpha, eps,
                                weight_decay, momentum)
+
+
+cdef inline void _rmsprop_plain(float* p, const float* g, float* v, Py_ssize_t n, float lr,
+                                float alpha, float eps) noexcept nogil:
+    """The plain float32 RMSprop step over n entries (AVX-512 or scalar: the same bits)."""
+    if n <= 0:
+        return
+    if _use_avx512:
+        sparknet_rmsprop_plain_f_avx512(p, g, v, n, lr, alpha, eps)
+    else:
+        sparknet_rmsprop_f(p, g, v, NULL, NULL, n, lr, alpha, eps, 0, 0)
+
+
+# rows of a weight updated, then packed, per block: 32 (one panel of a transposed packing)
+# rows of a 784-wide matrix are 100 KiB, in the L2 cache when the packing reads them
+cdef enum:
+    PACK_ROWS = 32
+
+cdef struct _Target:
+    Py_ssize_t off, rows, cols   # the weight: p[off:off + rows * cols] as (rows, cols)
+    int32_t* packed              # its packing (B = W, K = rows), or NULL
+    int32_t* packed_t            # its transpose's (B = W^T, K = cols), or NULL
+
+
+def rmsprop_pack(float[::1] p, const float[::1] g, float[::1] square_avg, double lr,
+                 double alpha, double eps, list targets):
+    """The plain float32 :func:`rmsprop` step (no weight decay, centring or momentum) and, in
+    the same pass, the bfloat16 packings of the weights it updates refilled from the new values.
+
+    ``targets``: ``(offset, rows, cols, packs)`` per weight, ``p[offset:offset + rows * cols]``
+    as a ``(rows, cols)`` matrix ``W`` and ``packs`` the :class:`sparknet._bf16.PackedB` of
+    ``W`` (``trans=False``) and/or of ``W.T`` (``trans=True``) to refill; weights must not
+    overlap.  Each weight is updated 32 rows at a time and those rows packed at once, while in
+    cache.  The result is bit for bit :func:`rmsprop` then ``PackedB.refill`` of each weight.
+    """
+    cdef Py_ssize_t n = p.shape[0], nt = len(targets), i, j, pos, r0, r1
+    cdef PackedB pb
+    if g.shape[0] != n or square_avg.shape[0] != n:
+        raise ValueError("rmsprop_pack: buffers differ in length")
+    if nt and not kernel_on():
+        raise RuntimeError("rmsprop_pack: the bfloat16 kernel is off (see "
+                           "sparknet._bf16.backend())")
+    order = sorted(targets, key=lambda t: t[0])
+    cdef _Target* ts = <_Target*>malloc(max(nt, 1) * sizeof(_Target))
+    if ts == NULL:
+        raise MemoryError()
+    try:
+        pos = 0
+        for i, (off, rows, cols, packs) in enumerate(order):
+            if off < pos or rows < 0 or cols < 0 or off + rows * cols > n:
+                raise ValueError(f"rmsprop_pack: weight {i} (offset {off}, shape ({rows}, {cols})) "
+                                 f"overlaps another or leaves the {n} parameters")
+            ts[i].off, ts[i].rows, ts[i].cols = off, rows, cols
+            ts[i].packed = ts[i].packed_t = NULL
+            for pb in packs:
+                if (pb.K, pb.N) != ((cols, rows) if pb.trans else (rows, cols)):
+                    raise ValueError(f"rmsprop_pack: a packing of shape K={pb.K}, N={pb.N} "
+                                     f"(trans={pb.trans}) does not fit the ({rows}, {cols}) "
+                                     f"weight at offset {off}")
+                if pb.trans:
+                    ts[i].packed_t = pb.data
+                else:
+                    ts[i].packed = pb.data
+            pos = off + rows * cols
+        with nogil:
+            pos = 0
+            for i in range(nt):
+                _rmsprop_plain(&p[pos], &g[pos], &square_avg[pos], ts[i].off - pos, <float>lr,
+                               <float>alpha, <float>eps)
+                r0 = 0
+                while r0 < ts[i].rows:
+                    r1 = min(r0 + PACK_ROWS, ts[i].rows)
+                    j = ts[i].off + r0 * ts[i].cols
+                    _rmsprop_plain(&p[j], &g[j], &square_avg[j], (r1 - r0) * ts[i].cols,
+                                   <float>lr, <float>alpha, <float>eps)
+                    if ts[i].packed_t != NULL:
+                        pack_part(&p[ts[i].off], ts[i].cols, True, ts[i].cols, ts[i].rows, r0,
+                                  r1, ts[i].packed_t)
+                    if ts[i].packed != NULL:
+                        pack_part(&p[ts[i].off], ts[i].cols, False, ts[i].rows, ts[i].cols, r0,
+                                  r1, ts[i].packed)
+                    r0 = r1
+                pos = ts[i].off + ts[i].rows * ts[i].cols
+            if n > pos:
+                _rmsprop_plain(&p[pos], &g[pos], &square_avg[pos], n - pos, <float>lr,
+                               <float>alpha, <float>eps)
+    finally:
+        free(ts)
 
 
 def sgd(floating[::1] p, const floating[::1] g, floating[::1] buf,

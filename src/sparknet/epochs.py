@@ -35,6 +35,7 @@ def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, bat
         order = model._rng.permutation(n) if shuffle else np.arange(n)
         tot_s = tot_w = tot_c = 0.0
         bar = progress.rounds(n_batches, f"epoch {epoch + 1}/{epochs}")
+        packed_fresh = False
         for b in range(n_batches):
             idx = order[b * batch_size:(b + 1) * batch_size]
             xb, yb = X[idx], y[idx]
@@ -44,12 +45,14 @@ def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, bat
                 opt.lr = schedule.lr(epoch, b, n_batches)
                 cbl.record_steps((opt.lr,))
                 lr0 = opt.lr if b == 0 else lr0
-            precision_mod.next_step()  # weights may have changed: bf16 copies are stale
+            if not packed_fresh:
+                precision_mod.next_step()  # weights may have changed: bf16 copies are stale
             s, w, c = model.loss_and_grad(xb, yb, lo, mask=mb, sample_weight=swb)
             step += 1
             guard.check_loss(s, epoch=epoch + 1, step=step)
             guard.before_step(epoch=epoch + 1, step=step)
-            opt.step(model.params, model.grads)
+            # in bf16 the update also refills the packed weights; a callback may change them
+            packed_fresh = precision_mod.optimizer_step(model, opt) and not cbl.callbacks
             guard.after_step(epoch=epoch + 1, step=step)
             tot_s += s
             tot_w += w

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import inspect
 import weakref
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
@@ -37,6 +37,8 @@ import sparknet._optim as _optim
 from sparknet._validation import check_bool, check_float, non_negative_int
 
 State = Mapping[str, np.ndarray]
+#: a weight in the flat parameters and its bfloat16 packings: (offset, rows, cols, packs)
+PackTarget = tuple[int, int, int, tuple[Any, ...]]
 
 #: added to the gradient's norm before dividing, as ``torch.nn.utils.clip_grad_norm_`` does
 CLIP_EPS = 1e-6
@@ -173,11 +175,15 @@ class Optimizer:
             if cur is None or cur.shape != (n,) or cur.dtype != dtype:
                 self.state[key] = np.zeros(n, dtype=dtype)
 
-    def step(self, params: np.ndarray, grads: np.ndarray, clipped: bool = False) -> None:
+    def step(self, params: np.ndarray, grads: np.ndarray, clipped: bool = False,
+             pack: Sequence[PackTarget] = ()) -> bool:
         """Update ``params`` in place from ``grads`` (both flat, same length and dtype).
 
         ``grads`` is clipped first, in place (:meth:`clip`), unless ``clipped``: the caller
-        clipped it already, against a norm over more than this buffer."""
+        clipped it already, against a norm over more than this buffer.  ``pack``: bfloat16
+        packings of weights in ``params`` (``(offset, rows, cols, packs)``, see
+        :func:`sparknet._optim.rmsprop_pack`) that an optimizer able to refill them in its own
+        pass refills; returns True when it did (:mod:`sparknet.precision` packs them otherwise)."""
         if params.ndim != 1 or grads.shape != params.shape or grads.dtype != params.dtype:
             raise ValueError(f"optimizer step needs flat params and grads of one shape and dtype, "
                              f"got {params.shape}/{params.dtype} and {grads.shape}/{grads.dtype}")
@@ -185,7 +191,16 @@ class Optimizer:
             self.clip(grads)
         self.init_state(params.shape[0], params.dtype)
         self.t += 1
+        if pack and self._apply_and_pack(params, grads, self.state, list(pack)):
+            return True
         self.apply(params, grads, self.state, self.t)
+        return False
+
+    def _apply_and_pack(self, params: np.ndarray, grads: np.ndarray, state: State,
+                        pack: list[PackTarget]) -> bool:
+        """:meth:`apply` and the ``pack`` refill in one pass, where this optimizer can (True);
+        False, having done nothing, where it cannot."""
+        return False
 
     # -- clipping --------------------------------------------------------
     @property
@@ -365,6 +380,14 @@ class RMSprop(Optimizer):
         rmsprop(params, grads, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
                 lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay,
                 momentum=self.momentum)
+
+    def _apply_and_pack(self, params: np.ndarray, grads: np.ndarray, state: State,
+                        pack: list[PackTarget]) -> bool:
+        # the plain float32 step only: each weight updated and packed 32 rows at a time
+        if self.centered or self.momentum > 0 or self.weight_decay != 0 or params.dtype != np.float32:
+            return False
+        _optim.rmsprop_pack(params, grads, state["square_avg"], self.lr, self.alpha, self.eps, pack)
+        return True
 
     def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
         # g' = g + wd p; v' = alpha v + (1 - alpha) g'^2 >= (1 - alpha) g'^2, so each ratio

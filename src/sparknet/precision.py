@@ -30,7 +30,7 @@ import contextlib
 import itertools
 import threading
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
@@ -51,6 +51,14 @@ class _Scope(threading.local):
 
 
 _scope = _Scope()
+
+
+class _Packed(NamedTuple):
+    """A layer's packed weight: the step token it was packed at, the packing, its source."""
+
+    token: int
+    pb: _bf16.PackedB
+    src: np.ndarray
 
 
 class PrecisionFallbackWarning(UserWarning):
@@ -151,22 +159,68 @@ def packed(layer: Any, key: str, w: np.ndarray, trans: bool) -> _bf16.PackedB:
     """The matrix ``w`` (``trans=False``) or ``w.T`` (``trans=True``) packed for the bfloat16
     kernel, at most once per step: kept on ``layer`` under ``key`` with the step token (and refilled
     in place at the next step)."""
-    cache: dict[str, tuple[int, _bf16.PackedB]] = layer.__dict__.setdefault("_bf16_packed", {})
+    cache: dict[str, _Packed] = layer.__dict__.setdefault("_bf16_packed", {})
     token = _scope.token
     hit = cache.get(key)
-    if hit is not None and hit[0] == token:
-        return hit[1]
+    if hit is not None and hit.token == token:
+        return hit.pb
     w2 = np.ascontiguousarray(w, dtype=np.float32)
     if w2.ndim != 2:
         raise ValueError(f"packed: {key!r} must be a matrix, got shape {w2.shape}")
     K, N = (w2.shape[1], w2.shape[0]) if trans else w2.shape
-    if hit is not None and (hit[1].K, hit[1].N, hit[1].trans) == (K, N, trans):
-        pb = hit[1]
+    if hit is not None and (hit.pb.K, hit.pb.N, hit.pb.trans) == (K, N, trans):
+        pb = hit.pb
         pb.refill(w2)
     else:
         pb = _bf16.pack(w2, trans)
-    cache[key] = (token, pb)
+    cache[key] = _Packed(token, pb, w2)
     return pb
+
+
+def optimizer_step(model: Any, opt: Any) -> bool:
+    """``opt.step(model.params, model.grads)``; inside :func:`autocast` with bfloat16 on, the
+    packed weights of the model's layers are also refilled from the new values (by the
+    optimizer in its own pass where it can, :meth:`sparknet.optim.Optimizer.step`, else just
+    after) and stamped with a new step token.  Returns True when so: the next step's forward
+    and backward may then run without :func:`next_step` (which would pack them again), as long
+    as nothing else changes the weights in between."""
+    if not _scope.active:
+        opt.step(model.params, model.grads)
+        return False
+    next_step()
+    entries, targets = _pack_targets(model)
+    if not opt.step(model.params, model.grads, pack=targets):
+        for offset, rows, cols, packs in targets:
+            w = model.params[offset:offset + rows * cols].reshape(rows, cols)
+            for pb in packs:
+                pb.refill(w)
+    for cache, key in entries:
+        cache[key] = cache[key]._replace(token=_scope.token)
+    return True
+
+
+def _pack_targets(model: Any) -> tuple[list[tuple[dict[str, _Packed], str]],
+                                       list[tuple[int, int, int, tuple[Any, ...]]]]:
+    """The layers' packed weights that are views of ``model.params``: the cache entries, and
+    per weight ``(offset, rows, cols, packs)`` for :func:`sparknet._optim.rmsprop_pack`."""
+    params = model.params
+    base, end = params.ctypes.data, params.ctypes.data + params.nbytes
+    entries = []
+    by_offset: dict[int, tuple[int, int, list[_bf16.PackedB]]] = {}
+    for layer in model.layers:
+        cache = layer.__dict__.get("_bf16_packed")
+        for key, hit in (cache or {}).items():
+            src = hit.src
+            if not base <= src.ctypes.data < end or src.dtype != params.dtype:
+                continue                  # a copy, not the weight itself: packed when used
+            offset = (src.ctypes.data - base) // params.itemsize
+            rows, cols, packs = by_offset.setdefault(offset, (src.shape[0], src.shape[1], []))
+            if (rows, cols) != src.shape:
+                continue
+            packs.append(hit.pb)
+            entries.append((cache, key))
+    targets = [(off, rows, cols, tuple(packs)) for off, (rows, cols, packs) in by_offset.items()]
+    return entries, targets
 
 
 def capabilities() -> dict[str, Any]:
