@@ -9,6 +9,12 @@ column or value; the classes here are for what happens *during* a run:
   trainer's ``round_timeout``; its Spark jobs were cancelled.
 * :class:`CheckpointError` -- a checkpoint or model file that cannot be trusted
   (truncated, tampered, sizes that do not match its content, another network's).
+* :class:`DataError` -- a row that a task on an executor cannot use (a null, a row of
+  the wrong length, NaN), found while scoring or loading.
+* :class:`TaskError` -- any other failure of sparknet's own code in a task.
+
+The errors a task raises reach the driver as themselves, not inside Spark's wrappers
+(:mod:`sparknet.cluster.engine.task_errors`): they are the types in :data:`TASK_ERRORS`.
 
 Spark-side losses have their own classes where they are raised:
 :class:`sparknet.cluster.resident.driver.ResidentStateLost` and
@@ -64,3 +70,26 @@ class CheckpointError(ValueError):
 class WorkerSetupError(RuntimeError):
     """The executors cannot run this sparknet: their Python lacks it (or a package it needs)
     or holds another version than the driver's.  The message says how to ship it."""
+
+
+class DataError(ValueError):
+    """A row that a task on an executor cannot use: a null, a row of another length than the
+    network's input, NaN or infinity.  The message names the column, what is wrong and the fix.
+
+    Raised on the driver by the call that ran the job (``fit``, or the action on a DataFrame
+    that ``transform`` returned: ``collect``, ``show``, ``write``...), not wrapped in Spark's
+    errors.  ``ValueError`` is its base, as for bad data found on the driver."""
+
+
+class TaskError(RuntimeError):
+    """sparknet's own code failed in a task on an executor for another reason than the data;
+    the message is the task's (its trace is in the log at debug level, logger
+    ``sparknet.tasks``)."""
+
+
+#: The errors that cross from a task to the driver as themselves, by their class name
+#: (``sparknet.errors.<name>`` is what a Python worker's traceback says it raised).
+TASK_ERRORS: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (DataError, TaskError, TrainingDiverged, CheckpointError,
+                                  WorkerSetupError)
+}

@@ -93,7 +93,10 @@ def flat_features(df: DataFrame, col: str, kind: FeatureKind, dtype: str,
     F, vector_to_array = functions_for(df)
     elem = "FLOAT" if dtype == "float32" else "DOUBLE"
     if kind.kind == "vector":
-        return vector_to_array(F.col(quote(col)), dtype=dtype)
+        # a null Vector stays null (Spark's vector_to_array fails on it, in a Java trace),
+        # for the scoring task to report with the column's name
+        vec = F.col(quote(col))
+        return F.when(vec.isNotNull(), vector_to_array(vec, dtype=dtype))
     if kind.kind == "array":
         return F.col(quote(col)).cast(f"array<{elem.lower()}>")
     if seq_shape is None:

@@ -108,25 +108,27 @@ def features_to_numpy(arr: Union[pa.Array, pa.ChunkedArray], dim: int, column: s
     when the values are contiguous), through the trainer's own Arrow reader.
 
     Raises:
-        ValueError: null rows, rows of another length than ``dim``, NaN or infinity.
+        sparknet.errors.DataError: null rows, rows of another length than ``dim``, NaN or
+            infinity (raised on the driver as itself: :mod:`sparknet.cluster.engine.task_errors`).
     """
     from sparknet.cluster.data.sharding import _list_column
+    from sparknet.errors import DataError
 
     info: dict[str, Any] = {}          # the reader's notes: null rows, row lengths
     x = _list_column(arr, "x", info)
     if "x_null" in info:
-        raise ValueError(f"features column {column!r} has a null row (row {info['x_null']} of a "
+        raise DataError(f"features column {column!r} has a null row (row {info['x_null']} of a "
                          f"batch); fill or drop it first")
     if "x_lengths" in info:
         lo, hi, _ = info["x_lengths"]
-        raise ValueError(f"features column {column!r} holds rows of different lengths ({lo} and "
+        raise DataError(f"features column {column!r} holds rows of different lengths ({lo} and "
                          f"{hi}); the network expects {dim}")
     if len(x) and x.shape[1] != dim:
-        raise ValueError(f"features column {column!r} has rows of {x.shape[1]} values; the network "
+        raise DataError(f"features column {column!r} has rows of {x.shape[1]} values; the network "
                          f"expects {dim}")
     if not np.isfinite(x).all():
         r = int(np.argwhere(~np.isfinite(x))[0][0])
-        raise ValueError(f"features column {column!r} contains NaN or infinity (row {r} of a batch)")
+        raise DataError(f"features column {column!r} contains NaN or infinity (row {r} of a batch)")
     return x
 
 

@@ -44,6 +44,7 @@ log = logging.getLogger("sparknet.ml")
 SOURCES = sorted((Path(__file__).with_name("jvm")).glob("*.java"))
 NETWORK_CLASS = "sparknet.jvm.DenseForward"
 SCORER_CLASS = "sparknet.jvm.ScoreRows"
+FILTER_CLASS = "sparknet.jvm.TaskErrorFilter"
 
 #: ``"auto"`` picks the JVM for networks of at most this many multiply-adds per row.
 #: Past it, the Cython kernels' batched matrix products in the Python workers win over
@@ -190,9 +191,55 @@ def _loader(spark: SparkSession) -> Any:
     jss.sessionState().resourceLoader().addJar(str(jar))   # what SQL's ADD JAR does
     loader = jss.sharedState().jarClassLoader()
     _gateway(spark).jvm.java.lang.Class.forName(SCORER_CLASS, True, loader)  # fails early
+    _install_filter(spark, loader)
     with _LOCK:
         _ADDED[ctx] = loader
     return loader
+
+
+def quiet_task_errors(spark: SparkSession) -> None:
+    """Keep the traces of tasks that failed in sparknet's code off the driver's console, and
+    raise sparknet's errors from tasks as themselves (:mod:`sparknet.cluster.engine.task_errors`).
+
+    Spark logs a failed task's trace on the driver two or three times ("Exception in task",
+    "Lost task", "aborting job"), through log4j2, when the task fails: for a ``transform``,
+    inside the user's action on the returned DataFrame, long after sparknet's call returned.
+    A level raised on those loggers for the duration of sparknet's own calls would miss those
+    failures, and a level is global to the JVM: it would also hide (or, restored by one of two
+    overlapping fits, keep hidden) the failures of the user's other jobs running meanwhile.
+    So the lines are filtered where they are written instead: ``TaskErrorFilter``
+    (``jvm/TaskErrorFilter.java``), added once to the driver's log4j2 configuration, drops
+    the events of a task that failed in sparknet's code and logs them at debug level under the
+    log4j logger ``sparknet.tasks``; every other event passes untouched.  In a session
+    sparknet starts, its log4j2 profile (``cluster/engine/log4j2.properties``) leaves those
+    loggers as Spark has them, for the same reason.  To see the traces, set that logger to
+    DEBUG (``logger.tasks.name = sparknet.tasks`` in a log4j2 profile, or
+    ``Configurator.setLevel``).
+
+    The filter is Java, in the jar the JVM engine compiles on first use: without ``javac``
+    (or in a Spark Connect session, whose JVM is the server's) Spark's lines stay, and the
+    error raised on the driver is still sparknet's own.  Never fails: a reason is logged.
+    """
+    from sparknet.cluster.engine import task_errors
+
+    task_errors.install()
+    if not hasattr(spark, "_jsparkSession"):
+        return
+    try:
+        _loader(spark)                        # adds the jar once, which installs the filter
+    except Exception as exc:  # noqa: BLE001 - the error still reaches the driver translated
+        log.debug("Spark's task-failure lines stay on the console: %s", describe(exc))
+
+
+def _install_filter(spark: SparkSession, loader: Any) -> None:
+    """``TaskErrorFilter.install()`` in the session's JVM (see :func:`quiet_task_errors`)."""
+    gw = _gateway(spark)
+    try:
+        cls = gw.jvm.java.lang.Class.forName(FILTER_CLASS, True, loader)
+        method = cls.getMethod("install", gw.new_array(gw.jvm.java.lang.Class, 0))
+        method.invoke(None, gw.new_array(gw.jvm.java.lang.Object, 0))
+    except Exception as exc:  # noqa: BLE001 - another logging backend: Spark's lines stay
+        log.debug("no filter for Spark's task-failure lines: %s", describe(exc))
 
 
 def _gateway(spark: SparkSession) -> Any:

@@ -159,6 +159,7 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
 
         F, _ = functions_for(dataset)
         feats = self._features(dataset)          # the schema checks, for either engine
+        _jvm.quiet_task_errors(dataset.sparkSession)  # a bad row's error, raised as itself
         engine = self.getInferenceEngine()
         if engine != "arrow":
             why, planned = self._jvm_plan(dataset)

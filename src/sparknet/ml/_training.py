@@ -10,7 +10,7 @@ from pyspark.ml.base import Predictor, _FitMultipleIterator
 
 from sparknet._validation import refuse_pandas
 from sparknet.layers import SequenceMask
-from sparknet.ml import _columns
+from sparknet.ml import _columns, _jvm
 from sparknet.ml._params import _EstimatorParams
 from sparknet.ml._persistence import Persistable
 from sparknet.ml._scoring import _SparkNetModel
@@ -154,6 +154,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         from sparknet.cluster.data_parallel.trainer import DataParallelTrainer, resolve_mode
 
         self._check_params()
+        _jvm.quiet_task_errors(dataset.sparkSession)  # errors of tasks, raised as themselves
         optimizer = self._make_optimizer()
         checkpoints, resume = self._checkpoint_options()
         model, data = self._prepare(dataset)

@@ -207,8 +207,10 @@ def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
         from sparknet.cluster.engine.connect import ConnectEngine
 
         return ConnectEngine.of(spark)  # type: ignore[arg-type]
+    from sparknet.cluster.engine import task_errors
     from sparknet.cluster.engine.workers import check_workers
 
+    task_errors.install()  # sparknet's errors from tasks, raised as themselves
     sc = getattr(spark, "sparkContext", spark)
     check_workers(sc)  # once per application: executors that cannot import sparknet say so
     return ClassicEngine(sc)  # type: ignore[arg-type]
