@@ -48,7 +48,7 @@ def test_momentum_0_lr_1_is_plain_averaging_bit_for_bit():
         np.testing.assert_array_equal(got, want)
 
 
-def test_state_arrays_resume_the_momentum_exactly():
+def test_state_dict_resumes_the_momentum_exactly():
     rng = np.random.default_rng(1)
     deltas = [rng.standard_normal(300).astype(np.float32) for _ in range(5)]
     whole, p_whole = OuterOptimizer(momentum=0.7, lr=0.9), np.zeros(300, np.float32)
@@ -57,16 +57,16 @@ def test_state_arrays_resume_the_momentum_exactly():
     first, p = OuterOptimizer(momentum=0.7, lr=0.9), np.zeros(300, np.float32)
     for d in deltas[:2]:
         first.step(p, d)
-    saved = first.state_arrays()
-    assert sorted(saved) == ["outer_momentum_buffer", "outer_t"]
-    assert saved["outer_t"].dtype == np.int64 and saved["outer_t"].tolist() == [2]
-    resumed = OuterOptimizer.from_config(first.get_config())
-    resumed.load_state_arrays({k: v.copy() for k, v in saved.items()})
+    saved = first.state_dict()
+    assert sorted(saved) == ["lr", "momentum", "momentum_buffer", "t"]
+    assert (saved["momentum"], saved["lr"], saved["t"]) == (0.7, 0.9, 2)
+    resumed = OuterOptimizer()  # unsized: the state sizes it as the saved one was
+    resumed.load_state_dict({k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in saved.items()})
     for d in deltas[2:]:
         resumed.step(p, d)
     np.testing.assert_array_equal(p, p_whole)
     resumed.reset()
-    assert resumed.t == 0 and resumed.state_arrays() == {"outer_t": np.array([0])}
+    assert resumed.t == 0 and resumed.state_dict() == {"momentum": 0.7, "lr": 0.9, "t": 0}
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
@@ -79,7 +79,7 @@ def test_unset_momentum_and_lr_are_sized_from_the_partitions(nesterov):
         assert lr * (1 + mu if nesterov else 1) == pytest.approx(1.0)
         assert lr / (1 - mu) == pytest.approx(P)
         outer, p = OuterOptimizer(nesterov=nesterov), np.zeros(50)
-        assert not outer.sized and outer.state_arrays()["outer_t"].tolist() == [0]
+        assert not outer.sized and outer.state_dict() == {"momentum": None, "lr": None, "t": 0}
         outer.step(p, np.ones(50), partitions=P)
         np.testing.assert_allclose(p, 1.0)
         assert (outer.momentum, outer.lr) == (mu, lr)
@@ -161,5 +161,5 @@ def test_fit_with_nesterov_outer_reaches_plain_averaging_accuracy(spark, digits)
     assert plain_acc >= 0.95
     assert outer_acc >= plain_acc - 0.01
     assert outer.t == sum(h_outer["rounds"]) and outer.t > 12
-    buf = outer.state_arrays()["outer_momentum_buffer"]
+    buf = outer.state_dict()["momentum_buffer"]
     assert buf.shape == model.params.shape and np.abs(buf).max() > 0

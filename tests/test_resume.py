@@ -21,7 +21,7 @@ from _jobs import wait_no_active_jobs
 from sparknet import optim
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster import DataParallelTrainer
-from sparknet.cluster.data_parallel import checkpoints as trainer_state
+from sparknet.cluster.data_parallel import checkpoints, timeouts
 from sparknet.cluster.testing import inject_faults, on_round
 from sparknet.errors import RoundTimeout, TrainingDiverged
 from sparknet.layers import Dense
@@ -131,7 +131,7 @@ def test_a_fresh_fit_in_a_used_folder_numbers_its_checkpoints_after_the_earlier_
     steps = []
     for _ in range(2):  # 6 rounds per epoch, a checkpoint at its end
         trainer = job.make_trainer("gradient", spark, str(tmp_path))
-        trainer.checkpoint_every = trainer_state.CheckpointEvery.parse("epoch")
+        trainer.checkpoint_every = checkpoints.CheckpointEvery.parse("epoch")
         _, h = trainer.fit(X, y, epochs=1, batch_size=256, verbose=0)
         steps.append([c["step"] for c in h.checkpoints])
     assert steps == [[6], [12]]
@@ -237,22 +237,22 @@ def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, d
 
 
 def test_checkpoint_every_and_round_timeout_arguments():
-    assert trainer_state.CheckpointEvery.parse("epoch") == trainer_state.CheckpointEvery("epochs", 1)
-    assert trainer_state.CheckpointEvery.parse(10) == trainer_state.CheckpointEvery("rounds", 10)
-    assert trainer_state.CheckpointEvery.parse("3 epochs") == trainer_state.CheckpointEvery("epochs", 3)
-    assert trainer_state.CheckpointEvery.parse("90s") == trainer_state.CheckpointEvery("seconds", 90.0)
+    assert checkpoints.CheckpointEvery.parse("epoch") == checkpoints.CheckpointEvery("epochs", 1)
+    assert checkpoints.CheckpointEvery.parse(10) == checkpoints.CheckpointEvery("rounds", 10)
+    assert checkpoints.CheckpointEvery.parse("3 epochs") == checkpoints.CheckpointEvery("epochs", 3)
+    assert checkpoints.CheckpointEvery.parse("90s") == checkpoints.CheckpointEvery("seconds", 90.0)
     for bad in (0, -1, True, "0 epochs", "often", 1.5, None):
         with pytest.raises(ValueError, match="checkpoint_every"):
-            trainer_state.CheckpointEvery.parse(bad)
+            checkpoints.CheckpointEvery.parse(bad)
     for bad in (0, -3, float("nan"), float("inf"), "soon", True):
         with pytest.raises(ValueError, match="round_timeout"):
-            trainer_state.check_round_timeout(bad)
-    floor, factor = trainer_state.ROUND_TIMEOUT_FLOOR, trainer_state.ROUND_TIMEOUT_FACTOR
-    assert trainer_state.job_timeout("auto", None) == floor
-    assert trainer_state.job_timeout("auto", 0.5) == floor
-    assert trainer_state.job_timeout("auto", 30.0) == factor * 30.0
-    assert trainer_state.job_timeout("auto", None, predicted=60.0) == factor * 60.0
-    assert trainer_state.job_timeout(5.0, 100.0) == 5.0 and trainer_state.job_timeout(None, 100.0) is None
+            timeouts.check_round_timeout(bad)
+    floor, factor = timeouts.ROUND_TIMEOUT_FLOOR, timeouts.ROUND_TIMEOUT_FACTOR
+    assert timeouts.job_timeout("auto", None) == floor
+    assert timeouts.job_timeout("auto", 0.5) == floor
+    assert timeouts.job_timeout("auto", 30.0) == factor * 30.0
+    assert timeouts.job_timeout("auto", None, predicted=60.0) == factor * 60.0
+    assert timeouts.job_timeout(5.0, 100.0) == 5.0 and timeouts.job_timeout(None, 100.0) is None
     model = Sequential([Dense(10, activation="softmax")])
     with pytest.raises(ValueError, match="checkpoint_keep"):
         DataParallelTrainer(model, checkpoint_dir="/tmp/x", checkpoint_keep=0)

@@ -9,10 +9,11 @@ as ``null``.  ``python -m sparknet plot history.json -o curves.png`` draws a sav
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 #: ``"format"`` of a saved history, and the version this module writes and reads
 FORMAT, VERSION = "sparknet-history", 1
@@ -56,6 +57,23 @@ class History:
 
     def to_dict(self) -> dict[str, list[float]]:
         return {k: list(v) for k, v in self.history.items()}
+
+    #: attributes beyond the per-epoch metrics that a checkpoint keeps (subclasses add theirs)
+    state_fields: tuple[str, ...] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The history for a checkpoint (:mod:`sparknet.stateful`): ``epoch``, ``history``
+        and the :attr:`state_fields` (copies)."""
+        out: dict[str, Any] = {"epoch": list(self.epoch), "history": self.to_dict()}
+        return {**out, **{name: copy.deepcopy(getattr(self, name)) for name in self.state_fields}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave: a resumed fit goes on with this history."""
+        self.epoch = [int(e) for e in state.get("epoch", [])]
+        self.history = {k: [float(v) for v in vals] for k, vals in (state.get("history") or {}).items()}
+        for name in self.state_fields:
+            if name in state:
+                setattr(self, name, copy.deepcopy(state[name]))
 
     def __repr__(self) -> str:
         last = {k: round(v[-1], 4) for k, v in self.history.items() if v}

@@ -238,7 +238,7 @@ def _check_header(f: _ModelFile) -> None:
 def _declared_params(f: _ModelFile, config: Any) -> int:
     """The parameter count the architecture declares, from layer shapes alone (nothing allocated)."""
     from sparknet._validation import check_shape
-    from sparknet.model import layers_from_config
+    from sparknet.layers.base import layers_from_config
 
     try:
         layers = layers_from_config(config["layers"])

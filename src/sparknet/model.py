@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence, cast
+from typing import Any, Iterable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -28,7 +28,7 @@ from sparknet.callbacks import CallbackList, FitControl
 from sparknet.divergence import StepGuard
 from sparknet.epochs import run_epochs
 from sparknet.history import History
-from sparknet.layers.base import Layer, MaskedLayer, layer_from_config, layer_to_config
+from sparknet.layers.base import Layer, MaskedLayer, architecture, layers_from_config
 from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
@@ -537,6 +537,29 @@ class Sequential:
             raise ValueError("state vector holds NaN or infinite values")
         self.state[...] = flat
 
+    def state_dict(self) -> dict[str, Any]:
+        """The model's state for a checkpoint (:mod:`sparknet.stateful`): ``params``,
+        ``state`` (when its layers keep running statistics; copies) and ``rng`` (the state
+        of the generator that shuffles one-process :meth:`fit`)."""
+        out: dict[str, Any] = {"params": np.array(self.params, copy=True)}
+        if self.n_state:
+            out["state"] = np.array(self.state, copy=True)
+        return {**out, "rng": self._rng.bit_generator.state}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave (checked as :meth:`set_params` and
+        :meth:`set_state` check; a model keeping running statistics needs its ``state``)."""
+        if "params" not in state:
+            raise ValueError("the model's state holds no 'params'")
+        if self.n_state and "state" not in state:
+            raise ValueError(f"the model's state holds no layer state (running statistics); "
+                             f"the model keeps {self.n_state:,} values")
+        self.set_params(state["params"])
+        if "state" in state:
+            self.set_state(state["state"])
+        if state.get("rng"):
+            self._rng.bit_generator.state = dict(state["rng"])
+
     def save(self, path: str | os.PathLike[str], optimizer: "optim_mod.Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
@@ -561,19 +584,3 @@ class Sequential:
     def __repr__(self) -> str:
         return f"Sequential([{', '.join(repr(l) for l in self.layers)}])"
 
-
-def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any, seed: int | None,
-                 loss: "losses_mod.Loss | str | None", name: str = "sequential") -> dict[str, Any]:
-    """The JSON architecture of a stack of layers: what :meth:`Sequential.get_config` returns
-    and :meth:`Sequential.from_config` reads (model files, workers, model-parallel saves)."""
-    return {
-        "name": name, "dtype": np.dtype(dtype).name, "seed": seed,
-        "input_shape": list(input_shape) if input_shape else None,
-        "loss": loss.name if isinstance(loss, losses_mod.Loss) else loss,
-        "layers": [layer_to_config(l) for l in layers],
-    }
-
-
-def layers_from_config(specs: Sequence[dict[str, Any]]) -> list[Layer]:
-    """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
-    return [layer_from_config(spec, f"layer {i}") for i, spec in enumerate(specs)]

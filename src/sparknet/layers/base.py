@@ -15,7 +15,7 @@ may update them in place; nothing else writes them.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, Sequence
 
 import numpy as np
 
@@ -169,3 +169,20 @@ class MaskedLayer(Protocol):
 
     def forward(self, x: np.ndarray, training: bool = False,
                 mask: np.ndarray | None = None) -> np.ndarray: ...
+
+
+def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any, seed: int | None,
+                 loss: Any, name: str = "sequential") -> dict[str, Any]:
+    """The JSON architecture of a stack of layers: what :meth:`Sequential.get_config` returns
+    and :meth:`Sequential.from_config` reads (model files, workers, model-parallel saves)."""
+    return {
+        "name": name, "dtype": np.dtype(dtype).name, "seed": seed,
+        "input_shape": list(input_shape) if input_shape else None,
+        "loss": getattr(loss, "name", loss),
+        "layers": [layer_to_config(l) for l in layers],
+    }
+
+
+def layers_from_config(specs: Sequence[dict[str, Any]]) -> list[Layer]:
+    """Layers rebuilt from the ``"layers"`` list of an :func:`architecture`."""
+    return [layer_from_config(spec, f"layer {i}") for i, spec in enumerate(specs)]

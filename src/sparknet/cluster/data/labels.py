@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sparknet.cluster.data.shard_report import report_of
+
 if TYPE_CHECKING:
     from sparknet.cluster.resident.driver import ShardInfo
 
 
 def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:
     """Smallest and largest class id over all shards (None without labels)."""
-    los = [i.meta["y_min"] for i in infos if "y_min" in i.meta]
-    his = [i.meta["y_max"] for i in infos if "y_max" in i.meta]
-    return (min(los), max(his)) if los else None
+    ranges = [r for r in (report_of(i).y_range for i in infos) if r is not None]
+    return (min(lo for lo, _ in ranges), max(hi for _, hi in ranges)) if ranges else None
 
 
 def label_desc(source: str, label_col: str) -> str:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import numpy as np
 
 from sparknet._validation import check_array, check_labels, refuse_pandas
+from sparknet.cluster.data.shard_report import ShardReport
 
 if TYPE_CHECKING:
     from pyspark import Broadcast, SparkContext
@@ -111,12 +112,13 @@ class _Piece:
 class _NumpyBuild:
     """Executor side: one pre-split numpy shard (already validated on the driver)."""
 
-    def __call__(self, index: int, it: Iterator) -> tuple[dict, dict]:
+    def __call__(self, index: int, it: Iterator) -> tuple[dict, ShardReport]:
         items = list(it)
         if not items:
-            return {"x": np.zeros((0, 0), np.float32), "y": np.zeros(0, np.int64)}, {"rows": 0}
+            return {"x": np.zeros((0, 0), np.float32), "y": np.zeros(0, np.int64)}, ShardReport()
         x, y = items[0]
-        return {"x": x, "y": y}, {"rows": int(y.shape[0]), "x_dim": int(x.shape[1]) if x.shape[0] else 0}
+        return {"x": x, "y": y}, ShardReport(rows=int(y.shape[0]),
+                                             x_dim=int(x.shape[1]) if x.shape[0] else 0)
 
 
 def from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,

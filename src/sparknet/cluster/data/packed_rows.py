@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from sparknet.cluster.data.shard_checks import finish, no_rows
+from sparknet.cluster.data.shard_report import ShardReport, refused_by_jvm
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -92,18 +94,16 @@ class PackedBuild:
     def __init__(self, classification: bool, dtype: str) -> None:
         self.classification, self.dtype = classification, dtype
 
-    def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
+    def __call__(self, index: int, batches: Iterable) -> tuple[dict, ShardReport]:
         rows = [r for b in batches for r in b.to_pylist()]   # one a partition
-        extra: dict[str, Any] = {"jvm_seconds": sum(r["seconds"] for r in rows)}
+        jvm = sum(r["seconds"] for r in rows)
         bad = [r["bad"] for r in rows if r["bad"] is not None]
         if bad:                  # no file was written (the task's end deletes any other)
-            kind, *nums = bad[0].split()
-            extra[kind] = int(nums[0]) if len(nums) == 1 else tuple(map(int, nums))
-            return no_rows(self.dtype), {**extra, "rows": 0}
+            return no_rows(self.dtype), replace(refused_by_jvm(bad[0]), jvm_seconds=jvm)
         parts = [read_rows(r["path"], r["rows"], r["dim"], self.dtype) for r in rows if r["rows"]]
         if not parts:
-            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), {**extra, "rows": 0}
+            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), \
+                ShardReport(jvm_seconds=jvm)
         x, y = parts[0] if len(parts) == 1 else (np.concatenate([p[0] for p in parts]),
                                                  np.concatenate([p[1] for p in parts]))
-        extra["x_dim"] = int(x.shape[1])
-        return finish(x, y, self.classification, self.dtype, extra)
+        return finish(x, y, self.classification, self.dtype, {"jvm_seconds": jvm, "x_dim": int(x.shape[1])})

@@ -1,6 +1,7 @@
 """The last step of every shard build on the executors: the arrays made contiguous in the
-training dtype, and the per-partition meta (row count, the first NaN, the label range) from
-which the driver raises errors naming the column and value.
+training dtype, and the partition's :class:`~sparknet.cluster.data.shard_report.ShardReport`
+(row count, the first NaN, the label range) from which the driver raises errors naming the
+column and value.
 
 Shared by the Arrow and RDD builds (:mod:`sparknet.cluster.data.sharding`) and the packed JVM
 rows (:mod:`sparknet.cluster.data.packed_rows`).
@@ -8,33 +9,37 @@ rows (:mod:`sparknet.cluster.data.packed_rows`).
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Mapping
 
 import numpy as np
 
+from sparknet.cluster.data.shard_report import ShardReport
+
 
 def summarise(x: np.ndarray | None, y: np.ndarray | None, classification: bool,
-              extra: dict) -> dict:
-    """The per-partition meta the driver turns into errors."""
-    meta = dict(extra)
+              found: Mapping[str, Any]) -> ShardReport:
+    """The partition's :class:`ShardReport`: ``found`` (what the build found already) with
+    the row count, the first non-finite feature and label, and the labels' range."""
+    report = dict(found)
     n = 0 if y is None else int(y.shape[0])
-    meta["rows"] = n
+    report["rows"] = n
     if x is not None and n:
         bad = ~np.isfinite(x)
         if bad.any():
             r, c = np.argwhere(bad)[0][:2] if x.ndim > 1 else (np.argwhere(bad)[0][0], 0)
-            meta["x_bad"] = (int(r), int(c), float(x[r].reshape(-1)[c]))
+            report["x_bad"] = (int(r), int(c), float(x[r].reshape(-1)[c]))
     if y is not None and n:
         yf = y.reshape(n, -1)
         bad = ~np.isfinite(yf)
         if bad.any():
-            meta["y_bad"] = int(np.argwhere(bad)[0][0])
+            report["y_bad"] = int(np.argwhere(bad)[0][0])
         elif classification:
             nonint = yf != np.round(yf)
             if nonint.any():
-                meta["y_nonint"] = float(yf[np.argwhere(nonint)[0][0], 0])
-            meta["y_min"], meta["y_max"] = float(yf.min()), float(yf.max())
-    return meta
+                report["y_nonint"] = float(yf[np.argwhere(nonint)[0][0], 0])
+            report["y_range"] = (float(yf.min()), float(yf.max()))
+    return ShardReport(**report)
 
 
 def no_rows(dtype: Any, y_dtype: Any = np.int64) -> dict[str, np.ndarray]:
@@ -43,16 +48,16 @@ def no_rows(dtype: Any, y_dtype: Any = np.int64) -> dict[str, np.ndarray]:
 
 
 def finish(x: np.ndarray, y: np.ndarray, classification: bool, dtype: Any,
-           extra: dict) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+           found: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], ShardReport]:
     """A partition's arrays as the shard keeps them (contiguous ``x`` in ``dtype``; ``y`` as
-    int64 class ids or in ``dtype``), and its meta with the checks' time."""
+    int64 class ids or in ``dtype``), and its report with the checks' time."""
     t0 = time.perf_counter()
-    meta = summarise(x, y, classification, extra)
-    meta["check_seconds"] = time.perf_counter() - t0
+    report = summarise(x, y, classification, found)
+    report = replace(report, check_seconds=time.perf_counter() - t0)
     x = np.ascontiguousarray(x, dtype=dtype)
     if classification:
         yy = np.asarray(y, dtype=np.float64).reshape(-1)
         y = np.where(np.isfinite(yy), yy, 0).astype(np.int64)
     else:
         y = np.ascontiguousarray(y, dtype=dtype)
-    return {"x": x, "y": y}, meta
+    return {"x": x, "y": y}, report

@@ -29,8 +29,13 @@ import numpy as np
 
 from sparknet._validation import positive_int
 from sparknet.cluster.data.labels import check_label_range
-from sparknet.cluster.data.numpy_input import check_numpy, split_indices  # noqa: F401 - split_indices: re-exported
+from sparknet.cluster.data.numpy_input import (  # noqa: F401 - split_indices: re-exported
+    check_numpy,
+    from_numpy,
+    split_indices,
+)
 from sparknet.cluster.data.shard_checks import finish, no_rows
+from sparknet.cluster.data.shard_report import ShardReport, report_of
 from sparknet.cluster.resident.driver import Resident
 
 if TYPE_CHECKING:
@@ -80,7 +85,7 @@ class ShardedData:
 
 
 # ----------------------------------------------------------------- executor side builds
-def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
+def _list_column(col: Any, what: str, found: dict[str, Any]) -> np.ndarray:
     """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
     import pyarrow as pa
 
@@ -90,7 +95,7 @@ def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
             pa.types.is_fixed_size_list(col.type):
         n = len(col)
         if col.null_count:
-            extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            found[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
             return np.zeros((n, 0))
         if pa.types.is_fixed_size_list(col.type):
             lengths = np.full(n, col.type.list_size)
@@ -100,13 +105,13 @@ def _list_column(col: Any, what: str, extra: dict) -> np.ndarray:
         vals = col.flatten().to_numpy(zero_copy_only=False)
         if n and lengths.min() != lengths.max():
             lo, hi = int(lengths.min()), int(lengths.max())
-            extra[f"{what}_lengths"] = (lo, hi, int(np.flatnonzero(lengths != lengths[0])[0]))
+            found[f"{what}_lengths"] = (lo, hi, int(np.flatnonzero(lengths != lengths[0])[0]))
             return np.zeros((n, 0))
         d = int(lengths[0]) if n else 0
-        extra[f"{what}_dim"] = d
+        found[f"{what}_dim"] = d
         return np.asarray(vals, dtype=np.float64 if vals.dtype.kind != "f" else vals.dtype).reshape(n, d)
     if col.null_count:
-        extra[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        found[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
     return col.to_numpy(zero_copy_only=False).astype(np.float64)
 
 
@@ -116,21 +121,21 @@ class _ArrowBuild:
     def __init__(self, classification: bool, dtype: str) -> None:
         self.classification, self.dtype = classification, dtype
 
-    def __call__(self, index: int, batches: Iterable) -> tuple[dict, dict]:
+    def __call__(self, index: int, batches: Iterable) -> tuple[dict, ShardReport]:
         import pyarrow as pa
 
         batches = list(batches)
-        extra: dict[str, Any] = {}
+        found: dict[str, Any] = {}
         if not batches or sum(b.num_rows for b in batches) == 0:
-            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), {"rows": 0}
+            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), ShardReport()
         table = pa.Table.from_batches(batches)
-        x = _list_column(table.column(0), "x", extra)
-        y = _list_column(table.column(1), "y", extra)
-        if "x_null" in extra or "x_lengths" in extra:
+        x = _list_column(table.column(0), "x", found)
+        y = _list_column(table.column(1), "y", found)
+        if "x_null" in found or "x_lengths" in found:
             x = np.zeros((table.num_rows, 0))
-        if "y_null" in extra or "y_lengths" in extra:
+        if "y_null" in found or "y_lengths" in found:
             y = np.zeros(table.num_rows)
-        return finish(x, y, self.classification, self.dtype, extra)
+        return finish(x, y, self.classification, self.dtype, found)
 
 
 class _PairsBuild:
@@ -139,30 +144,42 @@ class _PairsBuild:
     def __init__(self, classification: bool, dtype: str) -> None:
         self.classification, self.dtype = classification, dtype
 
-    def __call__(self, index: int, it: Iterable) -> tuple[dict, dict]:
+    def __call__(self, index: int, it: Iterable) -> tuple[dict, ShardReport]:
         xs: list[np.ndarray] = []
         ys: list[Any] = []
-        extra: dict[str, Any] = {}
+        pair_bad: tuple[int, str] | None = None
         for k, item in enumerate(it):
             if not (isinstance(item, (tuple, list)) and len(item) == 2):
-                extra.setdefault("pair_bad", (k, type(item).__name__))
+                pair_bad = pair_bad or (k, type(item).__name__)
                 continue
             xs.append(np.asarray(item[0]))
             ys.append(item[1])
-        if "pair_bad" in extra or not xs:
-            return no_rows(self.dtype), {**extra, "rows": 0}
+        if pair_bad is not None or not xs:
+            return no_rows(self.dtype), ShardReport(pair_bad=pair_bad)
         shapes = {a.shape for a in xs}
         if len(shapes) > 1:
             sizes = sorted(int(np.prod(s)) for s in shapes)
             first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
-            extra["x_lengths"] = (sizes[0], sizes[-1], first)
-            return no_rows(self.dtype), {**extra, "rows": len(xs)}
+            return no_rows(self.dtype), ShardReport(rows=len(xs), x_lengths=(sizes[0], sizes[-1], first))
         if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
-            extra["dtype_bad"] = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
-            return no_rows(self.dtype), {**extra, "rows": len(xs)}
+            bad = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
+            return no_rows(self.dtype), ShardReport(rows=len(xs), dtype_bad=bad)
         x = np.stack(xs).reshape(len(xs), -1)
-        extra["x_dim"] = int(x.shape[1])
-        return finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype, extra)
+        return finish(x, np.asarray(ys, dtype=np.float64), self.classification, self.dtype,
+                      {"x_dim": int(x.shape[1])})
+
+
+def resident_from_numpy(engine: Engine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None,
+                        seed: int, name: str, what: str) -> Any:
+    """The resident shards of checked numpy input on ``engine``'s cluster, split by
+    :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``): one broadcast a piece on
+    Classic, rows of pickled chunks under Connect
+    (:mod:`sparknet.cluster.data.numpy_connect`)."""
+    if engine.kind == "connect":
+        from sparknet.cluster.data.numpy_connect import from_numpy as connect_from_numpy
+
+        return connect_from_numpy(engine, X, Y, num_partitions, seed, name)  # type: ignore[arg-type]
+    return from_numpy(engine.sc, X, Y, num_partitions, seed, name, what)  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------------- driver side
@@ -318,7 +335,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         source = "rdd"
     else:
         X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
-        res = engine.resident_from_numpy(X, Y, num_partitions, seed, name, what)
+        res = resident_from_numpy(engine, X, Y, num_partitions, seed, name, what)
         source = "numpy"
     t_built = time.perf_counter()
     try:
@@ -329,7 +346,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         raise
     phases = _job_phases(res, t_built - t0 - res.build_seconds)
     phases["checks (driver)"] = time.perf_counter() - t_built
-    out = ShardedData(res, [int(i.meta.get("rows", 0)) for i in res.infos], dim, source, phases)
+    out = ShardedData(res, [report_of(i).rows for i in res.infos], dim, source, phases)
     if key is not None and _REUSE.put(key, out):
         out.cache_key = key
     return out
@@ -344,10 +361,10 @@ def _job_phases(res: Resident, plan: float) -> dict[str, float]:
     """The steps of building ``res``: ``plan`` (driver seconds before the job), then the
     job's (:meth:`Resident.build_phases`), its build split into conversion and checks."""
     job = res.build_phases()
-    check = max((float(i.meta.get("check_seconds", 0.0)) for i in res.infos), default=0.0)
+    check = max((report_of(i).check_seconds for i in res.infos), default=0.0)
     check = min(check, job.get("build", 0.0))
     # rows handed over by the JVM (packed.py): its part ran before the builder started
-    jvm = min(max((float(i.meta.get("jvm_seconds", 0.0)) for i in res.infos), default=0.0),
+    jvm = min(max((report_of(i).jvm_seconds for i in res.infos), default=0.0),
               job.get("start", 0.0))
     phases = {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0) - jvm}
     if jvm:
@@ -390,46 +407,45 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
     fdesc = f"features column {fcol!r}" if source == "dataframe" else ("x of the (x, y) pairs" if source == "rdd" else fcol)
     ldesc = f"label column {lcol!r}" if source == "dataframe" else ("y of the (x, y) pairs" if source == "rdd" else lcol)
     where = lambda info, r: f"partition {info.index}, row {r}"  # noqa: E731
-    for info in infos:
-        m = info.meta
-        if "pair_bad" in m:
-            k, t = m["pair_bad"]
+    reports = [report_of(i) for i in infos]
+    for info, m in zip(infos, reports):
+        if m.pair_bad is not None:
+            k, t = m.pair_bad
             raise ValueError(f"{what}: the RDD must hold (x, y) pairs; found a {t} ({where(info, k)})")
-        if "dtype_bad" in m:
-            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes {m['dtype_bad']}")
-        if "x_null" in m:
-            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m['x_null'])})")
-        if "x_lengths" in m:
-            lo, hi, r = m["x_lengths"]
+        if m.dtype_bad is not None:
+            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes {m.dtype_bad}")
+        if m.x_null is not None:
+            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m.x_null)})")
+        if m.x_lengths is not None:
+            lo, hi, r = m.x_lengths
             raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({lo} and {hi}; "
                              f"first odd one at {where(info, r)})")
-        if "y_null" in m:
-            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m['y_null'])})")
-        if "y_lengths" in m:
-            lo, hi, r = m["y_lengths"]
+        if m.y_null is not None:
+            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m.y_null)})")
+        if m.y_lengths is not None:
+            lo, hi, r = m.y_lengths
             raise ValueError(f"{what}: {ldesc} holds arrays of different lengths ({lo} and {hi})")
-    total = sum(int(i.meta.get("rows", 0)) for i in infos)
+    total = sum(m.rows for m in reports)
     if total == 0:
         kind = {"dataframe": "the DataFrame has no rows", "rdd": "the RDD is empty",
                 "numpy": "no rows"}[source]
         raise ValueError(f"{what} is empty: {kind}")
-    dims = {int(i.meta["x_dim"]) for i in infos if i.meta.get("rows", 0) and "x_dim" in i.meta}
+    dims = {m.x_dim for m in reports if m.rows and m.x_dim is not None}
     if len(dims) > 1:
         raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({min(dims)} and "
                          f"{max(dims)}, in different partitions)")
     dim = dims.pop() if dims else 0
     if dim == 0:
         raise ValueError(f"{what}: {fdesc} holds empty vectors (length 0)")
-    for info in infos:
-        m = info.meta
-        if "x_bad" in m:
-            r, c, v = m["x_bad"]
+    for info, m in zip(infos, reports):
+        if m.x_bad is not None:
+            r, c, v = m.x_bad
             raise ValueError(f"{what}: {fdesc} contains {v} (NaN or infinity) at {where(info, r)}, "
                              f"element {c}")
-        if "y_bad" in m:
-            raise ValueError(f"{what}: {ldesc} contains NaN or infinity ({where(info, m['y_bad'])})")
-        if classification and "y_nonint" in m:
-            raise ValueError(f"{what}: {ldesc} holds the non-integer label {m['y_nonint']}; "
+        if m.y_bad is not None:
+            raise ValueError(f"{what}: {ldesc} contains NaN or infinity ({where(info, m.y_bad)})")
+        if classification and m.y_nonint is not None:
+            raise ValueError(f"{what}: {ldesc} holds the non-integer label {m.y_nonint}; "
                              f"cross-entropy needs class ids")
     if classification and n_classes is not None:
         check_label_range(infos, n_classes, what, ldesc)

@@ -1,5 +1,5 @@
 """Checkpoints of a data-parallel fit: what they hold, when they are written, how a fit
-resumes from one, and where a round's timeout comes from.
+resumes from one.
 
 :class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` gives every fit one
 :class:`FitState` (``ctx.state``).  With ``checkpoint_dir`` set it writes checkpoints
@@ -8,42 +8,50 @@ SHA-256 per file written last, the newest ``checkpoint_keep`` kept).
 
 What a checkpoint holds
 -----------------------
-Arrays:
+A checkpoint is composed from the state of the fit's parts (:meth:`FitState.parts`,
+:mod:`sparknet.stateful`): each gives its ``state_dict()`` and takes it back with
+``load_state_dict``; its arrays go to the array file under the part's prefix, the rest to
+the metadata under the part's name:
 
-* ``params`` -- the flat parameter vector;
-* ``state`` -- the layers' untrained state (BatchNormalization's running statistics),
-  when they keep any (:mod:`sparknet.cluster.data_parallel.layer_state`);
-* ``opt_*`` -- the driver's optimizer state (``sync="gradient"``), in the one serialised
-  form of :meth:`sparknet.optim.Optimizer.state_arrays`;
-* ``outer_*`` -- the outer optimizer's state (``sync="average"`` with ``outer``);
-* ``part<p>_*`` -- partition ``p``'s resident optimizer state (``sync="average"`` and
-  ``mode="async"``: RMSprop's running averages, momentum buffers, its step count).  In
-  synchronous rounds it comes back with the results of the round a checkpoint follows
-  (the driver knows in advance which round that is), so a checkpoint costs no Spark job;
-  ``mode="async"`` collects it with one small job at the epoch's end;
-* ``partial_stats`` -- the loss/accuracy sums of the epoch so far (a checkpoint taken
-  between two rounds of an epoch).
+* ``model`` (no prefix) -- ``params``, the flat parameter vector; ``state``, the layers'
+  running statistics when they keep any (:mod:`sparknet.cluster.data_parallel.layer_state`);
+  the state of the generator one-process ``fit`` shuffles with;
+* ``optimizer`` (``opt_``) -- the driver's optimizer state (``sync="gradient"``);
+* ``outer`` (``outer_``) -- the outer optimizer's sizing and state (``sync="average"``
+  with ``outer``);
+* ``partitions`` (``part``) -- partition ``p``'s resident optimizer state as
+  ``part<p>_<name>`` (``sync="average"`` and ``mode="async"``: RMSprop's running averages,
+  momentum buffers, its step count).  In synchronous rounds it comes back with the
+  results of the round a checkpoint follows (the driver knows in advance which round that
+  is), so a checkpoint costs no Spark job; ``mode="async"`` collects it with one small job
+  at the epoch's end;
+* ``position`` (``partial_``) -- the epoch and round the fit goes on with, rounds done,
+  and for a checkpoint taken between two rounds of an epoch the epoch so far
+  (``partial_stats``: its loss/accuracy sums);
+* ``sizing`` -- rounds per epoch, local steps, epochs per round, the measured cost model;
+* ``async`` -- the async server's counters (updates applied, rows dispatched, each
+  partition's pass and chunk);
+* ``history`` -- the history so far.
 
-Metadata (JSON): the architecture (``model.get_config()``), the trainer's settings
-(mode, sync, optimizer and its configuration, loss, seed, batch size, partitions and
-their rows, outer optimizer, async options), the position in the data order (the epoch
-and round the fit goes on with, rounds done), the round sizing (rounds per epoch, local
-steps, epochs per round, the measured cost model), the async server's counters (updates
-applied, rows dispatched, each partition's pass and chunk), the history so far, and the
-random state.  Every random draw of a data-parallel fit -- the data split, each epoch's
+Beside the parts, the metadata names the fit (``kind``, ``run``), its architecture
+(``model.get_config()``) and the trainer's settings (mode, sync, optimizer and its
+configuration, loss, seed, batch size, partitions and their rows, async options) that a
+resume compares.  Every random draw of a data-parallel fit -- the data split, each epoch's
 permutations, dropout in each task -- is a pure function of the seed and these counters
-(``default_rng([seed, epoch, partition])``, see :mod:`sparknet.cluster.data_parallel.trainer`),
-so the seed plus the position *is* the random state; the model's own generator
-(``Sequential._rng``, used by one-process ``fit``) is stored as well.
+(``default_rng([seed, epoch, partition])``, see
+:mod:`sparknet.cluster.data_parallel.trainer`),
+so the seed plus the position *is* the random state; the model's own generator (used by
+one-process ``fit``) is stored with the model's part.
 
 Resuming
 --------
 ``fit(..., resume=True)`` loads the newest complete checkpoint (a partial or damaged one
 is skipped with a warning by the store), checks that it belongs to the same network and
 the same schedule (mode, sync, batch size, seed, partitions and their rows: otherwise a
-``ValueError`` saying which differs), puts back the parameters, optimizer states and
-history, and goes on from the stored position: ``epochs`` is the total the fit should
-reach, as Keras's ``initial_epoch``.  The partitions' optimizer state is put back
+``ValueError`` saying which differs), gives every part its state back (a part that
+refuses it: a ``CheckpointError`` naming the checkpoint and the part), and goes on
+from the stored position: ``epochs`` is the total the fit should reach, as Keras's
+``initial_epoch``.  The partitions' optimizer state is put back
 under the new fit's key (each fit has its own) before the first round.  With
 ``sync="gradient"`` (and with a fixed ``local_steps`` and plain averaging) the resumed
 fit computes exactly what the uninterrupted one would have, bit for bit.
@@ -51,18 +59,10 @@ fit computes exactly what the uninterrupted one would have, bit for bit.
 When the training shards are rebuilt after an executor loss, every partition's
 optimizer state is gone with them: it is restored from the newest checkpoint before the
 next round when there is one; otherwise a warning says that it restarts from zero.
-
-Round timeouts
---------------
-:func:`job_timeout` turns ``round_timeout`` into seconds for one job: a number is used
-as it is, ``None`` waits forever, ``"auto"`` is ``max(ROUND_TIMEOUT_FLOOR,
-ROUND_TIMEOUT_FACTOR x the slowest measured job of that kind)`` (predicted from the
-round cost model before one was measured).
 """
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 import uuid
@@ -72,27 +72,27 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import numpy as np
 
 from sparknet.checkpoint import Checkpoint, CheckpointStore
-from sparknet.cluster.data_parallel import layer_state
 from sparknet.cluster.data_parallel.parameter_server import STATS
-from sparknet.cluster.data_parallel.round_task import STATE_PREFIX
+from sparknet.cluster.data_parallel.partition_state import (
+    ARRAY_PREFIX,
+    CollectState,
+    PartitionStates,
+    PushState,
+    array_names,
+    state_prefix,
+)
+from sparknet.cluster.data_parallel.timeouts import check_round_timeout, job_timeout
 from sparknet.errors import CheckpointError
+from sparknet.stateful import Part, compose, state_of
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
     from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
-    from sparknet.cluster.resident.driver import Shard
 
 log = logging.getLogger(__name__)
 
 #: Kind of the checkpoints a data-parallel fit writes (their ``meta["kind"]``).
 KIND = "sparknet-data-parallel"
-#: Seconds below which an ``"auto"`` round timeout never goes: the first rounds of a fit
-#: include the executors' worker start and model build, and a shared cluster stalls.
-ROUND_TIMEOUT_FLOOR = 120.0
-#: An ``"auto"`` timeout is this many times the slowest job of its kind measured so far.
-ROUND_TIMEOUT_FACTOR = 20.0
-
-
 # ------------------------------------------------------------------ arguments
 def configure(trainer: DataParallelTrainer, checkpoint_dir: Any, checkpoint_every: Any, checkpoint_keep: Any,
               round_timeout: Any) -> None:
@@ -155,82 +155,6 @@ class CheckpointEvery:
         return seconds >= self.n
 
 
-def check_round_timeout(value: Any) -> "float | str | None":
-    """``round_timeout`` validated: ``"auto"``, ``None`` or positive finite seconds."""
-    if value is None or (isinstance(value, str) and value == "auto"):
-        return value
-    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
-        if math.isfinite(float(value)) and float(value) > 0:
-            return float(value)
-    raise ValueError(f"round_timeout must be 'auto', None or a positive number of seconds, "
-                     f"got round_timeout={value!r}")
-
-
-def job_timeout(setting: "float | str | None", slowest: float | None, predicted: float | None = None) -> float | None:
-    """Seconds one job may run: ``setting`` when it is a number, ``None`` for ``None``;
-    for ``"auto"`` ``max(ROUND_TIMEOUT_FLOOR, ROUND_TIMEOUT_FACTOR x slowest)`` with
-    ``slowest`` the slowest job of its kind measured so far (or its ``predicted`` time
-    before one was measured)."""
-    if setting is None or isinstance(setting, (int, float)):
-        return None if setting is None else float(setting)
-    base = slowest if slowest is not None else predicted
-    return max(ROUND_TIMEOUT_FLOOR, ROUND_TIMEOUT_FACTOR * (base or 0.0))
-
-
-# ------------------------------------------------------------ partition state
-def state_prefix(key: str) -> str:
-    """Names of fit ``key``'s optimizer state next to each shard start with this."""
-    return f"{STATE_PREFIX}{key}-"
-
-
-class _CollectState:
-    """Executor side: one partition's resident optimizer state of a fit, as copies."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-
-    def __call__(self, index: int, shard: "Shard") -> dict[str, np.ndarray]:
-        out = {}
-        for name in sorted(shard.names()):
-            if name.startswith(self.prefix):
-                arr = shard.get(name)
-                if arr is not None:
-                    out[name[len(self.prefix):]] = np.array(arr, copy=True)
-        return out
-
-
-class _PushState:
-    """Executor side: put a partition's optimizer state (from a ``Broadcast`` of
-    ``{partition: {name: array}}``) back next to its shard under the fit's prefix."""
-
-    def __init__(self, prefix: str, bc: Any) -> None:
-        self.prefix, self.bc = prefix, bc
-
-    def __call__(self, index: int, shard: "Shard") -> list[int]:
-        if index not in self.bc.value:
-            return [0]  # a partition whose state was kept
-        mine = self.bc.value[index]
-        for name in [n for n in shard.names() if n.startswith(STATE_PREFIX)]:
-            shard.discard(name)  # another fit's, or a rebuilt shard's half-written state
-        for name, arr in mine.items():
-            dst = shard.ensure(self.prefix + name, arr.shape, arr.dtype)
-            np.copyto(dst, arr)
-        return [len(mine)]
-
-
-def _partition_arrays(states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {f"part{p:05d}_{name}": arr for p, d in states.items() for name, arr in d.items()}
-
-
-def _partition_states(arrays: Mapping[str, np.ndarray]) -> dict[int, dict[str, np.ndarray]]:
-    out: dict[int, dict[str, np.ndarray]] = {}
-    for name, arr in arrays.items():
-        m = re.fullmatch(r"part(\d{5})_(.+)", name)
-        if m:
-            out.setdefault(int(m.group(1)), {})[m.group(2)] = arr
-    return out
-
-
 # ------------------------------------------------------------------ one fit
 @dataclass
 class Position:
@@ -242,6 +166,61 @@ class Position:
     rounds_done: int = 0
     partial: dict[str, float] = field(default_factory=dict)   # wall, compute, rounds, elapsed
     partial_stats: np.ndarray | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position for a checkpoint (:mod:`sparknet.stateful`); ``stats``: the loss
+        and accuracy sums of the epoch so far (mid-epoch)."""
+        out: dict[str, Any] = {"epoch": self.epoch, "round": self.round,
+                               "rounds_done": self.rounds_done, "partial": dict(self.partial)}
+        if self.partial_stats is not None:
+            out["stats"] = np.asarray(self.partial_stats)
+        return out
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.epoch, self.round = int(state["epoch"]), int(state["round"])
+        self.rounds_done = int(state["rounds_done"])
+        self.partial = {k: float(v) for k, v in (state.get("partial") or {}).items()}
+        stats = state.get("stats")
+        self.partial_stats = None if stats is None else np.asarray(stats, dtype=np.float64)
+
+
+class _Sizing:
+    """The fit's round sizing as a part of its checkpoints: rounds per epoch, local steps,
+    epochs per round and the cost model they came from (a resumed fit keeps them)."""
+
+    def __init__(self, ctx: FitContext) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        ctx = self.ctx
+        return {"rounds": ctx.rounds, "steps_per_round": ctx.steps_per_round,
+                "epochs_per_round": ctx.epochs_per_round,
+                "cost": None if ctx.cost is None else [ctx.cost.t_fixed, ctx.cost.t_step]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        ctx = self.ctx
+        ctx.rounds = int(state.get("rounds", ctx.rounds))
+        ctx.steps_per_round = int(state.get("steps_per_round", ctx.steps_per_round))
+        ctx.epochs_per_round = int(state.get("epochs_per_round", ctx.epochs_per_round))
+        if state.get("cost"):
+            from sparknet.cluster.planning.cost import RoundCostModel
+            t_fixed, t_step = state["cost"]
+            ctx.cost = RoundCostModel(float(t_fixed), float(t_step), int(ctx.model.params.nbytes))
+
+
+class _ModeState:
+    """The mode's own counters (``mode="async"``: updates applied, rows dispatched, each
+    partition's pass and chunk) as a part of the fit's checkpoints."""
+
+    def __init__(self, ctx: FitContext) -> None:
+        self.ctx = ctx
+
+    def state_dict(self) -> dict[str, Any]:
+        meta = getattr(self.ctx.mode_state, "checkpoint_meta", None)
+        return meta() if callable(meta) else {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.ctx.mode_resume = dict(state) or None
 
 
 @dataclass
@@ -257,7 +236,6 @@ class FitState:
         pending: partition optimizer state to put next to the shards before the next round
             (after a resume or a rebuild).
         slowest: the slowest job measured so far, per kind (``"train"``, ``"eval"``, ...).
-        written: ``(step, seconds)`` of every checkpoint written by this fit.
         stash: the partitions' optimizer state returned by the last round (when a
             checkpoint was due after it), or ``None``.
         run: the id of the run the fit belongs to (a resumed fit keeps its checkpoint's),
@@ -274,16 +252,15 @@ class FitState:
     resumed_from: Checkpoint | None = None
     pending: dict[int, dict[str, np.ndarray]] | None = None
     slowest: dict[str, float] = field(default_factory=dict)
-    written: list[tuple[int, float]] = field(default_factory=list)
     stash: dict[int, dict[str, np.ndarray]] | None = None
     rounds_done: int = 0
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     offset: int = 0
-    _since: tuple[int, int, float] = (0, 0, 0.0)     # epochs, rounds, perf_counter at the last checkpoint
+    since: tuple[int, int, float] = (0, 0, 0.0)     # epochs, rounds, perf_counter at the last checkpoint
     _built: float | None = None                       # the training shards' build stamp
 
     def __post_init__(self) -> None:
-        self._since = (0, 0, time.perf_counter())  # "Ns" counts from the fit's start
+        self.since = (0, 0, time.perf_counter())  # "Ns" counts from the fit's start
 
     @property
     def keeps_partition_state(self) -> bool:
@@ -317,7 +294,7 @@ class FitState:
         states, self.pending = self.pending, None
         bc = ctx.engine.ship(states)
         try:
-            fn = _PushState(state_prefix(ctx.spec.key), bc)
+            fn = PushState(state_prefix(ctx.spec.key), bc)
             if standalone:
                 resident.map(fn, description="sparknet: restoring the partitions' optimizer state")
             else:  # inside the round's action: its job group, its retry
@@ -336,8 +313,10 @@ class FitState:
             log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restarts from zero (no "
                         "checkpoint of this fit to restore it from: set checkpoint_dir)", partitions)
             return None
-        want = tuple(f"part{p:05d}_" for p in partitions)
-        states = _partition_states(store.load(ckpt, [n for n in ckpt.arrays if n.startswith(want)]))
+        want, part = array_names(partitions), PartitionStates()
+        arrays = store.load(ckpt, [n for n in ckpt.arrays if n.startswith(want)])
+        part.load_state_dict({n[len(ARRAY_PREFIX):]: a for n, a in arrays.items()})
+        states = part.states
         log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restored from checkpoint %s",
                     sorted(states), ckpt.path)
         return states
@@ -348,31 +327,47 @@ class FitState:
         an epoch's last round; for ``"Ns"``, due by the slowest round so far)."""
         if self.store is None or not self.keeps_partition_state:
             return False
-        e0, r0, t0 = self._since
+        e0, r0, t0 = self.since
         last = rnd + 1 >= rounds
         if self.every.unit == "epochs":
             return last and epochs_after - e0 >= self.every.n
         ahead = self.slowest.get("train", 0.0) if self.every.unit == "seconds" else 0.0
         return self.every.due(0, self.rounds_done + 1 - r0, time.perf_counter() - t0 + ahead)
 
-    def collect(self, ctx: FitContext) -> dict[str, np.ndarray]:
-        """Every partition's resident optimizer state, as checkpoint arrays: what the last
-        round brought back, else one job."""
+    def collect(self, ctx: FitContext) -> dict[int, dict[str, np.ndarray]]:
+        """Every partition's resident optimizer state: what the last round brought back,
+        else one job (none without partition state)."""
         if not self.keeps_partition_state:
             return {}
         if self.stash is not None and len(self.stash) == sum(1 for n in ctx.train.rows if n > 0):
             stash, self.stash = self.stash, None
-            return _partition_arrays(stash)
-        fn = _CollectState(state_prefix(ctx.spec.key))
+            return stash
+        fn = CollectState(state_prefix(ctx.spec.key))
         resident = ctx.train.resident
         for _ in range(2):  # shards rebuilt by the collecting job: their state back, then again
             self.before_round(ctx, standalone=True)
             stamp = resident.build_started
-            got = resident.map(fn, description="sparknet: collecting the partitions' optimizer state for a "
-                                               "checkpoint")
+            got = resident.map(fn, description="sparknet: collecting the partitions' optimizer "
+                                               "state for a checkpoint")
             if resident.build_started == stamp:
                 break
-        return _partition_arrays(dict(enumerate(got)))
+        return dict(enumerate(got))
+
+    def parts(self, ctx: FitContext, pos: Position | None = None,
+              partitions: PartitionStates | None = None) -> list[Part]:
+        """The stateful parts of the fit's checkpoints, each with its metadata name and
+        array prefix (:mod:`sparknet.stateful`)."""
+        tr = self.trainer
+        parts = [Part("model", "", ctx.model), Part("optimizer", "opt_", tr.optimizer),
+                 Part("position", "partial_", pos if pos is not None else Position()),
+                 Part("sizing", "sizing_", _Sizing(ctx)), Part("async", "async_", _ModeState(ctx))]
+        if tr.outer is not None:
+            parts.append(Part("outer", "outer_", tr.outer))
+        if ctx.history is not None:
+            parts.append(Part("history", "history_", ctx.history))
+        if self.keeps_partition_state:
+            parts.append(Part("partitions", ARRAY_PREFIX, partitions or PartitionStates()))
+        return parts
 
     # -- writing ---------------------------------------------------------
     def round_end(self, ctx: FitContext, epoch: int, rnd: int, rounds: int, rl: RoundLog,
@@ -382,7 +377,7 @@ class FitState:
         self.rounds_done += 1
         if self.store is None or rnd + 1 >= rounds or self.every.unit == "epochs":
             return None
-        e0, r0, t0 = self._since
+        e0, r0, t0 = self.since
         if not self.every.due(0, self.rounds_done - r0, time.perf_counter() - t0):
             return None
         pos = Position(epoch, rnd + 1, self.rounds_done,
@@ -396,57 +391,33 @@ class FitState:
         self.rounds_done += rounds
         if self.store is None:
             return None
-        e0, r0, t0 = self._since
+        e0, r0, t0 = self.since
         if not self.every.due(epochs_done - e0, self.rounds_done - r0, time.perf_counter() - t0):
             return None
         return self.write(ctx, Position(epochs_done, 0, self.rounds_done))
 
     def write(self, ctx: FitContext, pos: Position) -> int:
-        """Write the checkpoint of the fit at ``pos`` (step: rounds done); returns the step."""
+        """Write the checkpoint of the fit at ``pos`` (step: rounds done), composed from the
+        state of its parts (:meth:`parts`); returns the step."""
         assert self.store is not None
         t0 = time.perf_counter()
-        tr, model = self.trainer, ctx.model
-        arrays: dict[str, np.ndarray] = {"params": np.array(model.params, copy=True),
-                                         **layer_state.checkpoint_arrays(model)}
-        arrays.update(tr.optimizer.state_arrays("opt_"))
-        if tr.outer is not None:
-            arrays.update(tr.outer.state_arrays("outer_"))
-        t_collect, by_job = time.perf_counter(), self.stash is None and self.keeps_partition_state
-        arrays.update(self.collect(ctx))
-        t_collect = time.perf_counter() - t_collect
-        if pos.partial_stats is not None:
-            arrays["partial_stats"] = pos.partial_stats
-        meta = self._meta(ctx, pos)
+        by_job = self.stash is None and self.keeps_partition_state
+        partitions = PartitionStates(self.collect(ctx))
+        t_collect = time.perf_counter() - t0
+        arrays, meta = compose(self.parts(ctx, pos, partitions))
+        meta = {"kind": KIND, "run": self.run, "architecture": ctx.model.get_config(),
+                "settings": settings(self.trainer, ctx), **_jsonable(meta)}
         step = self.offset + pos.rounds_done
         self.store.save(step, arrays, meta)
         seconds = time.perf_counter() - t0
-        self.written.append((step, seconds))
         if ctx.history is not None:
             ctx.history.checkpoints.append({"step": step, "seconds": seconds, "collect": t_collect,
-                                            "job": by_job, "bytes": sum(a.nbytes for a in arrays.values())})
-        self._since = (pos.epoch, pos.rounds_done, time.perf_counter())
+                                            "job": by_job,
+                                            "bytes": sum(a.nbytes for a in arrays.values())})
+        self.since = (pos.epoch, pos.rounds_done, time.perf_counter())
         log.info("sparknet: checkpoint %d written in %.0f ms (goes on with epoch %d, round %d)",
                  step, 1e3 * seconds, pos.epoch + 1, pos.round + 1)
         return step
-
-    def _meta(self, ctx: FitContext, pos: Position) -> dict[str, Any]:
-        tr, model, h = self.trainer, ctx.model, ctx.history
-        mode_state = getattr(ctx.mode_state, "checkpoint_meta", None)
-        return {
-            "kind": KIND, "run": self.run,
-            "architecture": model.get_config(),
-            "settings": settings(tr, ctx),
-            "position": {"epoch": pos.epoch, "round": pos.round, "rounds_done": pos.rounds_done,
-                         "partial": pos.partial},
-            "sizing": {"rounds": ctx.rounds, "steps_per_round": ctx.steps_per_round,
-                       "epochs_per_round": ctx.epochs_per_round,
-                       "cost": None if ctx.cost is None else [ctx.cost.t_fixed, ctx.cost.t_step]},
-            "outer": None if tr.outer is None else tr.outer.get_config(),
-            "async": mode_state() if callable(mode_state) else None,
-            "history": None if h is None else {"epoch": list(h.epoch), "history": h.to_dict(),
-                                               "updates": list(h.updates)},
-            "rng": {"seed": tr.seed, "model": _jsonable(model._rng.bit_generator.state)},
-        }
 
 
 def settings(tr: DataParallelTrainer, ctx: FitContext) -> dict[str, Any]:
@@ -509,50 +480,30 @@ def resume(state: FitState, ctx: FitContext) -> bool:
         raise CheckpointError(f"checkpoint {ckpt.path} is a {meta.get('kind')!r} checkpoint, not a "
                               f"data-parallel one ({KIND!r})")
     _check_same(ckpt, ctx, state.trainer)
+    tr = state.trainer
     arrays = store.load(ckpt)
-    tr, model = state.trainer, ctx.model
-    params = arrays["params"]
-    if params.shape != model.params.shape or params.dtype != model.params.dtype:
-        raise CheckpointError(f"checkpoint {ckpt.path}: params has shape {params.shape} of {params.dtype}, "
-                              f"the model has {model.params.shape} of {model.params.dtype}")
-    model.params[...] = params
-    layer_state.restore(model, arrays, ckpt.path)
     saved_opt = meta["settings"]["optimizer"]
     if saved_opt != [tr.optimizer.name, tr.optimizer.get_config()]:
         log.warning("sparknet: resuming with optimizer %r; the checkpoint was written with %s %s",
                     tr.optimizer, *saved_opt)
-    tr.optimizer.load_state_arrays(arrays, "opt_")
-    if tr.outer is not None and meta.get("outer") is not None:
-        saved = meta["outer"]
-        if saved.get("momentum") is not None:
-            tr.outer._size(float(saved["momentum"]), saved.get("lr"))
-            tr.outer.load_state_arrays(arrays, "outer_")
-    _restore_history(ctx, meta.get("history"))
-    sizing = meta.get("sizing") or {}
-    ctx.rounds = int(sizing.get("rounds", ctx.rounds))
-    ctx.steps_per_round = int(sizing.get("steps_per_round", ctx.steps_per_round))
-    ctx.epochs_per_round = int(sizing.get("epochs_per_round", ctx.epochs_per_round))
-    if sizing.get("cost"):
-        from sparknet.cluster.planning.cost import RoundCostModel
-        t_fixed, t_step = sizing["cost"]
-        ctx.cost = tr.cost = RoundCostModel(float(t_fixed), float(t_step), int(model.params.nbytes))
-    rng = (meta.get("rng") or {}).get("model")
-    if rng:
-        model._rng.bit_generator.state = rng
-    pos = meta["position"]
-    state.start = Position(int(pos["epoch"]), int(pos["round"]), int(pos["rounds_done"]),
-                           dict(pos.get("partial") or {}), arrays.get("partial_stats"))
-    state.rounds_done = state.start.rounds_done
-    state.run, state.offset = str(meta.get("run", state.run)), ckpt.step - state.start.rounds_done
-    state._since = (state.start.epoch, state.start.rounds_done, time.perf_counter())
-    if state.keeps_partition_state:
-        state.pending = _partition_states(arrays) or None
-    ctx.mode_resume = meta.get("async")
+    pos, partitions = Position(), PartitionStates()
+    parts = state.parts(ctx, pos, partitions)
+    for part in parts:
+        try:
+            part.obj.load_state_dict(state_of(part, arrays, meta, parts))
+        except (ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"checkpoint {ckpt.path}: its {part.name} state cannot be put "
+                                  f"back: {e}") from None
+    state.start = pos
+    state.rounds_done = pos.rounds_done
+    state.run, state.offset = str(meta.get("run", state.run)), ckpt.step - pos.rounds_done
+    state.since = (pos.epoch, pos.rounds_done, time.perf_counter())
+    state.pending = partitions.states or None
     state.resumed_from = ckpt
     if ctx.history is not None:
         ctx.history.resumed_from = ckpt.path
     log.info("sparknet: resuming from checkpoint %s (epoch %d, round %d)", ckpt.path,
-             state.start.epoch + 1, state.start.round + 1)
+             pos.epoch + 1, pos.round + 1)
     return True
 
 
@@ -575,15 +526,6 @@ def _check_same(ckpt: Checkpoint, ctx: FitContext, tr: DataParallelTrainer) -> N
     if int(meta["position"]["epoch"]) > ctx.epochs:
         raise ValueError(f"checkpoint {ckpt.path} is at epoch {meta['position']['epoch']}, past "
                          f"epochs={ctx.epochs}: epochs is the total to reach, pass a larger one")
-
-
-def _restore_history(ctx: FitContext, saved: Mapping[str, Any] | None) -> None:
-    h = ctx.history
-    if h is None or not saved:
-        return
-    h.epoch = [int(e) for e in saved.get("epoch", [])]
-    h.history = {k: [float(v) for v in vals] for k, vals in (saved.get("history") or {}).items()}
-    h.updates = [dict(u) for u in saved.get("updates", [])]
 
 
 def epoch_carry(pos: Position, rl_factory: Callable[[], RoundLog]) -> RoundLog:

@@ -98,6 +98,7 @@ class FitHistory(History):
 
     extra_fields = ("setup_time", "setup_breakdown", "reused_shards", "updates", "checkpoints",
                     "resumed_from", "interrupted", "precision", "bytes_out", "bytes_in")
+    state_fields = ("updates",)
 
     def __init__(self) -> None:
         super().__init__()

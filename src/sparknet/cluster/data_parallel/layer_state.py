@@ -29,16 +29,14 @@ How it works
   ``sync="average"`` and ``mode="async"`` rounds, a model whose layers keep state never
   trains on a minibatch of one row; a chunk's last minibatch of a single row takes the row
   before it too (:func:`minibatch`), so the step count and the schedule are unchanged.
-* **Checkpoints** hold the state as the array ``state`` (:func:`checkpoint_arrays`,
-  :func:`restore`), so a resumed fit continues from it exactly.
+* **Checkpoints** hold the state as the array ``state`` of the model's part
+  (:meth:`sparknet.model.Sequential.state_dict`), so a resumed fit continues from it exactly.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-
-from sparknet.errors import CheckpointError
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel.parameter_server import RoundResult
@@ -115,30 +113,3 @@ class LatestStates:
             mean, rows = merge(mean, rows, state, n)
         assert mean is not None
         model.state[...] = mean
-
-
-def checkpoint_arrays(model: Sequential) -> dict[str, np.ndarray]:
-    """The checkpoint's ``state`` array (none for a model without state)."""
-    return {"state": np.array(model.state, copy=True)} if model.n_state else {}
-
-
-def restore(model: Sequential, arrays: Mapping[str, np.ndarray], where: str) -> None:
-    """The model's state from a checkpoint's arrays (``where`` names the checkpoint).
-
-    Raises:
-        CheckpointError: the checkpoint holds no state for a model that keeps some, or a
-            state of another shape or dtype, or one that is not finite.
-    """
-    state = arrays.get("state")
-    if state is None:
-        if model.n_state:
-            raise CheckpointError(f"checkpoint {where} holds no layer state (running statistics); "
-                                  f"the model keeps {model.n_state:,} values")
-        return
-    if state.shape != model.state.shape or state.dtype != model.state.dtype:
-        raise CheckpointError(f"checkpoint {where}: state has shape {state.shape} of "
-                              f"{state.dtype}, the model keeps {model.state.shape} of "
-                              f"{model.state.dtype}")
-    if not np.isfinite(state).all():
-        raise CheckpointError(f"checkpoint {where}: the layer state holds NaN or infinite values")
-    model.state[...] = state

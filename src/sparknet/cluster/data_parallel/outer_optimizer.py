@@ -21,9 +21,8 @@ second is ``P`` (a steady direction goes as far as one process's ``P tau`` steps
 without.  ``P = 1`` gives ``momentum=0, lr=1``: plain averaging, bit for bit.
 
 The step is :func:`sparknet.optim.sgd` on the outer gradient ``-delta`` (one place for
-the maths), and the state is serialised the way every optimizer's is
-(:meth:`OuterOptimizer.state_arrays`: ``outer_t`` and ``outer_momentum_buffer``, flat
-arrays for a checkpoint).
+the maths), and its state goes into a checkpoint as every part's does
+(:meth:`OuterOptimizer.state_dict`: the sizing, ``t`` and ``momentum_buffer``).
 """
 from __future__ import annotations
 
@@ -120,21 +119,24 @@ class OuterOptimizer:
             self._sgd.state = {}
 
     # -- state, for checkpoints ------------------------------------------
-    def state_arrays(self, prefix: str = "outer_") -> dict[str, np.ndarray]:
-        """The state as named arrays (copies): ``<prefix>t`` (int64, shape (1,)) and
-        ``<prefix>momentum_buffer`` (holding ``-v``, SGD's buffer of the outer gradient)."""
-        if self._sgd is None:
-            return {f"{prefix}t": np.zeros(1, dtype=np.int64)}
-        return self._sgd.state_arrays(prefix)
+    def state_dict(self) -> dict[str, Any]:
+        """The state for a checkpoint (:mod:`sparknet.stateful`): ``momentum`` and ``lr`` as
+        sized (``None`` before a first step sized them), the step count ``t`` and the
+        ``momentum_buffer`` (copies)."""
+        out: dict[str, Any] = {"momentum": self.momentum, "lr": self.lr, "t": self.t}
+        if self._sgd is not None:
+            out.update({k: np.array(v, copy=True) for k, v in self._sgd.state.items()})
+        return out
 
-    def load_state_arrays(self, arrays: Mapping[str, np.ndarray], prefix: str = "outer_",
-                          copy: bool = True) -> None:
-        """Read state written by :meth:`state_arrays` (``copy=False`` binds to the arrays);
-        the optimizer must be sized (its config from :meth:`get_config` of the saved one)."""
-        if self._sgd is None:
-            raise ValueError("load_state_arrays needs a sized OuterOptimizer: build it with "
-                             "OuterOptimizer.from_config(saved.get_config())")
-        self._sgd.load_state_arrays(arrays, prefix, copy=copy)
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`state_dict` gave: sized as the saved optimizer was, its
+        momentum and step count put back (an unsized state leaves this optimizer as it is)."""
+        if state.get("momentum") is None:
+            return
+        lr = state.get("lr")
+        self._size(_real(state["momentum"], "momentum"), None if lr is None else _real(lr, "lr"))
+        assert self._sgd is not None
+        self._sgd.load_state_dict({k: v for k, v in state.items() if k not in ("momentum", "lr")})
 
     def get_config(self) -> dict[str, Any]:
         return {"momentum": self.momentum, "lr": self.lr, "nesterov": self.nesterov}

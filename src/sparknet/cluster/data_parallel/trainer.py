@@ -74,7 +74,7 @@ from sparknet._validation import positive_int, refuse_pandas
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
-from sparknet.cluster.data_parallel import checkpoints as trainer_state
+from sparknet.cluster.data_parallel import checkpoints
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
 from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
@@ -219,7 +219,7 @@ class DataParallelTrainer:
     """
 
     checkpoint_dir: str | None
-    checkpoint_every: trainer_state.CheckpointEvery
+    checkpoint_every: checkpoints.CheckpointEvery
     checkpoint_keep: int
     round_timeout: float | str | None
 
@@ -259,7 +259,7 @@ class DataParallelTrainer:
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
         self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
-        trainer_state.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep, round_timeout)
+        checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep, round_timeout)
         self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
@@ -353,7 +353,7 @@ class DataParallelTrainer:
         verbose = check_verbose(verbose)
         refuse_pandas(data, "DataParallelTrainer.fit")  # before Spark starts
         cbl = CallbackList(callbacks, self.model, self, FitControl(self.model, self.optimizer))
-        store = trainer_state.open_store(self, resume)
+        store = checkpoints.open_store(self, resume)
         model = self.model
         classification = _is_classifier(model)
         t_fit = time.perf_counter()
@@ -375,13 +375,13 @@ class DataParallelTrainer:
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
                                  epochs, batch_size, history=history,
-                                 state=trainer_state.FitState(self, store, self.checkpoint_every))
+                                 state=checkpoints.FitState(self, store, self.checkpoint_every))
                 assert ctx.state is not None
                 ctx.callbacks, ctx.schedule = cbl, cbl.step_schedule(math.ceil(train.total / batch_size))
-                if resume and trainer_state.resume(ctx.state, ctx):
+                if resume and checkpoints.resume(ctx.state, ctx):
                     history.setup_time = time.perf_counter() - t_fit
                 else:
-                    trainer_state.fresh(ctx.state)
+                    checkpoints.fresh(ctx.state)
                     self._calibrate(ctx, t_fit)
                 cbl.on_fit_begin()
                 self._train(ctx, verbose, tag)
@@ -464,7 +464,7 @@ class DataParallelTrainer:
         start = state.start.round if self.mode == "sync" else 0
         while epoch < epochs:
             t0 = time.perf_counter()
-            carry = trainer_state.epoch_carry(state.start, RoundLog) if start else None
+            carry = checkpoints.epoch_carry(state.start, RoundLog) if start else None
             t0 -= float(state.start.partial.get("elapsed", 0.0)) if start else 0.0
             span = min(ctx.epochs_per_round, epochs - epoch) if self.mode == "sync" else 1
             lrs = self._epochs_begin(ctx, epoch, span)

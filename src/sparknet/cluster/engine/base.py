@@ -100,12 +100,6 @@ class Engine(Protocol):
         (:meth:`~sparknet.cluster.resident.driver.Resident.from_dataframe`'s contract)."""
         ...
 
-    def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
-                            what: str) -> Any:
-        """Resident shards of checked numpy input, split by
-        :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``)."""
-        ...
-
 
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` (a session or a DataFrame) is a Spark Connect one."""
@@ -190,12 +184,6 @@ class ClassicEngine:
         from sparknet.cluster.resident.driver import Resident
 
         return Resident.from_dataframe(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
-
-    def resident_from_numpy(self, X: Any, Y: Any, num_partitions: int | None, seed: int, name: str,
-                            what: str) -> Any:
-        from sparknet.cluster.data.numpy_input import from_numpy
-
-        return from_numpy(self.sc, X, Y, num_partitions, seed, name, what)
 
 
 def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:

@@ -227,10 +227,6 @@ class ConnectEngine:
                                 spill_dir: str | None) -> "ConnectResident":
         return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir, engine=self)
 
-    def resident_from_numpy(self, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
-                            name: str, what: str) -> "ConnectResident":
-        return from_numpy(self, X, Y, num_partitions, seed, name)
-
 
 _ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.WeakKeyDictionary()
 
@@ -482,48 +478,3 @@ def _checkpoint(df: "DataFrame") -> "DataFrame":
         relation._spark_session = session  # type: ignore[union-attr]
         out._session = session
     return out
-
-
-# ------------------------------------------------------------------------ numpy input
-class _NumpyChunks:
-    """Executor side of numpy input: the pickled ``(piece, chunk, x, y)`` rows of one
-    piece, in chunk order, concatenated into its shard (checked on the client)."""
-
-    def __call__(self, index: int, batches: Iterator[Any]) -> tuple[dict, dict]:
-        chunks: list[tuple[int, int, bytes]] = []
-        for b in batches:
-            cols = b.to_pydict()
-            chunks += zip(cols["piece"], cols["chunk"], cols["blob"])
-        if not chunks:
-            raise RuntimeError(f"partition {index} received no rows of numpy input")
-        pieces = {p for p, _, _ in chunks}
-        if pieces != {index}:
-            raise RuntimeError(f"numpy input: partition {index} received piece(s) {sorted(pieces)}, "
-                               f"expected piece {index} alone")
-        parts = [pickle.loads(blob) for _, _, blob in sorted(chunks, key=lambda c: c[1])]
-        x = np.concatenate([p[0] for p in parts])
-        y = np.concatenate([p[1] for p in parts])
-        return {"x": x, "y": y}, {"rows": int(y.shape[0]), "x_dim": int(x.shape[1]) if x.shape[0] else 0,
-                                  "piece": index}
-
-
-def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
-               name: str) -> ConnectResident:
-    """The resident shards of checked numpy input under Connect: the same split as on
-    Classic (:func:`~sparknet.cluster.data.numpy_input.split_indices`), piece ``i`` in
-    partition ``i``.  Every piece is cut into the same number of chunks (at most
-    :data:`CHUNK_BYTES` each), so the range partitioning by piece puts one piece in
-    each partition."""
-    from sparknet.cluster.data.numpy_input import split_indices
-
-    parts = int(num_partitions or engine.default_parallelism())
-    index = split_indices(X.shape[0], parts, seed)
-    row_bytes = X.itemsize * int(np.prod(X.shape[1:])) + Y.itemsize * int(np.prod(Y.shape[1:]))
-    n_chunks = max(1, -(-max(len(i) for i in index) * row_bytes // CHUNK_BYTES))
-    rows = []
-    for p, idx in enumerate(index):
-        for c, sub in enumerate(np.array_split(idx, n_chunks)):
-            rows.append((p, c, pickle.dumps((np.ascontiguousarray(X[sub]), np.ascontiguousarray(Y[sub])),
-                                            protocol=pickle.HIGHEST_PROTOCOL)))
-    df = engine.spark.createDataFrame(rows, "piece int, chunk int, blob binary").repartitionByRange(parts, "piece")
-    return ConnectResident(df, _NumpyChunks(), name=name, on_lost="rebuild", engine=engine)

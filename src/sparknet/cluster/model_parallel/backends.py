@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, Iterable, Protocol
 
 import numpy as np
@@ -78,11 +79,20 @@ class _One:
         return [self.fn(index, shard)]
 
 
-def _build_slot(index: int, iterator: Iterable) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class SlotReport:
+    """Where a slot was built: the Python worker's ``pid`` and its daemon's ``ppid`` (a
+    block job answered by a worker of another daemon ran on another executor)."""
+
+    pid: int
+    ppid: int
+
+
+def _build_slot(index: int, iterator: Iterable) -> tuple[dict, SlotReport]:
     """Resident build: a tiny marker array (so the slot's folder exists) and where it lives."""
     for _ in iterator:
         pass
-    return {"slot": np.array([index], dtype=np.int64)}, {"pid": os.getpid(), "ppid": os.getppid()}
+    return {"slot": np.array([index], dtype=np.int64)}, SlotReport(os.getpid(), os.getppid())
 
 
 class LocalBlocks:
@@ -152,7 +162,7 @@ class SparkBlocks:
             # block went with its executor is rebuilt by Spark and re-attaches its mapped files
             self.res = Resident(self.sc.parallelize(range(self.n_slots), self.n_slots), _build_slot,
                                 name=name, cut_lineage=False)
-        self.home = [info.meta.get("ppid") for info in self.res.infos]
+        self.home = [info.meta.ppid for info in self.res.infos]
         self.jobs = 0
         self.tasks = 0
         self.moves = 0

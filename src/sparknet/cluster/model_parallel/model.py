@@ -493,7 +493,7 @@ class ModelParallel:
         return self.backend.run(StatusJob(self.layout, tuple(self.blocked)))
 
     def _architecture(self) -> dict:
-        from sparknet.model import architecture
+        from sparknet.layers.base import architecture
         return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
                             loss=self._loss)
 

@@ -40,7 +40,7 @@ def load(cls: "type[ModelParallel]", folder: str, **options: Any) -> "ModelParal
     file is checked before the executors read any (:func:`files.verify_folder`, or the
     checkpoint's checksums); a damaged one raises
     :class:`~sparknet.errors.CheckpointError` naming it."""
-    from sparknet.model import layers_from_config
+    from sparknet.layers.base import layers_from_config
 
     folder = os.path.abspath(os.fspath(folder))
     ckpt = recovery.is_checkpoint(folder)

@@ -42,7 +42,8 @@ class ShardInfo:
         host: host name of the executor that built the shard.
         directory: folder of the shard's ``.npy`` files on that host.
         shapes: ``{name: (shape, dtype str)}`` of the arrays built.
-        meta: the small dict returned by ``build`` (row counts, checks, ...).
+        meta: the small picklable report returned by ``build`` (a frozen dataclass such as
+            :class:`~sparknet.cluster.data.shard_report.ShardReport`, or a dict).
         timing: where the building task spent its time: ``start`` (``time.time()`` when
             the builder was called: the worker had started and imported what it needs),
             ``build`` and ``spill`` (seconds of ``build`` and of writing the files).
@@ -57,7 +58,7 @@ class ShardInfo:
     host: str
     directory: str
     shapes: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: Any = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     stamp: str = ""
     reattached: bool = False
@@ -218,7 +219,7 @@ class _Builder:
             return None
         for _ in iterator:  # drain, so the worker can be reused
             pass
-        info = ShardInfo(old.key, index, old.host, old.directory, dict(old.shapes), dict(old.meta),
+        info = ShardInfo(old.key, index, old.host, old.directory, dict(old.shapes), _own(old.meta),
                          {"start": time.time(), "build": 0.0, "spill": 0.0}, old.stamp, True)
         with _STORE_LOCK:
             _register((self.key, index), arrays, info)
@@ -246,7 +247,7 @@ class _Builder:
         spilled = {name: _spill(directory, name, np.asarray(a)) for name, a in arrays.items()}
         shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
         timing = {"start": start, "build": t1 - t0, "spill": time.perf_counter() - t1}
-        info = ShardInfo(self.key, index, socket.gethostname(), directory, shapes, dict(meta), timing,
+        info = ShardInfo(self.key, index, socket.gethostname(), directory, shapes, _own(meta), timing,
                          uuid.uuid4().hex[:12])
         with _STORE_LOCK:
             _register((self.key, index), spilled, info)
@@ -310,3 +311,9 @@ class _Task:
         if self.per_partition:
             return out if out is not None else iter(())
         return iter([out])
+
+
+def _own(meta: Any) -> Any:
+    """A build's report kept by its shard: a dict copied, anything else (a frozen
+    dataclass) as it is."""
+    return dict(meta) if isinstance(meta, dict) else meta
