@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import sparknet._dense as _dense
-from _gradcheck import model_gradcheck, rel_error
+from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import (
     Activation,
     Conv2D,

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import (
     AvgPool1D,
     Conv1D,

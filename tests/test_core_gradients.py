@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _gradcheck import model_gradcheck, rel_error
+from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import Activation, Dense, Dropout, Flatten, Sequential
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 
