@@ -295,6 +295,6 @@ def test_estimator_takes_callbacks_that_are_not_saved(spark, digits, tmp_path):
                              callbacks=[sched, stop])
     assert clf.getCallbacks() == [sched, stop] and "callbacks" not in {p.name for p in clf.params}
     model = clf.fit(df)
-    assert model._history["lr"] == [3e-3, 1.5e-3, 7.5e-4]
+    assert model.history["lr"] == [3e-3, 1.5e-3, 7.5e-4]
     clf.save(str(tmp_path / "clf"))
     assert SparkNetClassifier.load(str(tmp_path / "clf")).getCallbacks() == []

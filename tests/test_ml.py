@@ -109,7 +109,7 @@ def test_async_mode_trains_on_the_asynchronous_trainer(frames):
     clf = SparkNetClassifier(network=mlp(32), epochs=3, learningRate=3e-3, mode="async", seed=5,
                              **FAST)
     model = clf.fit(frames["train"])
-    updates = model._history.updates
+    updates = model.history.updates
     assert updates and any(u["applied"] for u in updates)
     acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(model.transform(frames["test"]))
     print(f"async mode, 3 epochs: accuracy {acc:.4f}")

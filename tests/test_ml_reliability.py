@@ -584,7 +584,7 @@ def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uni
     resumed = _resume_clf(epochs=RESUME_EPOCHS, checkpointDir=folder, resume=True).fit(digits_train)
     print(f"resumed fit: {time.perf_counter() - t0:.1f} s")
     np.testing.assert_array_equal(resumed.network.params, uninterrupted.network.params)
-    assert resumed._history.history["loss"] == uninterrupted._history.history["loss"]
+    assert resumed.history["loss"] == uninterrupted.history["loss"]
     assert len(store.checkpoints()) == RESUME_EPOCHS  # epochs 1 (the killed fit's), 2 and 3
     # what the killed driver left in /dev/shm is swept (here at once, not after the grace period)
     from sparknet.cluster.resident import spill
