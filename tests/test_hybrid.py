@@ -49,7 +49,7 @@ OPTIMIZERS = {"rmsprop": lambda: RMSprop(lr=2e-3), "sgd-momentum": lambda: SGD(l
 
 @pytest.mark.parametrize("pair,opt", [
     pytest.param(pair, opt, id=f"{'paired' if pair else 'blocks'}-{opt}",
-                 marks=[pytest.mark.slow] if (pair, opt) == (False, "rmsprop") else [])
+                 marks=[] if (pair, opt) == (True, "rmsprop") else [pytest.mark.slow])
     for pair in (False, True) for opt in sorted(OPTIMIZERS)])
 def test_two_replicas_of_two_blocks_equal_one_process(spark, digits_xy, pair, opt):
     X, y = digits_xy
@@ -107,6 +107,7 @@ def test_in_process_hybrid_equals_one_process_even_with_an_empty_shard(digits_xy
     assert rel(mp.to_sequential().params, ref.params) <= 1e-10
 
 
+@pytest.mark.slow
 def test_bytes_and_jobs_per_step_of_the_combine(spark, digits_xy):
     """One pair, D = 2: the driver collects D partials of the blocked weights and broadcasts
     their sum once; a smaller combine budget means more pieces, the same weights."""
@@ -179,6 +180,7 @@ def test_bad_replicas_raise_naming_the_value(bad):
         ModelParallel(mp_layers(), BlockPlan({0: 2}), (64,), replicas=2, combine_bytes=0)
 
 
+@pytest.mark.slow
 def test_save_load_and_to_sequential_of_a_hybrid(spark, digits_xy, tmp_path):
     X, y = digits_xy
     mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark,

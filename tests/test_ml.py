@@ -58,6 +58,7 @@ def _probs(df, name="probability"):
 
 
 # --------------------------------------------------------------------------- classifier
+@pytest.mark.slow
 def test_classifier_accuracy_and_mllib_schema(frames, fitted, digits):
     """Vector features: >= 95 % test accuracy through MLlib's evaluator; output columns
     of MLlib's types; probabilities are the softmax of the raw predictions; the
@@ -133,6 +134,7 @@ def test_output_columns_follow_params(frames, fitted):
 
 
 # ----------------------------------------------------------------------------- pipeline
+@pytest.mark.slow
 def test_pipeline_fit_save_load(spark, tmp_path, digits):
     """VectorAssembler -> StandardScaler -> SparkNetClassifier fits, transforms, and the
     PipelineModel saves and loads with identical predictions and probabilities."""
@@ -176,6 +178,7 @@ def test_pipeline_fit_save_load(spark, tmp_path, digits):
     assert est.getNetwork().get_config() == pipe.getStages()[-1].getNetwork().get_config()
 
 
+@pytest.mark.slow
 def test_cross_validator_picks_a_model(spark, digits):
     """CrossValidator over learning rate x epochs (2 x 1 grid, 2 folds) with MLlib's
     binary evaluator (areaUnderROC on the rawPrediction vectors)."""

@@ -187,6 +187,7 @@ def test_bad_rows_on_the_jvm(spark):
     _action_error(model.transform(df), r"features column 'features' has a null row")
 
 
+@pytest.mark.slow
 def test_jar_is_cached_and_complete(tmp_path, monkeypatch):
     """The jar is built once per source and Spark version, atomically, into the cache
     folder; without javac the build says so."""

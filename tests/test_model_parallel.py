@@ -231,6 +231,7 @@ def test_driver_memory_below_one_blocked_layer_and_streamed_save_load(spark, tmp
 
 
 # ------------------------------------------------------------------ lost residency
+@pytest.mark.slow
 def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy, tmp_path):
     X, y = digits_xy
     X = X.astype(np.float32)

@@ -53,6 +53,7 @@ def _measured_epoch(spark, X, y, partitions: int, tau: int) -> float:
     return statistics.median(h["time"][first:])
 
 
+@pytest.mark.slow
 def test_planner_choice_is_within_10_percent_of_the_best_measured(spark, digits, digits_plan):
     X, y, _, _ = digits
     best = digits_plan.best
