@@ -18,7 +18,7 @@ from a Connect client and from a Classic session, and what a round costs on each
   (``bench_model_parallel.py``'s paired step), median step after a warm-up.
 
 The Classic session is ``local[2]`` in this process; the Connect server is ``local[2]``
-in its own process (``tests/_connect_server.py``), with the same settings.  The engines
+in its own process (``tests/helpers/connect_server.py``), with the same settings.  The engines
 alternate (``--repeats``); ratios are Connect / Classic.
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/bench_connect.py [--epochs 4] [--repeats 1]
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
-    from _connect_server import ConnectServer
+    from helpers.connect_server import ConnectServer
     from sparknet.cluster.engine.session import DEFAULT_CONF
     from sparknet.datasets import load_mnist
 

@@ -274,7 +274,7 @@ def _save(args, rows: list) -> None:
 def run_master(master: str, args, rows: list) -> None:
     print(f"\n== {master}", flush=True)
     if master == "standalone":
-        from _standalone_cluster import StandaloneCluster
+        from helpers.standalone_cluster import StandaloneCluster
         with StandaloneCluster(workers=2, cores=1, memory="12g") as cluster:
             spark = session(cluster.url, {"spark.executor.cores": "1", "spark.executor.memory": "1g"})
             try:

@@ -6,11 +6,11 @@ Rows, each against the same fit undisturbed:
 
 * **executor lost** (sync numpy, sync DataFrame, async; a standalone cluster on 127.0.0.1,
   2 workers x 1 core): ``kill -9`` of one worker with its executor JVM and Python
-  processes after epoch 2 of an MNIST MLP fit (``tests/_faults_job.py``); the worker is
+  processes after epoch 2 of an MNIST MLP fit (``tests/helpers/faults_job.py``); the worker is
   started again at once.  Outcome, the recovery line logged, final test accuracy, time lost.
-* **model parallel, executor lost**: ``tests/_mp_executor_loss_job.py`` (its own network
+* **model parallel, executor lost**: ``tests/helpers/mp_executor_loss_job.py`` (its own network
   on the digits, an executor killed inside step 20, blocks restored from a checkpoint).
-* **driver killed and resumed** (local[2]): ``tests/_resume_job.py`` kills its own driver
+* **driver killed and resumed** (local[2]): ``tests/helpers/resume_job.py`` kills its own driver
   with SIGKILL mid-fit (gradient, average, async), then ``fit(resume=True)`` here.
 * **hung task**: a partition whose rounds never return (``inject_faults``), ``round_timeout=5``.
 * **divergence**: a 64-256-128-10 MLP, SGD at ``lr=1e3``, sync and async.
@@ -55,7 +55,7 @@ def _acc(out: dict, ref: dict) -> str:
 
 
 def executor_loss(mnist: str, rows: int, epochs: int, data_parallel: bool = True) -> None:
-    from _standalone_cluster import StandaloneCluster
+    from helpers.standalone_cluster import StandaloneCluster
 
     base = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25, "epochs": epochs,
             "batch_size": 32, "executors": 2}
@@ -66,7 +66,7 @@ def executor_loss(mnist: str, rows: int, epochs: int, data_parallel: bool = True
 
 
 def data_parallel_executor_loss(cluster: Any, mnist: str, rows: int, base: dict[str, Any]) -> None:
-    from _faults_job import FaultDriver
+    from helpers.faults_job import FaultDriver
 
     driver = FaultDriver(cluster.url, mnist, rows, base=base, ready_timeout=600, warm=True)
 
@@ -93,9 +93,10 @@ def data_parallel_executor_loss(cluster: Any, mnist: str, rows: int, base: dict[
 
 
 def mp_executor_loss(cluster: Any) -> None:
-    job = os.path.join(TESTS, "_mp_executor_loss_job.py")
+    job = os.path.join(TESTS, "helpers", "mp_executor_loss_job.py")
     if not os.path.exists(job):
-        row("executor lost, model parallel", "not run (tests/_mp_executor_loss_job.py missing)", "-", "-")
+        row("executor lost, model parallel",
+            "not run (tests/helpers/mp_executor_loss_job.py missing)", "-", "-")
         return
     deadline = time.time() + 120
     while cluster.alive_workers() < 2 and time.time() < deadline:
@@ -141,8 +142,8 @@ def _executor_id(pid: int) -> str | None:
 
 
 def driver_killed() -> None:
-    import _resume_job as rj
-    from _resume_job import SETTINGS, make_trainer
+    from helpers import resume_job as rj
+    from helpers.resume_job import SETTINGS, make_trainer
     from sparknet.datasets import load_digits
 
     X, y, Xt, yt = load_digits(test_size=0.25, seed=0)

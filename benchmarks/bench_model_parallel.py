@@ -267,7 +267,7 @@ def main() -> None:
             finally:
                 spark.stop()
         if "standalone" in args.modes:
-            from _standalone_cluster import StandaloneCluster
+            from helpers.standalone_cluster import StandaloneCluster
             with StandaloneCluster(workers=2, cores=1, memory="12g") as cluster:
                 spark = session(cluster.url, {"spark.executor.cores": "1", "spark.executor.memory": "1g"})
                 try:

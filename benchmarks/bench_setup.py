@@ -5,7 +5,7 @@ The issue-16 task: MNIST (60,000 x 784, an ML ``Vector`` column + a double label
 cached and materialised before the fit; the 10,000 test rows as validation data,
 likewise), the MLP 784-512-256-10, RMSprop 1e-3, batch 128, one epoch per fit.  In one
 Spark session (``local[2]``, or ``--standalone``: a standalone cluster of 2 workers x 1
-core on 127.0.0.1 started by ``tests/_standalone_cluster.py``):
+core on 127.0.0.1 started by ``tests/helpers/standalone_cluster.py``):
 
 1. the first fit of the session (``--no-warm-up``: the Python workers not started yet;
    default: started in the background by ``get_spark``, while the DataFrames are built);
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for _ in range(args.repeats):
         if args.standalone:
-            from _standalone_cluster import StandaloneCluster
+            from helpers.standalone_cluster import StandaloneCluster
             with StandaloneCluster(workers=2, cores=1, memory="3g") as cl:
                 runs.append(run_session(cl.url, data, args))
         else:

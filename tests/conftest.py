@@ -45,8 +45,7 @@ def _standalone():
 
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java found: a standalone Spark cluster cannot start")
-    sys.path.insert(0, HERE)
-    from _standalone_cluster import StandaloneCluster
+    from helpers.standalone_cluster import StandaloneCluster
 
     cluster = StandaloneCluster(workers=2, cores=1, memory="3g")
     with cluster:
@@ -69,8 +68,7 @@ def connect_server():
         import pyspark.sql.connect.session  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the Spark Connect client is not installed ({exc}): pip install '.[test]'")
-    sys.path.insert(0, HERE)
-    from _connect_server import ConnectServer
+    from helpers.connect_server import ConnectServer
     from sparknet.cluster.engine.session import DEFAULT_CONF
 
     conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}

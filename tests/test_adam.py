@@ -6,6 +6,7 @@ import itertools
 import numpy as np
 import pytest
 
+from helpers.models import mlp
 from sparknet import Adam, AdamW, Dense, Sequential
 from sparknet.optim import from_config, get
 
@@ -140,10 +141,7 @@ def test_data_parallel_adam_gradient_mode_equals_one_process_and_average_mode_le
     rows, P, B, seed = 600, 3, 100, 5
     X64, y64 = X[:rows].astype(np.float64), y[:rows]
 
-    def mlp():
-        return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=1,
-                          input_shape=(64,), dtype="float64")
-    model, ref = mlp(), mlp()
+    model, ref = (mlp(16, seed=1, input_shape=(64,), dtype="float64") for _ in range(2))
     trainer = DataParallelTrainer(model, spark, num_partitions=P, sync="gradient",
                                   optimizer=AdamW(lr=1e-2, amsgrad=True), seed=seed)
     trainer.fit(X64, y64, epochs=2, batch_size=B, verbose=0)

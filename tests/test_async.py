@@ -6,15 +6,12 @@ import time
 import numpy as np
 import pytest
 
-from _jobs import wait_no_active_jobs
-from sparknet import Dense, RMSprop, Sequential
+from helpers.jobs import wait_no_active_jobs
+from helpers.models import mlp
+from sparknet import RMSprop
 from sparknet.cluster.data_parallel.async_mode import AsyncPartitionError
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.testing import inject_faults
-
-
-def _mlp(seed=0):
-    return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=seed)
 
 
 def test_async_matches_sync_accuracy_on_digits(spark, digits):
@@ -23,7 +20,7 @@ def test_async_matches_sync_accuracy_on_digits(spark, digits):
     epochs, kw = 8, dict(num_partitions=2, local_steps=5, optimizer=RMSprop(lr=2e-3))
     acc = {}
     for mode in ("sync", "async"):
-        model = _mlp()
+        model = mlp(64)
         trainer = DataParallelTrainer(model, spark, mode=mode, **kw)
         _, h = trainer.fit(X, y, epochs=epochs, batch_size=32, verbose=0)
         acc[mode] = float(model.evaluate(Xt, yt)["accuracy"])
@@ -41,7 +38,7 @@ def test_async_matches_sync_accuracy_on_digits(spark, digits):
 def test_staleness_bound_holds_in_history(spark, digits, stale):
     """A straggler (0.3 s more per round) makes stale deltas; the bound 1 is enforced."""
     X, y, _, _ = digits
-    model = _mlp()
+    model = mlp(64)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3,
                                   optimizer=RMSprop(lr=2e-3), max_staleness=1, stale=stale)
     with inject_faults(delay={1: 0.3}):
@@ -74,7 +71,7 @@ def test_coalescing_restarts_close_partitions_together(spark, digits, coalesce):
     so both restart from the same parameters (the same launch version) and partition 0
     is hardly ever stale; with ``coalesce=0`` it relaunches at once, one update behind."""
     X, y, _, _ = digits
-    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, mode="async", local_steps=3,
+    trainer = DataParallelTrainer(mlp(64), spark, num_partitions=2, mode="async", local_steps=3,
                                   optimizer=RMSprop(lr=2e-3), coalesce=coalesce)
     with inject_faults(delay={0: 0.25, 1: 0.4}):
         _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
@@ -97,7 +94,7 @@ def test_coalescing_restarts_close_partitions_together(spark, digits, coalesce):
 
 def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
     X, y, _, _ = digits
-    model = _mlp()
+    model = mlp(64)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", local_steps=3)
     t0 = time.perf_counter()
     with inject_faults(fail={1: "disk on fire"}):
@@ -119,7 +116,7 @@ def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, d
     import threading
 
     X, y, Xt, yt = digits
-    model = _mlp()
+    model = mlp(64)
     seen = {}
     snapshots = {}
 
@@ -153,16 +150,16 @@ def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, d
 
 def test_bad_async_options(spark):
     with pytest.raises(ValueError, match="max_staleness"):
-        DataParallelTrainer(_mlp(), spark, mode="async", max_staleness=-1)
+        DataParallelTrainer(mlp(64), spark, mode="async", max_staleness=-1)
     with pytest.raises(ValueError, match="stale"):
-        DataParallelTrainer(_mlp(), spark, mode="async", stale="drop")
+        DataParallelTrainer(mlp(64), spark, mode="async", stale="drop")
     with pytest.raises(ValueError, match="sync='average'"):
-        DataParallelTrainer(_mlp(), spark, mode="async", sync="gradient")
+        DataParallelTrainer(mlp(64), spark, mode="async", sync="gradient")
     for bad in (-0.1, 1.5, "soon", True, float("nan")):
         with pytest.raises(ValueError, match="coalesce"):
-            DataParallelTrainer(_mlp(), spark, mode="async", coalesce=bad)
+            DataParallelTrainer(mlp(64), spark, mode="async", coalesce=bad)
     with pytest.raises(TypeError, match="max_staleness"):
-        DataParallelTrainer(_mlp(), spark, mode="sync", max_staleness=2)
+        DataParallelTrainer(mlp(64), spark, mode="sync", max_staleness=2)
     with pytest.raises(ValueError, match="slow"):
         with inject_faults(slow={0: -1.0}):
             pass
@@ -177,7 +174,7 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
     from sparknet.cluster.resident import driver as resident
 
     X, y, Xt, yt = digits
-    model = _mlp()
+    model = mlp(64)
     removed = []
 
     def on_update(info):
@@ -205,7 +202,7 @@ def test_fault_injection_enters_through_the_task_hook_and_leaves_with_the_block(
     from sparknet.cluster.data_parallel import round_task as rounds
 
     X, y, _, _ = digits
-    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=3)
+    trainer = DataParallelTrainer(mlp(64), spark, num_partitions=2, local_steps=3)
     with inject_faults(fail=[1]):
         with pytest.raises(Exception, match=r"injected failure in partition 1 \(sparknet.cluster.testing"):
             trainer.fit(X, y, epochs=1, batch_size=32, verbose=0)

@@ -9,19 +9,16 @@ import math
 import numpy as np
 import pytest
 
-from sparknet import Dense, RMSprop, Sequential
+from helpers.models import mlp
+from sparknet import Dense, RMSprop
 from sparknet.cluster.planning import planner
-
-
-def _mlp():
-    return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,), seed=0)
 
 
 def test_data_parallel_auto_partitions_uses_the_planners_choice(spark, digits, caplog):
     from sparknet.cluster import DataParallelTrainer
 
     X, y, Xt, yt = digits
-    model = _mlp()
+    model = mlp(64, input_shape=(64,))
     trainer = DataParallelTrainer(model, spark, num_partitions="auto", optimizer=RMSprop(lr=3e-3), local_steps=10)
     with caplog.at_level(logging.INFO, logger="sparknet.cluster.data_parallel.trainer"):
         _, h = trainer.fit(X, y, epochs=6, batch_size=32, verbose=0)
@@ -33,7 +30,7 @@ def test_data_parallel_auto_partitions_uses_the_planners_choice(spark, digits, c
     assert h.history["rounds"][0] == math.ceil(steps / 10)  # rounds of at most 10 local steps
     assert model.evaluate(Xt, yt)["accuracy"] > 0.9
     with pytest.raises(ValueError, match="num_partitions must be a positive integer or 'auto', got 'many'"):
-        DataParallelTrainer(_mlp(), spark, num_partitions="many")
+        DataParallelTrainer(mlp(64, input_shape=(64,)), spark, num_partitions="many")
 
 
 def test_model_parallel_auto_plan_blocks_the_large_layers(spark, digits_xy):

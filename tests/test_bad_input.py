@@ -8,6 +8,7 @@ than they hold are refused before anything of the declared size is allocated.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
+from helpers.models import mlp
 from sparknet import (
     LSTM,
     SGD,
@@ -46,9 +48,8 @@ X20 = RNG.random((20, 4)).astype(np.float32)
 Y20 = RNG.integers(0, 3, 20)
 
 
-def clf() -> Sequential:
-    """A built 4 -> 3 softmax classifier."""
-    return Sequential([Dense(5, activation="relu"), Dense(3, activation="softmax")], input_shape=(4,))
+# a built 4 -> 3 softmax classifier
+clf = functools.partial(mlp, 5, 3, input_shape=(4,))
 
 
 def reg() -> Sequential:

@@ -15,6 +15,7 @@ Bounds tested, with u32 = 2**-24 (float32) and u16 = 2**-8 (bfloat16), both unit
 """
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import pytest
 import sparknet._bf16 as _bf16
 import sparknet._conv as _conv
 import sparknet._dense as _dense
+from helpers.models import mlp
 from sparknet import GRU, LSTM, Conv2D, Dense, Flatten, MaxPool2D, RMSprop, Sequential, precision
 from sparknet.datasets import load_digits
 
@@ -522,8 +524,7 @@ def test_weights_are_packed_once_per_step():
 
 # ---------------------------------------------------------------------------- training
 
-def digits_mlp() -> Sequential:
-    return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], seed=3)
+digits_mlp = functools.partial(mlp, 64, seed=3)
 
 
 @needs_bf16

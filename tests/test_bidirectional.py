@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import (
     GRU,
     LSTM,

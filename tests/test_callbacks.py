@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 
+from helpers.models import mlp
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.callbacks import (
     EarlyStopping,
@@ -17,10 +18,6 @@ from sparknet.callbacks import (
     ReduceLROnPlateau,
 )
 from sparknet.schedules import Constant, CosineDecay, ExponentialDecay, LinearWarmup, StepDecay
-
-
-def _mlp(seed=0, hidden=16):
-    return Sequential([Dense(hidden, activation="relu"), Dense(10, activation="softmax")], seed=seed)
 
 
 class _Weights(LambdaCallback):
@@ -83,16 +80,18 @@ def test_bad_arguments_raise_value_errors_naming_them(make, message):
 def test_bad_callback_lists_and_missing_monitor_fail_clearly(digits):
     X, y, _, _ = digits
     with pytest.raises(ValueError, match="callbacks must be a list of callables; item 0 is 5"):
-        _mlp().fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=[5])
+        mlp(16).fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=[5])
     with pytest.raises(ValueError, match="callbacks must be a list"):
-        _mlp().fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=EarlyStopping())
+        mlp(16).fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=EarlyStopping())
     with pytest.raises(ValueError, match="several LearningRateScheduler"):
-        _mlp().fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=[LearningRateScheduler(Constant(1e-3))] * 2)
+        mlp(16).fit(X[:64], y[:64], epochs=1, verbose=0,
+                    callbacks=[LearningRateScheduler(Constant(1e-3))] * 2)
     with pytest.raises(ValueError, match="returned lr=-1.0 at step 0"):
-        _mlp().fit(X[:64], y[:64], epochs=1, verbose=0, callbacks=[LearningRateScheduler(lambda t: -1.0)])
+        mlp(16).fit(X[:64], y[:64], epochs=1, verbose=0,
+                    callbacks=[LearningRateScheduler(lambda t: -1.0)])
     seen = []
     with pytest.raises(ValueError) as err:   # val_loss without validation data: at the first epoch's end
-        _mlp().fit(X[:64], y[:64], epochs=3, verbose=0,
+        mlp(16).fit(X[:64], y[:64], epochs=3, verbose=0,
                    callbacks=[LambdaCallback(on_epoch_begin=lambda e, logs: seen.append(e)), EarlyStopping()])
     assert "EarlyStopping monitor='val_loss' is not in the epoch's logs (accuracy, loss, lr, time)" in str(err.value)
     assert "pass validation data" in str(err.value) and seen == [0]
@@ -116,13 +115,13 @@ def test_early_stopping_stops_at_the_right_epoch_and_restores_the_best_weights(d
     X, y, Xt, yt = digits
     kw = dict(epochs=12, batch_size=64, validation_data=(Xt, yt), verbose=0)
     ref = _Weights()
-    _mlp().fit(X, y, callbacks=[ref], optimizer=RMSprop(lr=0.02), **kw)
+    mlp(16).fit(X, y, callbacks=[ref], optimizer=RMSprop(lr=0.02), **kw)
     val = [logs["val_loss"] for logs in ref.logs]
     best, stop = _expected_stop(val, patience=2, min_delta=0.005)
     assert stop is not None and stop < 11, f"the reference fit must stall: {val}"
 
     es, rec = EarlyStopping(patience=2, min_delta=0.005, restore_best_weights=True), _Weights()
-    model = _mlp()
+    model = mlp(16)
     h = model.fit(X, y, callbacks=[rec, es], optimizer=RMSprop(lr=0.02), **kw)
     assert len(h.epoch) == stop + 1 and es.stopped_epoch == stop and es.best_epoch == best
     assert h["val_loss"] == val[:stop + 1]
@@ -131,7 +130,8 @@ def test_early_stopping_stops_at_the_right_epoch_and_restores_the_best_weights(d
     assert not np.array_equal(model.params, rec.weights[-1])
 
     # a plain callable returning True still stops, after that epoch
-    h = _mlp().fit(X, y, callbacks=[lambda epoch, logs: epoch == 1], optimizer=RMSprop(lr=0.02), **kw)
+    h = mlp(16).fit(X, y, callbacks=[lambda epoch, logs: epoch == 1], optimizer=RMSprop(lr=0.02),
+                    **kw)
     assert len(h.epoch) == 2
 
 
@@ -140,7 +140,7 @@ def test_model_checkpoint_writes_files_that_load(digits, tmp_path):
     every = ModelCheckpoint(tmp_path / "all" / "m-{epoch:02d}-{val_loss:.3f}.npz")
     best = ModelCheckpoint(tmp_path / "best-{epoch}.npz", monitor="val_accuracy", save_best_only=True)
     rec = _Weights()
-    model = _mlp()
+    model = mlp(16)
     h = model.fit(X, y, epochs=4, batch_size=64, validation_data=(Xt, yt), verbose=0, callbacks=[every, best, rec])
     names = sorted(os.listdir(tmp_path / "all"))
     assert names == [f"m-{e + 1:02d}-{h['val_loss'][e]:.3f}.npz" for e in range(4)]
@@ -151,14 +151,16 @@ def test_model_checkpoint_writes_files_that_load(digits, tmp_path):
     assert best.saved == [str(tmp_path / f"best-{e + 1}.npz") for e in improved]
     assert Sequential.load(best.saved[-1]).evaluate(Xt, yt)["accuracy"] == pytest.approx(max(acc))
     with pytest.raises(ValueError, match="names 'val_auc' that the epoch's logs do not hold"):
-        _mlp().fit(X, y, epochs=1, verbose=0, callbacks=[ModelCheckpoint(tmp_path / "{val_auc}.npz")])
+        mlp(16).fit(X, y, epochs=1, verbose=0,
+                    callbacks=[ModelCheckpoint(tmp_path / "{val_auc}.npz")])
 
 
 def test_reduce_lr_on_plateau_lowers_the_rate_after_patience(digits):
     X, y, _, _ = digits
     # min_delta larger than any change: only the first epoch improves
     plateau = ReduceLROnPlateau(monitor="loss", factor=0.5, patience=2, cooldown=1, min_delta=100.0, min_lr=3e-4)
-    h = _mlp().fit(X, y, epochs=7, batch_size=128, verbose=0, optimizer=RMSprop(lr=2e-3), callbacks=[plateau])
+    h = mlp(16).fit(X, y, epochs=7, batch_size=128, verbose=0, optimizer=RMSprop(lr=2e-3),
+                    callbacks=[plateau])
     assert h["lr"] == [2e-3, 2e-3, 2e-3, 1e-3, 1e-3, 5e-4, 5e-4]
     assert plateau.reductions == [(2, 1e-3), (4, 5e-4), (6, 3e-4)]   # the last one at min_lr
 
@@ -166,7 +168,7 @@ def test_reduce_lr_on_plateau_lowers_the_rate_after_patience(digits):
 def test_per_epoch_schedule_sets_each_epochs_rate(digits):
     X, y, _, _ = digits
     sched = LearningRateScheduler(StepDecay(1e-2, step_size=2, gamma=0.1), per="epoch")
-    h = _mlp().fit(X, y, epochs=5, batch_size=128, verbose=0, callbacks=[sched])
+    h = mlp(16).fit(X, y, epochs=5, batch_size=128, verbose=0, callbacks=[sched])
     assert h["lr"] == sched.lrs == [1e-2, 1e-2, 1e-2 * 0.1, 1e-2 * 0.1, 1e-2 * 0.1 ** 2]
 
 
@@ -182,17 +184,18 @@ def test_per_step_rates_one_process_equal_spark_sync_gradient_and_average(spark,
     X, y = X[:200], y[:200]
     b, epochs, S = 50, 2, 4                  # 4 steps per epoch in one process
     one = LearningRateScheduler(_schedule())
-    h1 = _mlp().fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[one])
+    h1 = mlp(16).fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[one])
     assert one.lrs == [_schedule()(t) for t in range(epochs * S)]
 
     grad = LearningRateScheduler(_schedule())
-    tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, sync="gradient", optimizer=RMSprop(lr=4e-3))
+    tr = DataParallelTrainer(mlp(16), spark, num_partitions=2, sync="gradient",
+                             optimizer=RMSprop(lr=4e-3))
     _, hg = tr.fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[grad])
     assert grad.lrs == one.lrs                     # exactly, step for step
     assert hg["lr"] == h1["lr"] == [_schedule()(0), _schedule()(S)]
 
     avg = LearningRateScheduler(_schedule())
-    tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, sync="average", local_steps=2,
+    tr = DataParallelTrainer(mlp(16), spark, num_partitions=2, sync="average", local_steps=2,
                              optimizer=RMSprop(lr=4e-3))
     _, ha = tr.fit(X, y, epochs=epochs, batch_size=b, verbose=0, callbacks=[avg])
     assert ha["lr"] == h1["lr"]
@@ -214,7 +217,7 @@ def test_average_mode_executors_apply_the_rates(spark, digits):
     X, y = X[:200], y[:200]
 
     def fit(callbacks):
-        tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, sync="average", local_steps=2,
+        tr = DataParallelTrainer(mlp(16), spark, num_partitions=2, sync="average", local_steps=2,
                                  optimizer=RMSprop(lr=4e-3))
         model, h = tr.fit(X, y, epochs=3, batch_size=50, verbose=0, callbacks=callbacks)
         return model.params.copy(), h
@@ -237,7 +240,7 @@ def test_callbacks_stop_spark_fits_and_restore_the_drivers_weights(spark, digits
     rec = _Weights()
     rec.on_round_end = lambda r, logs: rounds.append((int(logs["epoch"]), r, logs["loss"]))
     es = EarlyStopping(monitor="loss", min_delta=100.0, restore_best_weights=True)   # stops after epoch 1
-    tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, sync="average", local_steps=2)
+    tr = DataParallelTrainer(mlp(16), spark, num_partitions=2, sync="average", local_steps=2)
     model, h = tr.fit(X, y, epochs=5, batch_size=50, validation_data=(Xt, yt), verbose=0, callbacks=[rec, es])
     assert len(h.epoch) == 2 and es.stopped_epoch == 1 and es.best_epoch == 0
     assert [(e, r) for e, r, _ in rounds] == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -249,7 +252,7 @@ def test_callbacks_stop_spark_fits_and_restore_the_drivers_weights(spark, digits
     updates = []
     stopper.on_round_end = lambda r, logs: updates.append(logs["partition"])
     stopper.on_epoch_end = lambda e, logs: setattr(stopper, "stop_training", True)
-    tr = DataParallelTrainer(_mlp(), spark, num_partitions=2, mode="async", local_steps=2)
+    tr = DataParallelTrainer(mlp(16), spark, num_partitions=2, mode="async", local_steps=2)
     _, h = tr.fit(X, y, epochs=4, batch_size=50, verbose=0, callbacks=[stopper])
     assert len(h.epoch) == 1 and h["lr"] == [1e-3] and sorted(set(updates)) == [0.0, 1.0]
 
@@ -265,7 +268,7 @@ def test_model_parallel_schedule_and_early_stopping(digits):
     rec = _Weights()
     es = EarlyStopping(monitor="loss", min_delta=100.0, restore_best_weights=True)
     h = mp.fit(X, y, epochs=4, batch_size=128, callbacks=[sched, rec, es])
-    _mlp(hidden=32).fit(X, y, epochs=2, batch_size=128, verbose=0, callbacks=[one])
+    mlp(32).fit(X, y, epochs=2, batch_size=128, verbose=0, callbacks=[one])
     assert sched.lrs == one.lrs and len(sched.lrs) == 2 * S          # the same steps as one process's
     assert h["lr"] == [sched.lrs[0], sched.lrs[S]] and len(h["loss"]) == 2
     assert mp.job_optimizer.lr == sched.lrs[-1]                      # what the block jobs carry
@@ -288,10 +291,10 @@ def test_estimator_takes_callbacks_that_are_not_saved(spark, digits, tmp_path):
     df = spark.createDataFrame(pdf, schema).select(array_to_vector("features").alias("features"), "label")
     sched = LearningRateScheduler(StepDecay(3e-3, 1, 0.5), per="epoch")
     stop = LambdaCallback(on_epoch_end=lambda e, logs: setattr(stop, "stop_training", e == 2))
-    clf = SparkNetClassifier(network=_mlp(), epochs=6, numPartitions=2, localSteps=4, batchSize=50,
+    clf = SparkNetClassifier(network=mlp(16), epochs=6, numPartitions=2, localSteps=4, batchSize=50,
                              callbacks=[sched, stop])
     assert clf.getCallbacks() == [sched, stop] and "callbacks" not in {p.name for p in clf.params}
     model = clf.fit(df)
-    assert model._history["lr"] == [3e-3, 1.5e-3, 7.5e-4]
+    assert model.history["lr"] == [3e-3, 1.5e-3, 7.5e-4]
     clf.save(str(tmp_path / "clf"))
     assert SparkNetClassifier.load(str(tmp_path / "clf")).getCallbacks() == []

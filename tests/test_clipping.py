@@ -5,6 +5,7 @@ spans every block and the driver's layers."""
 import numpy as np
 import pytest
 
+from helpers.models import mlp, mp_layers
 from sparknet import SGD, Adam, AdamW, Dense, RMSprop, Sequential
 from sparknet.optim import from_config
 
@@ -112,10 +113,7 @@ def test_one_process_fit_step_for_step_equals_torch(digits, dtype, tol):
     X, y, _, _ = digits
     X, y = X[:256].astype(dtype), y[:256]
 
-    def mlp():
-        return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=2,
-                          input_shape=(64,), dtype=dtype)
-    model, plain = mlp(), mlp()
+    model, plain = (mlp(16, seed=2, input_shape=(64,), dtype=dtype) for _ in range(2))
     tdtype = torch.float64 if dtype == "float64" else torch.float32
     lin = _torch_mlp(torch, model, tdtype)
     params = [q for layer in lin for q in layer.parameters()]
@@ -148,10 +146,7 @@ def test_data_parallel_gradient_mode_clips_the_mean_gradient(spark, digits):
     rows, P, B, seed = 300, 3, 100, 5
     X64, y64 = X[:rows].astype(np.float64), y[:rows]
 
-    def mlp():
-        return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=1,
-                          input_shape=(64,), dtype="float64")
-    model, ref, plain = mlp(), mlp(), mlp()
+    model, ref, plain = (mlp(16, seed=1, input_shape=(64,), dtype="float64") for _ in range(3))
     DataParallelTrainer(model, spark, num_partitions=P, sync="gradient",
                         optimizer=Adam(lr=1e-2, clipnorm=0.3), seed=seed).fit(X64, y64, epochs=1, batch_size=B,
                                                                              verbose=0)
@@ -188,10 +183,6 @@ def test_data_parallel_average_mode_clips_each_local_step(spark, digits):
     assert fits[0.05].evaluate(Xt, yt)["accuracy"] > 0.9
 
 
-def _mp_layers():
-    return [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
-
-
 def _mp_against_one_process(mp, X, y, make_opt):
     """Fit ``mp`` and one process from its initial weights (same batches); relative distance
     of the weights, and how far clipping moved the one-process weights."""
@@ -222,7 +213,7 @@ def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pai
 
     def make_opt():
         return RMSprop(lr=3e-3, clipnorm=0.4)
-    mp = ModelParallel(_mp_layers(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark,
                        dtype="float64", seed=K, optimizer=make_opt(), name=f"clip-{K}")
     try:
         jobs0 = mp._bytes["jobs"]
@@ -252,7 +243,7 @@ def test_model_parallel_clipping_in_process_blocks(digits_xy, case):
         "driver-between": (BlockPlan({1: 3}), 1, lambda: Adam(lr=3e-3, clipnorm=0.2, clipvalue=0.02)),
         "value-only": (BlockPlan({0: 2, 1: 2, 2: 2}), 2, lambda: RMSprop(lr=3e-3, clipvalue=0.005)),
     }[case]
-    mp = ModelParallel(_mp_layers(), plan, (64,), dtype="float64", seed=5, optimizer=make_opt(),
+    mp = ModelParallel(mp_layers(), plan, (64,), dtype="float64", seed=5, optimizer=make_opt(),
                        replicas=replicas, combine_bytes=4000)
     if replicas > 1:
         assert len(mp.pieces(mp.stages[0].layers)) > 1

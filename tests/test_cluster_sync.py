@@ -8,14 +8,11 @@ import time
 import numpy as np
 import pytest
 
+from helpers.frames import row_frame
+from helpers.models import mlp
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data.sharding import split_indices
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
-
-
-def _mlp(dtype="float32", hidden=32, seed=0, input_shape=None):
-    return Sequential([Dense(hidden, activation="relu"), Dense(10, activation="softmax")],
-                      input_shape=input_shape, dtype=dtype, seed=seed)
 
 
 def _conv(seed):
@@ -38,7 +35,8 @@ def test_gradient_sync_equals_single_process_float64(spark, digits, kind, rows, 
     X = X[:rows].astype(np.float64)
     y = y[:rows]
     P, B, seed = 3, 100, 5
-    make = {"dense": lambda s: _mlp("float64", seed=s, input_shape=(64,)), "conv": _conv, "lstm": _lstm}[kind]
+    make = {"dense": lambda s: mlp(32, dtype="float64", seed=s, input_shape=(64,)),
+            "conv": _conv, "lstm": _lstm}[kind]
     model = make(1)
     start = model.params.copy()
     trainer = DataParallelTrainer(model, spark, num_partitions=P, sync="gradient",
@@ -80,7 +78,7 @@ def test_rounds_of_several_epochs_follow_the_documented_schedule_float64(spark, 
     X, y, Xt, yt = digits
     rows, P, B, seed, epochs = 600, 3, 50, 11, 5
     X, y = X[:rows].astype(np.float64), y[:rows]
-    model = _mlp("float64", hidden=16, seed=2, input_shape=(64,))
+    model = mlp(16, dtype="float64", seed=2, input_shape=(64,))
     start = model.params.copy()
     trainer = DataParallelTrainer(model, spark, num_partitions=P, sync="average", local_steps=8,
                                   optimizer=RMSprop(lr=5e-3), seed=seed)
@@ -93,7 +91,7 @@ def test_rounds_of_several_epochs_follow_the_documented_schedule_float64(spark, 
     assert np.isnan(val[0]) and np.isnan(val[2]) and all(np.isfinite([val[1], val[3], val[4]]))
     assert val[4] == pytest.approx(model.evaluate(Xt, yt)["accuracy"], abs=1e-12)
 
-    ref = _mlp("float64", hidden=16, seed=2, input_shape=(64,))
+    ref = mlp(16, dtype="float64", seed=2, input_shape=(64,))
     np.testing.assert_array_equal(ref.params, start)
     shards = [(X[i], y[i]) for i in split_indices(rows, P, seed)]
     opts = [RMSprop(lr=5e-3) for _ in shards]
@@ -120,7 +118,7 @@ def test_auto_rounds_grow_past_one_epoch_when_an_epoch_is_short(spark, digits):
     """local_steps='auto' on a tiny epoch: rounds span several epochs (capped by
     max_epochs_per_round), so Spark's share of a round falls."""
     X, y, _, _ = digits
-    model = _mlp(hidden=16, seed=0)
+    model = mlp(16, seed=0)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=3e-3),
                                   max_epochs_per_round=3)
     _, history = trainer.fit(X[:400], y[:400], epochs=7, batch_size=50, verbose=0)
@@ -135,7 +133,7 @@ def test_auto_rounds_grow_past_one_epoch_when_an_epoch_is_short(spark, digits):
 @pytest.mark.parametrize("partitions", [2, 4])
 def test_tau_averaging_reaches_97_percent_on_digits(spark, digits, partitions):
     X, y, Xt, yt = digits
-    model = _mlp(hidden=128, seed=0)
+    model = mlp(128, seed=0)
     trainer = DataParallelTrainer(model, spark, num_partitions=partitions, sync="average",
                                   optimizer=RMSprop(lr=3e-3))
     t0 = time.perf_counter()
@@ -150,27 +148,20 @@ def test_tau_averaging_reaches_97_percent_on_digits(spark, digits, partitions):
     assert trainer.cost is not None and trainer.cost.t_fixed > 0 and trainer.cost.t_step > 0
 
 
-def _vector_df(spark, X, y, partitions, array=False):
-    from pyspark.ml.linalg import Vectors
-    rows = [([float(v) for v in x] if array else Vectors.dense(x), int(t)) for x, t in zip(X, y)]
-    schema = "features array<double>, label long" if array else None
-    df = spark.createDataFrame(rows, schema=schema) if array else spark.createDataFrame(rows, ["features", "label"])
-    return df.repartition(partitions)
-
-
 @pytest.mark.parametrize("kind", ["vector_df", "array_df", "rdd", "numpy"])
 def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
     X, y, Xt, yt = digits
     if kind == "vector_df":
-        data, labels, val = _vector_df(spark, X, y, 2), None, _vector_df(spark, Xt, yt, 2)
+        data, labels, val = row_frame(spark, X, y, 2), None, row_frame(spark, Xt, yt, 2)
     elif kind == "array_df":
-        data, labels, val = _vector_df(spark, X, y, 2, array=True), None, _vector_df(spark, Xt, yt, 2, array=True)
+        data, labels = row_frame(spark, X, y, 2, array=True), None
+        val = row_frame(spark, Xt, yt, 2, array=True)
     elif kind == "rdd":
         data = spark.sparkContext.parallelize(list(zip(X, y)), 2)
         labels, val = None, spark.sparkContext.parallelize(list(zip(Xt, yt)), 2)
     else:
         data, labels, val = X, y, (Xt, yt)
-    model = _mlp(hidden=64, seed=3)
+    model = mlp(64, seed=3)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=3e-3))
     _, history = trainer.fit(data, labels, epochs=4, batch_size=16, validation_data=val, verbose=0)
     local = model.evaluate(Xt, yt)
@@ -185,7 +176,7 @@ def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
 
 def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
     X, y, _, _ = digits
-    model = _mlp(hidden=16, seed=0)
+    model = mlp(16, seed=0)
     trainer = DataParallelTrainer(model, spark, num_partitions=8, sync="gradient",
                                   optimizer=RMSprop(lr=1e-2))
     before = model.params.copy()
@@ -193,8 +184,8 @@ def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
     assert np.isfinite(history["loss"]).all() and not np.array_equal(before, model.params)
     assert history["rounds"] == [3, 3]
     # a DataFrame whose partitions are partly empty (3 rows in 6 partitions)
-    df = _vector_df(spark, X[:3], y[:3], 1).repartition(6)
-    model2 = _mlp(hidden=16, seed=0)
+    df = row_frame(spark, X[:3], y[:3], 1).repartition(6)
+    model2 = mlp(16, seed=0)
     trainer2 = DataParallelTrainer(model2, spark, sync="average", optimizer=RMSprop(lr=1e-2))
     _, h2 = trainer2.fit(df, epochs=1, batch_size=4, verbose=0)
     assert np.isfinite(h2["loss"]).all()
@@ -202,7 +193,7 @@ def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
 
 
 def _bad_fit(spark, data, y=None, match="", **kw):
-    model = _mlp(hidden=8, seed=0, input_shape=(64,))
+    model = mlp(8, seed=0, input_shape=(64,))
     before = model.params.copy()
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=1e-2))
     with pytest.raises(ValueError, match=match):
@@ -215,7 +206,7 @@ def _bad_fit(spark, data, y=None, match="", **kw):
 def test_bad_input_fails_before_any_round(spark, digits):
     from pyspark.ml.linalg import Vectors
     X, y, _, _ = digits
-    good = _vector_df(spark, X[:40], y[:40], 2)
+    good = row_frame(spark, X[:40], y[:40], 2)
     _bad_fit(spark, good, match="no label column 'target'", label_col="target")
     _bad_fit(spark, good, match="no features column 'pixels'", features_col="pixels")
     ragged = spark.createDataFrame([(Vectors.dense(X[i]), int(y[i])) for i in range(10)]

@@ -263,3 +263,90 @@ def test_core_does_not_import_cluster():
         "the core (sparknet/*.py, sparknet/layers) imports sparknet.cluster at module level"
     extra = _crossings("core", "sparknet.cluster", deferred=True) - KNOWN_CORE_TO_CLUSTER
     assert not extra, f"new imports of sparknet.cluster from the core: {sorted(extra)}"
+
+
+# ------------------------------------------------------------------ the tests themselves
+TESTS = os.path.join(ROOT, "tests")
+HELPERS = os.path.join(TESTS, "helpers")
+# builders that live in tests/helpers/ (models.py, frames.py), with the names their copies had
+SHARED_BUILDERS = {"mlp", "_mlp", "mp_layers", "_mp_layers", "array_frame", "_array_df",
+                   "vector_frame", "_vector_df", "row_frame", "_cached_df"}
+
+
+def _test_sources() -> Iterator[tuple[str, ast.Module]]:
+    for base, _, files in os.walk(TESTS):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(base, name)
+                with open(path, encoding="utf-8") as fh:
+                    yield os.path.relpath(path, ROOT), ast.parse(fh.read(), path)
+
+
+def _touches_sys_path(node: ast.AST) -> bool:
+    """``sys.path`` written: assigned, or one of its mutating methods called."""
+    def is_sys_path(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "path" and isinstance(n.value, ast.Name)
+                and n.value.id == "sys")
+
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return is_sys_path(node.func.value) and node.func.attr in {
+            "insert", "append", "extend", "remove", "pop", "clear", "__setitem__"}
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return any(is_sys_path(t) or (isinstance(t, ast.Subscript) and is_sys_path(t.value))
+                   for t in targets)
+    return False
+
+
+def _two_dense_softmax(fn: ast.FunctionDef) -> bool:
+    """Whether ``fn`` only returns ``Sequential([Dense(.., relu), Dense(.., softmax)], ..)``:
+    a copy of :func:`helpers.models.mlp` under another name."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if len(body) != 1 or not isinstance(body[0], ast.Return):
+        return False
+    call = body[0].value
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+            and call.func.id == "Sequential" and call.args and isinstance(call.args[0], ast.List)):
+        return False
+    acts = []
+    for layer in call.args[0].elts:
+        if not (isinstance(layer, ast.Call) and isinstance(layer.func, ast.Name)
+                and layer.func.id == "Dense"):
+            return False
+        acts += [kw.value.value for kw in layer.keywords if kw.arg == "activation"
+                 and isinstance(kw.value, ast.Constant)]
+    return acts == ["relu", "softmax"] and len(call.args[0].elts) == 2
+
+
+def test_tests_do_not_edit_sys_path():
+    """Shared test code is the ``helpers`` package, on the path through pyproject's pytest
+    ``pythonpath``; a driver script run as its own process imports only sparknet."""
+    found = [f"{path}:{node.lineno}" for path, tree in _test_sources() for node in ast.walk(tree)
+             if _touches_sys_path(node)]
+    assert not found, ("sys.path edited in tests (import from tests/helpers/ instead): "
+                       + ", ".join(found))
+
+
+def test_shared_builders_are_not_copied():
+    """The small networks and DataFrames the tests share are built in tests/helpers/ only."""
+    found = []
+    for path, tree in _test_sources():
+        if path.startswith(os.path.relpath(HELPERS, ROOT) + os.sep):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and (node.name in SHARED_BUILDERS
+                                                      or _two_dense_softmax(node)):
+                found.append(f"{path}:{node.lineno} {node.name}")
+    assert not found, ("builders redefined outside tests/helpers/ (use helpers.models or "
+                       "helpers.frames): " + ", ".join(found))
+
+
+def test_the_test_checks_find_what_they_look_for():
+    """The two checks above flag a sys.path edit and an mlp copy (so they cannot pass vacuously)."""
+    tree = ast.parse("import sys\nsys.path.insert(0, 'x')\nsys.path[0] = 'y'\n"
+                     "def net(seed=0):\n"
+                     "    return Sequential([Dense(8, activation='relu'),\n"
+                     "                       Dense(10, activation='softmax')], seed=seed)\n")
+    assert sum(_touches_sys_path(n) for n in ast.walk(tree)) == 2
+    fns = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert [_two_dense_softmax(f) for f in fns] == [True]

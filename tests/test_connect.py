@@ -13,16 +13,12 @@ import time
 import numpy as np
 import pytest
 
+from helpers.models import mlp
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.engine.base import engine_for, is_connect
 from sparknet.cluster.engine.connect import ConnectResident
 from sparknet.errors import RoundTimeout
-
-
-def _mlp(dtype="float64", seed=1):
-    return Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,),
-                      dtype=dtype, seed=seed)
 
 
 def _folders():
@@ -59,19 +55,20 @@ def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digit
     if carry == "rows":
         monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1024)
         monkeypatch.setattr(engine_connect, "CHUNK_BYTES", 16 << 10)
-        shipped = engine_for(connect_spark).ship(_mlp().params)
+        net = mlp(32, input_shape=(64,), dtype="float64", seed=1)
+        shipped = engine_for(connect_spark).ship(net.params)
         assert isinstance(shipped, engine_connect.InRows) and shipped.frame.count() > 1
         shipped.destroy()
     X, y, _, _ = digits
     X, y = X[:rows].astype(np.float64), y[:rows]
     out = {}
     for name, session in (("classic", spark), ("connect", connect_spark)):
-        model = _mlp()
+        model = mlp(32, input_shape=(64,), dtype="float64", seed=1)
         trainer = DataParallelTrainer(model, session, num_partitions=3, sync="gradient",
                                       optimizer=RMSprop(lr=1e-2), seed=5)
         _, history = trainer.fit(X, y, epochs=epochs, batch_size=100, verbose=0)
         out[name] = (model.params.copy(), history["loss"])
-    start = _mlp().params
+    start = mlp(32, input_shape=(64,), dtype="float64", seed=1).params
     ref, got = out["classic"][0], out["connect"][0]
     rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     moved = np.linalg.norm(ref - start) / np.linalg.norm(start)
@@ -89,7 +86,7 @@ def test_average_sync_reaches_classic_accuracy_on_digits(spark, connect_spark, d
     X, y, Xt, yt = digits
     acc = {}
     for name, session in (("classic", spark), ("connect", connect_spark)):
-        model = _mlp("float32", seed=3)
+        model = mlp(32, input_shape=(64,), seed=3)
         df = session.createDataFrame([(Vectors.dense(x.astype(float)), float(t)) for x, t in zip(X, y)],
                                      ["features", "label"]).repartition(2)
         trainer = DataParallelTrainer(model, session, sync="average", local_steps=8,
@@ -147,7 +144,7 @@ def test_async_under_connect_does_not_wait_for_a_straggler_and_stops_on_ctrl_c(c
     from sparknet.cluster.testing import inject_faults
 
     X, y, _, _ = digits
-    model = _mlp("float32")
+    model = mlp(32, input_shape=(64,), seed=1)
     trainer = DataParallelTrainer(model, connect_spark, num_partitions=2, mode="async", local_steps=3)
     with inject_faults(delay={1: 0.5}):
         _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
@@ -285,8 +282,8 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     X, y, _, _ = digits
 
     def trainer():
-        return DataParallelTrainer(_mlp("float32"), connect_spark, num_partitions=2, sync="gradient",
-                                   optimizer=RMSprop(lr=2e-3))
+        return DataParallelTrainer(mlp(32, input_shape=(64,), seed=1), connect_spark,
+                                   num_partitions=2, sync="gradient", optimizer=RMSprop(lr=2e-3))
 
     with inject_faults(fail=[1]), pytest.raises(Exception, match="injected failure in partition 1"):
         trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)
@@ -332,7 +329,8 @@ def test_what_needs_a_spark_context_says_so_under_connect(connect_spark, digits)
 
     X, y, _, _ = digits
     with pytest.raises(NotImplementedError, match="num_partitions='auto'"):
-        DataParallelTrainer(_mlp("float32"), connect_spark, num_partitions="auto").fit(X, y, epochs=1, verbose=0)
+        DataParallelTrainer(mlp(32, input_shape=(64,), seed=1), connect_spark,
+                            num_partitions="auto").fit(X, y, epochs=1, verbose=0)
     with pytest.raises(NotImplementedError, match="plan='auto'.*pass a BlockPlan"):
         ModelParallel([Dense(32, activation="relu"), Dense(10, activation="softmax")], "auto",
                       input_shape=(64,), spark=connect_spark)

@@ -6,8 +6,6 @@ hang."""
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import threading
 import time
 
@@ -17,8 +15,6 @@ import pytest
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
 
 @pytest.fixture(scope="module")
 def connect_standalone(_standalone):
@@ -27,10 +23,9 @@ def connect_standalone(_standalone):
         import grpc  # noqa: F401
     except ImportError as exc:
         pytest.skip(f"the Spark Connect client is not installed ({exc}): pip install '.[test]'")
-    sys.path.insert(0, HERE)
     from pyspark.sql.connect.session import SparkSession as RemoteSession
 
-    from _connect_server import ConnectServer
+    from helpers.connect_server import ConnectServer
     from sparknet.cluster.engine.session import DEFAULT_CONF
 
     conf = {k: v for k, v in DEFAULT_CONF.items() if k != "spark.ui.showConsoleProgress"}

@@ -12,27 +12,24 @@ import sys
 
 import pytest
 
-from sparknet import Dense, RMSprop, Sequential
+from helpers.models import mlp
+from sparknet import RMSprop
 
 LINE = re.compile(r"^epoch (\d+)/(\d+) - \d+\.\d\ds - loss: \d\.\d{4} - accuracy: \d\.\d{4}"
                   r"( - val_loss: \d+\.\d{4} - val_accuracy: \d\.\d{4})?( - spark: \d+% of round time)?$")
 
 
-def _mlp():
-    return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=0)
-
-
 def test_one_process_verbose_levels(capsys, digits):
     X, y, Xt, yt = digits
-    _mlp().fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=0)
+    mlp(16).fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=0)
     out, err = capsys.readouterr()
     assert out == "" and err == ""
-    _mlp().fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=2)
+    mlp(16).fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=2)
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert [LINE.match(ln).group(1) for ln in lines] == ["1", "2", "3"], out
     assert all("val_accuracy" in ln for ln in lines) and err == ""
-    _mlp().fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=1)
+    mlp(16).fit(X, y, epochs=3, batch_size=64, validation_data=(Xt, yt), verbose=1)
     out, err = capsys.readouterr()
     assert out == ""
     screen = err.replace("\r", "\n").splitlines()
@@ -42,14 +39,15 @@ def test_one_process_verbose_levels(capsys, digits):
     assert final.startswith("epoch 3/3") and "100%" not in final and "loss=" in final
     assert "val_accuracy=" in final and "train_" not in err and "nan" not in err.lower()
     with pytest.raises(ValueError, match="verbose must be 0 .* got 3"):
-        _mlp().fit(X, y, epochs=1, verbose=3)
+        mlp(16).fit(X, y, epochs=1, verbose=3)
 
 
 def test_data_parallel_verbose_two_prints_one_line_per_epoch(capsys, spark, digits):
     from sparknet.cluster import DataParallelTrainer
 
     X, y, Xt, yt = digits
-    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=8, optimizer=RMSprop(lr=3e-3))
+    trainer = DataParallelTrainer(mlp(16), spark, num_partitions=2, local_steps=8,
+                                  optimizer=RMSprop(lr=3e-3))
     trainer.fit(X, y, epochs=3, batch_size=32, validation_data=(Xt, yt), verbose=2)
     out, _ = capsys.readouterr()
     lines = [ln for ln in out.splitlines() if ln.startswith("epoch ")]
@@ -93,7 +91,7 @@ def test_validation_every_k_epochs_is_said_once_and_no_nan_shown(capsys, spark, 
 
     X, y, Xt, yt = digits
     steps_per_epoch = -(-(len(y) // 2) // 32)  # per partition
-    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=2, local_steps=2 * steps_per_epoch,
+    trainer = DataParallelTrainer(mlp(16), spark, num_partitions=2, local_steps=2 * steps_per_epoch,
                                   optimizer=RMSprop(lr=3e-3))
     trainer.fit(X, y, epochs=4, batch_size=32, validation_data=(Xt, yt), verbose=2)
     out, err = capsys.readouterr()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import sparknet
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import AvgPool2D, Conv2D, Dense, Dropout, Flatten, MaxPool2D, RMSprop, Sequential, load_model
 from sparknet.datasets import load_digits
 

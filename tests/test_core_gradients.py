@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _gradcheck import model_gradcheck, rel_error
+from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import Activation, Dense, Dropout, Flatten, Sequential
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 
@@ -62,7 +62,7 @@ def test_dropout_gradient_through_a_model_with_a_frozen_mask():
     x = np.random.default_rng(2).standard_normal((5, 4))
     drop = model.layers[1]
     model.forward(x, training=True)
-    mask = drop._mask.copy()
+    mask = drop.backward(np.ones((5, 8)))   # dy * mask: the mask this forward drew
     orig = drop.forward
     drop.forward = lambda x_, training=False: (setattr(drop, "_mask", mask) or x_ * mask)
     try:

@@ -29,12 +29,11 @@ import uuid
 import numpy as np
 import pytest
 
-from _jobs import wait_no_active_jobs
+from helpers.jobs import wait_no_active_jobs
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.resident import spill
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_ROWS = 3000
 BASE_FIT = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25, "epochs": 3,
             "batch_size": 32}
@@ -177,8 +176,7 @@ def test_folders_of_killed_drivers_are_swept_and_live_ones_kept(spark):
 # --------------------------------------------------------------- standalone cluster
 @pytest.fixture(scope="module")
 def faults(mnist_dir, _standalone):
-    sys.path.insert(0, HERE)
-    from _faults_job import FaultDriver
+    from helpers.faults_job import FaultDriver
 
     cluster = _standalone.ensure_workers()  # the run's shared cluster (conftest.py)
     driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)

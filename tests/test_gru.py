@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import GRU, LSTM, Dense, Embedding, Sequential, _recurrent
 from sparknet.data import lengths_to_mask, pad_sequences
 from sparknet.layers.recurrent import reset_states

@@ -7,13 +7,10 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from helpers.models import mp_layers
 from sparknet import SGD, Dense, RMSprop
 from sparknet.cluster.model_parallel import ModelParallel
 from sparknet.cluster.model_parallel.block_partition import BlockPlan
-
-
-def mlp():
-    return [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
 
 
 def rel(a, b):
@@ -52,11 +49,12 @@ OPTIMIZERS = {"rmsprop": lambda: RMSprop(lr=2e-3), "sgd-momentum": lambda: SGD(l
 
 @pytest.mark.parametrize("pair,opt", [
     pytest.param(pair, opt, id=f"{'paired' if pair else 'blocks'}-{opt}",
-                 marks=[pytest.mark.slow] if (pair, opt) == (False, "rmsprop") else [])
+                 marks=[] if (pair, opt) == (True, "rmsprop") else [pytest.mark.slow])
     for pair in (False, True) for opt in sorted(OPTIMIZERS)])
 def test_two_replicas_of_two_blocks_equal_one_process(spark, digits_xy, pair, opt):
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=pair), (64,), spark=spark, dtype="float64",
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=pair), (64,), spark=spark,
+                       dtype="float64",
                        seed=11, optimizer=OPTIMIZERS[opt](), replicas=2, name=f"hybrid-{int(pair)}-{opt}")
     try:
         assert mp.n_slots == 4 and mp.layout.replicas == 2
@@ -74,7 +72,8 @@ def test_two_replicas_of_two_blocks_equal_one_process(spark, digits_xy, pair, op
 @pytest.mark.parametrize("replicas,K", [(1, 2), (2, 1)], ids=["D1-K2", "D2-K1"])
 def test_degenerate_hybrids_equal_one_process(spark, digits_xy, replicas, K):
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({0: K, 1: K}, pair=True), (64,), spark=spark, dtype="float64", seed=5,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: K, 1: K}, pair=True), (64,), spark=spark,
+                       dtype="float64", seed=5,
                        optimizer=RMSprop(lr=2e-3), replicas=replicas, name=f"degenerate-{replicas}-{K}")
     try:
         assert mp.n_slots == replicas * K
@@ -92,11 +91,13 @@ def test_in_process_hybrid_equals_one_process_even_with_an_empty_shard(digits_xy
     """spark=None runs the same executor code; a batch of one row leaves replica 1's shard empty."""
     X, y = digits_xy
     make_opt = lambda: SGD(lr=0.05, momentum=0.9, nesterov=True)  # noqa: E731
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), dtype="float64", seed=3,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), dtype="float64",
+                       seed=3,
                        optimizer=make_opt(), replicas=2)
     assert_same_as_one_process(mp, X, y, make_opt)
     # a pair and a blocked head, combined in pieces of a few rows
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=True), (64,), dtype="float64", seed=3,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=True), (64,),
+                       dtype="float64", seed=3,
                        optimizer=make_opt(), replicas=2, combine_bytes=1024)
     assert [len(mp.pieces(st.layers)) > 3 for st in mp.stages] == [True, True]
     ref, opt = mp.to_sequential(), make_opt()
@@ -106,6 +107,7 @@ def test_in_process_hybrid_equals_one_process_even_with_an_empty_shard(digits_xy
     assert rel(mp.to_sequential().params, ref.params) <= 1e-10
 
 
+@pytest.mark.slow
 def test_bytes_and_jobs_per_step_of_the_combine(spark, digits_xy):
     """One pair, D = 2: the driver collects D partials of the blocked weights and broadcasts
     their sum once; a smaller combine budget means more pieces, the same weights."""
@@ -173,14 +175,16 @@ def test_driver_memory_below_one_blocked_layer_with_a_small_combine_budget(spark
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True, "2", None])
 def test_bad_replicas_raise_naming_the_value(bad):
     with pytest.raises(ValueError, match=rf"replicas must be a positive integer, got {bad!r}"):
-        ModelParallel(mlp(), BlockPlan({0: 2}), (64,), replicas=bad)
+        ModelParallel(mp_layers(), BlockPlan({0: 2}), (64,), replicas=bad)
     with pytest.raises(ValueError, match="combine_bytes must be a positive integer, got 0"):
-        ModelParallel(mlp(), BlockPlan({0: 2}), (64,), replicas=2, combine_bytes=0)
+        ModelParallel(mp_layers(), BlockPlan({0: 2}), (64,), replicas=2, combine_bytes=0)
 
 
+@pytest.mark.slow
 def test_save_load_and_to_sequential_of_a_hybrid(spark, digits_xy, tmp_path):
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64", seed=8,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark,
+                       dtype="float64", seed=8,
                        optimizer=SGD(lr=0.05, momentum=0.9), replicas=2, name="hybrid-save")
     loaded = []
     try:

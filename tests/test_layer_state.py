@@ -262,6 +262,7 @@ def test_model_parallel_keeps_the_state_on_the_driver_stage_as_one_process(spark
 
 
 # ---------------------------------------------------------------------------- Spark ML
+@pytest.mark.slow
 def test_estimator_with_normalisation_and_residual_layers_round_trips(spark, digits, tmp_path):
     import pandas as pd
     from pyspark.ml.functions import array_to_vector

@@ -22,6 +22,8 @@ from pyspark.ml.linalg import Vectors, VectorUDT  # noqa: E402
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
+from helpers.frames import array_frame, vector_frame  # noqa: E402
+from helpers.models import mlp  # noqa: E402
 from sparknet import Dense, Flatten, Sequential  # noqa: E402
 from sparknet.layers import LSTM, Conv2D, MaxPool2D, SequenceMask  # noqa: E402
 from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor  # noqa: E402
@@ -30,41 +32,17 @@ from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier, SparkNe
 FAST = dict(numPartitions=2, localSteps=64, batchSize=32)
 
 
-def _mlp(hidden=64, classes=10):
-    return Sequential([Dense(hidden, activation="relu"), Dense(classes, activation="softmax")])
-
-
-def _array_df(spark, X, y, elem="double"):
-    """An ``array<elem>`` features column and a double label, built through Arrow."""
-    import pandas as pd
-
-    schema = T.StructType([T.StructField("features", T.ArrayType(
-                               T.FloatType() if elem == "float" else T.DoubleType()), False),
-                           T.StructField("label", T.DoubleType(), False)])
-    dt = np.float32 if elem == "float" else np.float64
-    pdf = pd.DataFrame({"features": list(np.asarray(X, dtype=dt)),
-                        "label": np.asarray(y, dtype=np.float64)})
-    return spark.createDataFrame(pdf, schema)
-
-
-def _vector_df(spark, X, y):
-    """An ML Vector features column (as MLlib's stages make it) and a double label."""
-    from pyspark.ml.functions import array_to_vector
-
-    df = _array_df(spark, X, y)
-    return df.select(array_to_vector("features").alias("features"), "label")
-
-
 @pytest.fixture(scope="module")
 def frames(spark, digits):
     X, y, Xt, yt = digits
-    return {"train": _vector_df(spark, X, y).cache(), "test": _vector_df(spark, Xt, yt).cache(),
-            "test_array": _array_df(spark, Xt, yt), "test_float": _array_df(spark, Xt, yt, "float")}
+    return {"train": vector_frame(spark, X, y).cache(), "test": vector_frame(spark, Xt, yt).cache(),
+            "test_array": array_frame(spark, Xt, yt),
+            "test_float": array_frame(spark, Xt, yt, "float")}
 
 
 @pytest.fixture(scope="module")
 def fitted(frames):
-    clf = SparkNetClassifier(network=_mlp(128), epochs=12, learningRate=2e-3, seed=3, **FAST)
+    clf = SparkNetClassifier(network=mlp(128), epochs=12, learningRate=2e-3, seed=3, **FAST)
     t0 = time.perf_counter()
     model = clf.fit(frames["train"])
     print(f"digits MLP fit on Spark: {time.perf_counter() - t0:.1f} s")
@@ -80,6 +58,7 @@ def _probs(df, name="probability"):
 
 
 # --------------------------------------------------------------------------- classifier
+@pytest.mark.slow
 def test_classifier_accuracy_and_mllib_schema(frames, fitted, digits):
     """Vector features: >= 95 % test accuracy through MLlib's evaluator; output columns
     of MLlib's types; probabilities are the softmax of the raw predictions; the
@@ -116,8 +95,8 @@ def test_array_features_transform_and_fit(spark, frames, fitted, digits):
         np.testing.assert_array_equal(_col(fitted.transform(frames[key]), "prediction"), ref)
 
     X, y, _, _ = digits
-    train = _array_df(spark, X, y, "float")
-    model = SparkNetClassifier(network=_mlp(32), epochs=3, learningRate=3e-3, **FAST).fit(train)
+    train = array_frame(spark, X, y, "float")
+    model = SparkNetClassifier(network=mlp(32), epochs=3, learningRate=3e-3, **FAST).fit(train)
     acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(
         model.transform(frames["test_array"]))
     print(f"array features, 3 epochs: accuracy {acc:.4f}")
@@ -128,9 +107,10 @@ def test_async_mode_trains_on_the_asynchronous_trainer(frames):
     """mode='async' reaches the asynchronous parameter-server rounds (the trainer's mode
     resolution imports them on demand): the fit's history holds their applied updates,
     and the model learns digits."""
-    clf = SparkNetClassifier(network=_mlp(32), epochs=3, learningRate=3e-3, mode="async", seed=5, **FAST)
+    clf = SparkNetClassifier(network=mlp(32), epochs=3, learningRate=3e-3, mode="async", seed=5,
+                             **FAST)
     model = clf.fit(frames["train"])
-    updates = model._history.updates
+    updates = model.history.updates
     assert updates and any(u["applied"] for u in updates)
     acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(model.transform(frames["test"]))
     print(f"async mode, 3 epochs: accuracy {acc:.4f}")
@@ -154,6 +134,7 @@ def test_output_columns_follow_params(frames, fitted):
 
 
 # ----------------------------------------------------------------------------- pipeline
+@pytest.mark.slow
 def test_pipeline_fit_save_load(spark, tmp_path, digits):
     """VectorAssembler -> StandardScaler -> SparkNetClassifier fits, transforms, and the
     PipelineModel saves and loads with identical predictions and probabilities."""
@@ -172,7 +153,7 @@ def test_pipeline_fit_save_load(spark, tmp_path, digits):
     pipe = Pipeline(stages=[
         VectorAssembler(inputCols=cols, outputCol="raw"),
         StandardScaler(inputCol="raw", outputCol="features", withMean=True),
-        SparkNetClassifier(network=_mlp(), epochs=4, learningRate=2e-3, **FAST)])
+        SparkNetClassifier(network=mlp(64), epochs=4, learningRate=2e-3, **FAST)])
     model = pipe.fit(train)
     out = model.transform(test)
     acc = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(out)
@@ -197,12 +178,13 @@ def test_pipeline_fit_save_load(spark, tmp_path, digits):
     assert est.getNetwork().get_config() == pipe.getStages()[-1].getNetwork().get_config()
 
 
+@pytest.mark.slow
 def test_cross_validator_picks_a_model(spark, digits):
     """CrossValidator over learning rate x epochs (2 x 1 grid, 2 folds) with MLlib's
     binary evaluator (areaUnderROC on the rawPrediction vectors)."""
     X, y, _, _ = digits
-    df = _vector_df(spark, X[:500], (y[:500] >= 5).astype(float)).cache()
-    clf = SparkNetClassifier(network=_mlp(16, classes=2), **FAST)
+    df = vector_frame(spark, X[:500], (y[:500] >= 5).astype(float)).cache()
+    clf = SparkNetClassifier(network=mlp(16, classes=2), **FAST)
     grid = (ParamGridBuilder().addGrid(clf.learningRate, [1e-4, 5e-3])
             .addGrid(clf.epochs, [2]).build())
     cv = CrossValidator(estimator=clf, estimatorParamMaps=grid, numFolds=2, seed=7,
@@ -227,8 +209,8 @@ def test_regressor(spark, digits, tmp_path):
     def target(X, y):
         return X.reshape(-1, 8, 8)[:, :, :4].mean(axis=(1, 2)) * 4 - 1
 
-    train = _vector_df(spark, X, target(X, y))
-    test = _vector_df(spark, Xt, target(Xt, yt))
+    train = vector_frame(spark, X, target(X, y))
+    test = vector_frame(spark, Xt, target(Xt, yt))
     net = Sequential([Dense(32, activation="relu"), Dense(1)])
     reg = SparkNetRegressor(network=net, epochs=8, learningRate=2e-3, **FAST)
     model = reg.fit(train)
@@ -366,14 +348,14 @@ def small(spark, digits):
 
 
 def _clf(**kw):
-    return SparkNetClassifier(network=_mlp(8), epochs=1, **dict(FAST, **kw))
+    return SparkNetClassifier(network=mlp(8), epochs=1, **dict(FAST, **kw))
 
 
 def test_bad_columns(spark, small):
     """Missing or wrongly typed columns: a ValueError naming the column, before any
     training round."""
     X, y = small
-    df = _vector_df(spark, X, y)
+    df = vector_frame(spark, X, y)
     _fit_error(spark, _clf(featuresCol="pixels"), df, "no features column 'pixels'")
     _fit_error(spark, _clf(labelCol="digit"), df, "no label column 'digit'")
     strs = spark.createDataFrame([("a", 1.0)], ["features", "label"])
@@ -387,7 +369,7 @@ def test_bad_columns(spark, small):
 def _untrained_model():
     """A Model holding an untrained 64-8-10 network (transform checks need no training)."""
     m = SparkNetClassificationModel()
-    net = _mlp(8)
+    net = mlp(8)
     net.build((64,))
     m._set_network(net)
     return m
@@ -415,7 +397,7 @@ def test_bad_values(spark, small):
     column, raised after the data-loading job and before any training round."""
     X, y = small
     # feature size differs from the network's declared input
-    _fit_error(spark, _clf(inputShape=[65]), _vector_df(spark, X, y),
+    _fit_error(spark, _clf(inputShape=[65]), vector_frame(spark, X, y),
                r"features column 'features' has 64 values per row, the model expects 65")
     Xn = X.copy()
     Xn[7, 3] = np.nan
@@ -424,10 +406,11 @@ def test_bad_values(spark, small):
                r"features column 'features' contains nan")
     yb = y.copy()
     yb[5] = 10
-    _fit_error(spark, _clf(), _vector_df(spark, X, yb),
+    _fit_error(spark, _clf(), vector_frame(spark, X, yb),
                r"label column 'label' holds the label 10, outside \[0, 10\)")
     yb[5] = -1
-    _fit_error(spark, _clf(), _vector_df(spark, X, yb), r"label column 'label' holds the label -1")
+    _fit_error(spark, _clf(), vector_frame(spark, X, yb),
+               r"label column 'label' holds the label -1")
     # VectorAssembler metadata gives the size before any job
     df = spark.createDataFrame([tuple(map(float, r[:10])) + (float(t),) for r, t in zip(X[:5], y)],
                                [f"c{i}" for i in range(10)] + ["label"])
@@ -451,7 +434,8 @@ def test_classifier_needs_softmax_head(spark, small):
     """A classifier whose network does not end in softmax is refused before training."""
     X, y = small
     with pytest.raises(ValueError, match="Dense\\(numClasses, activation='softmax'\\)"):
-        SparkNetClassifier(network=Sequential([Dense(10)]), epochs=1, **FAST).fit(_vector_df(spark, X, y))
+        SparkNetClassifier(network=Sequential([Dense(10)]), epochs=1,
+                           **FAST).fit(vector_frame(spark, X, y))
 
 
 def test_sequence_errors(spark):

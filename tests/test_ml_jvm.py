@@ -187,6 +187,7 @@ def test_bad_rows_on_the_jvm(spark):
     _action_error(model.transform(df), r"features column 'features' has a null row")
 
 
+@pytest.mark.slow
 def test_jar_is_cached_and_complete(tmp_path, monkeypatch):
     """The jar is built once per source and Spark version, atomically, into the cache
     folder; without javac the build says so."""
@@ -268,8 +269,9 @@ def test_jvm_engine_on_a_standalone_cluster(standalone_cluster):
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    proc = subprocess.Popen([sys.executable, os.path.join(here, "_ml_jvm_standalone_job.py"),
-                             cluster.url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    job = os.path.join(here, "helpers", "ml_jvm_standalone_job.py")
+    proc = subprocess.Popen([sys.executable, job, cluster.url],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=240)

@@ -19,6 +19,7 @@ from pyspark.ml.feature import VectorAssembler  # noqa: E402
 from pyspark.ml.linalg import Vectors  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
+from helpers.models import mlp  # noqa: E402
 from sparknet import Dense, Sequential  # noqa: E402
 from sparknet.layers import LSTM  # noqa: E402
 from sparknet.ml import SparkNetClassifier, SparkNetRegressor  # noqa: E402
@@ -26,12 +27,8 @@ from sparknet.ml import SparkNetClassifier, SparkNetRegressor  # noqa: E402
 FAST = dict(numPartitions=2, localSteps=64, batchSize=32)
 
 
-def _mlp(hidden=8, classes=10, **kw):
-    return Sequential([Dense(hidden, activation="relu"), Dense(classes, activation="softmax")], **kw)
-
-
 def _clf(**kw):
-    return SparkNetClassifier(network=_mlp(), epochs=1, **dict(FAST, **kw))
+    return SparkNetClassifier(network=mlp(8), epochs=1, **dict(FAST, **kw))
 
 
 def _reg(**kw):
@@ -352,7 +349,7 @@ def _model(hidden=8, seed=0):
     from sparknet.ml import SparkNetClassificationModel
 
     m = SparkNetClassificationModel()
-    net = _mlp(hidden, seed=seed)
+    net = mlp(hidden, seed=seed)
     net.build((64,))
     m._set_network(net)
     return m
@@ -587,7 +584,7 @@ def test_estimator_resumes_a_killed_fit_bit_identically(spark, digits_train, uni
     resumed = _resume_clf(epochs=RESUME_EPOCHS, checkpointDir=folder, resume=True).fit(digits_train)
     print(f"resumed fit: {time.perf_counter() - t0:.1f} s")
     np.testing.assert_array_equal(resumed.network.params, uninterrupted.network.params)
-    assert resumed._history.history["loss"] == uninterrupted._history.history["loss"]
+    assert resumed.history["loss"] == uninterrupted.history["loss"]
     assert len(store.checkpoints()) == RESUME_EPOCHS  # epochs 1 (the killed fit's), 2 and 3
     # what the killed driver left in /dev/shm is swept (here at once, not after the grace period)
     from sparknet.cluster.resident import spill
@@ -609,7 +606,8 @@ def test_estimator_resume_with_more_epochs_continues_a_finished_fit(digits_train
     np.testing.assert_array_equal(more.network.params, uninterrupted.network.params)
     assert not np.array_equal(first.network.params, more.network.params)
     # the checkpoints of another network are refused, the Param named
-    other = SparkNetClassifier(network=_mlp(16, dtype="float64"), epochs=RESUME_EPOCHS, checkpointDir=folder,
+    other = SparkNetClassifier(network=mlp(16, dtype="float64"), epochs=RESUME_EPOCHS,
+                               checkpointDir=folder,
                                resume=True, **{k: v for k, v in RESUME.items() if k != "checkpointInterval"})
     with pytest.raises(ValueError, match="belongs to another network.*new checkpointDir"):
         other.fit(digits_train)

@@ -141,6 +141,7 @@ def test_the_default_signature_takes_numpy_arrays_and_dataframes_of_any_dtype(cl
     assert sig.inputs.is_tensor_spec() and sig.inputs.inputs[0].shape == (-1, 4, 2)
 
 
+@pytest.mark.slow
 def test_spark_udf_scores_a_dataframe_as_the_model(client, spark, trained, digits):
     """A sparknet.ml Model, logged through its network: the UDF's scores of a
     DataFrame's feature columns equal the network's predict on the same rows."""

@@ -12,15 +12,12 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from helpers.models import mp_layers
 from sparknet import SGD, Activation, Dense, RMSprop, Sequential
 from sparknet.cluster.model_parallel import BlockStateLost, ModelParallel
 from sparknet.cluster.model_parallel.block_partition import BlockPlan, split_sizes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def mlp():
-    return [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
 
 
 def rel(a, b):
@@ -87,7 +84,8 @@ def test_same_maths_as_single_process(spark, digits_xy, K, pair, dtype, tol):
     """Every layer of a 3-layer MLP cut into K blocks (paired: layers 0 and 1 as a
     Megatron pair, the softmax head alone) trains to the single-process weights."""
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark, dtype=dtype,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark,
+                       dtype=dtype,
                        seed=K, optimizer=RMSprop(lr=2e-3), name=f"same-{K}")
     try:
         assert [st.kind for st in mp.stages] == (["pair", "block"] if pair else ["block"] * 3)
@@ -100,7 +98,7 @@ def test_blocked_layer_between_driver_layers(spark, digits_xy):
     """Composition: a blocked middle layer between layers that run on the driver; the
     model also predicts like the single-process one."""
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({1: 3}), (64,), spark=spark, dtype="float64", seed=9,
+    mp = ModelParallel(mp_layers(), BlockPlan({1: 3}), (64,), spark=spark, dtype="float64", seed=9,
                        optimizer=RMSprop(lr=2e-3), name="mixed")
     try:
         assert [st.kind for st in mp.stages] == ["driver", "block", "driver"]
@@ -116,7 +114,8 @@ def test_fit_with_lookahead_one_exchange_per_step(spark, digits_xy):
     """fit() runs the paired first stage's next forward pass inside the backward job: one
     Spark job per step, and still exactly single-process training (Sequential.fit)."""
     X, y = digits_xy
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64",
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark,
+                       dtype="float64",
                        seed=4, optimizer=RMSprop(lr=2e-3), name="lookahead")
     try:
         ref = mp.to_sequential()
@@ -232,13 +231,15 @@ def test_driver_memory_below_one_blocked_layer_and_streamed_save_load(spark, tmp
 
 
 # ------------------------------------------------------------------ lost residency
+@pytest.mark.slow
 def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy, tmp_path):
     X, y = digits_xy
     X = X.astype(np.float32)
     batches = [(X[i * 50:(i + 1) * 50], y[i * 50:(i + 1) * 50]) for i in range(5)]
-    mp = ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, seed=2,
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, seed=2,
                        optimizer=RMSprop(lr=2e-3), checkpoint_dir=str(tmp_path / "ckpt"), name="lost")
-    bare = ModelParallel(mlp(), BlockPlan({1: 2}), (64,), spark=spark, seed=2, name="lost-bare")
+    bare = ModelParallel(mp_layers(), BlockPlan({1: 2}), (64,), spark=spark, seed=2,
+                         name="lost-bare")
     try:
         for xb, yb in batches[:2]:
             mp.train_on_batch(xb, yb)
@@ -274,7 +275,8 @@ def test_standalone_two_blocks_fit_where_one_does_not(standalone_cluster):
     n_in, units, limit_mib, steps = 4096, 65536, 960, 3
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_standalone_job.py"), cluster.url,
+    job = os.path.join(HERE, "helpers", "mp_standalone_job.py")
+    proc = subprocess.Popen([sys.executable, job, cluster.url,
                              str(n_in), str(units), str(limit_mib), str(steps)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from helpers.models import mp_layers
 from sparknet import SGD, Dense, RMSprop
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster.model_parallel import ModelParallel
@@ -27,12 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LOG = "sparknet.cluster.model_parallel"
 
 
-def mlp():
-    return [Dense(40, activation="tanh"), Dense(24, activation="relu"), Dense(10, activation="softmax")]
-
-
 def make(spark=None, ckpt=None, name="rec", seed=2, **kw):
-    return ModelParallel(mlp(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark, dtype="float64", seed=seed,
+    return ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2}, pair=True), (64,), spark=spark,
+                         dtype="float64", seed=seed,
                          optimizer=RMSprop(lr=2e-3), checkpoint_dir=None if ckpt is None else str(ckpt), name=name,
                          **kw)
 
@@ -175,12 +173,11 @@ def test_resume_after_the_driver_is_killed_is_bit_identical(spark, digits_xy, tm
     """A driver SIGKILLed in the middle of step 13 (local[2], K=2, float64, checkpoints every
     4); another process resumes from step 12: the same 30 steps, weights and history as an
     uninterrupted fit."""
-    sys.path.insert(0, HERE)
-    import _mp_resume_job as job
+    from helpers import mp_resume_job as job
 
     ckpt = tmp_path / "ck"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_resume_job.py"), str(ckpt), "13"],
+    proc = subprocess.Popen([sys.executable, job.__file__, str(ckpt), "13"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -278,7 +275,8 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
     undisturbed fit, saying in one log line what was lost and what was restored."""
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
     cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "_mp_executor_loss_job.py"), cluster.url,
+    job = os.path.join(HERE, "helpers", "mp_executor_loss_job.py")
+    proc = subprocess.Popen([sys.executable, job, cluster.url,
                              str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:

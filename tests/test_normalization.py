@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import sparknet
-from _gradcheck import model_gradcheck, rel_error
+from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import (
     Activation,
     BatchNormalization,

@@ -20,6 +20,7 @@ ort = pytest.importorskip(
     "onnxruntime", reason="onnxruntime not installed: pip install 'sparknet[onnx]'"
 )
 
+from helpers.frames import vector_frame  # noqa: E402
 from sparknet import (  # noqa: E402
     GRU,
     LSTM,
@@ -917,16 +918,6 @@ def test_model_parallel_trained_model_exports(spark, digits_xy):
 
 
 # ------------------------------------------------------- Spark ML Model, served by ORT
-def _vector_df(spark, X, y):
-    import pandas as pd
-    from pyspark.ml.functions import array_to_vector
-
-    pdf = pd.DataFrame(
-        {"features": list(np.asarray(X, np.float64)), "label": np.asarray(y, np.float64)}
-    )
-    return spark.createDataFrame(pdf).select(array_to_vector("features").alias("features"), "label")
-
-
 def test_spark_ml_model_served_by_predict_batch_udf(spark, digits, tmp_path):
     """exportOnnx, then a DataFrame scored by predict_batch_udf around an ONNX Runtime session:
     the Model's transform columns, without sparknet in the scoring function."""
@@ -946,7 +937,7 @@ def test_spark_ml_model_served_by_predict_batch_udf(spark, digits, tmp_path):
         seed=1,
         thresholds=[1.0] * 9 + [0.5],
     )
-    fitted = clf.fit(_vector_df(spark, Xtr[:400], ytr[:400]))
+    fitted = clf.fit(vector_frame(spark, Xtr[:400], ytr[:400]))
     path = str(tmp_path / "digits.onnx")
     fitted.exportOnnx(path)
 
@@ -972,7 +963,7 @@ def test_spark_ml_model_served_by_predict_batch_udf(spark, digits, tmp_path):
         batch_size=128,
         input_tensor_shapes=[[64]],
     )
-    test = _vector_df(spark, Xte, yte).repartition(2)
+    test = vector_frame(spark, Xte, yte).repartition(2)
     scored = fitted.transform(test).select(
         vector_to_array("probability").alias("p"),
         "prediction",

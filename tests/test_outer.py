@@ -148,6 +148,7 @@ def test_fit_with_momentum_0_lr_1_equals_plain_averaging(spark, digits):
     np.testing.assert_array_equal(outer.params, plain.params)
 
 
+@pytest.mark.slow
 def test_fit_with_nesterov_outer_reaches_plain_averaging_accuracy(spark, digits):
     """Digits on local Spark, 2 partitions, rounds of 10 local steps (5 per epoch): the
     outer Nesterov step (the default one, sized from the 2 partitions) reaches the test

@@ -78,6 +78,7 @@ def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
     assert _rows_files() <= before, "a rows file was left behind"
 
 
+@pytest.mark.slow
 def test_packed_partitions_larger_than_a_write_piece_equal_the_arrow_path(jvm, monkeypatch):
     """Partitions of 9.7-19 MB (several 4 MB pieces of PackRows' staging buffer, rows of 97
     values that do not divide a piece) in float32 and float64, from a Vector column as a

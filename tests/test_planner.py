@@ -17,7 +17,8 @@ import pytest
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from sparknet import Dense, RMSprop, Sequential  # noqa: E402
+from helpers.models import mlp  # noqa: E402
+from sparknet import Dense, RMSprop  # noqa: E402
 from sparknet.cluster.planning import cost  # noqa: E402
 from sparknet.cluster.planning import planner as pl  # noqa: E402
 from sparknet.cluster.planning import simulate as sim  # noqa: E402
@@ -30,16 +31,12 @@ GRID = {"partitions": (1, 2), "taus": (4, 24)}
 EPOCHS = {4: 4, 24: 16}
 
 
-def _mlp(seed: int = 0) -> Sequential:
-    return Sequential([Dense(128, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,),
-                      seed=seed)
-
-
 @pytest.fixture(scope="module")
 def digits_plan(spark, digits):
     X, y, _, _ = digits
     measured = cost.SparkCosts.measure(spark, repeats=1)  # one repeat: the test's time budget
-    return pl.plan(_mlp(), X, spark, modes=["average"], max_partitions=2, taus=list(GRID["taus"]),
+    return pl.plan(mlp(128, input_shape=(64,)), X, spark, modes=["average"], max_partitions=2,
+                   taus=list(GRID["taus"]),
                    batch_size=128, verbose=False, spark_costs=measured)
 
 
@@ -48,13 +45,15 @@ def _measured_epoch(spark, X, y, partitions: int, tau: int) -> float:
     first round (a round of several epochs shares its time between them)."""
     from sparknet.cluster import DataParallelTrainer
 
-    trainer = DataParallelTrainer(_mlp(), spark, num_partitions=partitions, sync="average", local_steps=tau,
+    trainer = DataParallelTrainer(mlp(128, input_shape=(64,)), spark, num_partitions=partitions,
+                                  sync="average", local_steps=tau,
                                   optimizer=RMSprop(lr=3e-3))
     _, h = trainer.fit(X, y, epochs=EPOCHS[tau], batch_size=128, verbose=0, reuse_data=False)
     first = max(1, round(1 / h["rounds"][0]))   # the epochs of the first round
     return statistics.median(h["time"][first:])
 
 
+@pytest.mark.slow
 def test_planner_choice_is_within_10_percent_of_the_best_measured(spark, digits, digits_plan):
     X, y, _, _ = digits
     best = digits_plan.best
@@ -82,7 +81,9 @@ def test_explain_names_the_best_and_the_runner_up(spark, digits, digits_plan):
     kw = digits_plan.trainer_kwargs()
     assert kw == {"num_partitions": digits_plan.best.settings["partitions"], "mode": "sync", "sync": "average",
                   "local_steps": digits_plan.best.settings["tau"]}
-    assert pl.auto_partitions(_mlp(), digits[0], spark, batch_size=128, local_steps=24) in (1, 2)
+    parts = pl.auto_partitions(mlp(128, input_shape=(64,)), digits[0], spark, batch_size=128,
+                               local_steps=24)
+    assert parts in (1, 2)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -98,12 +99,12 @@ def test_explain_names_the_best_and_the_runner_up(spark, digits, digits_plan):
 def test_bad_arguments_raise_clear_errors(spark, digits, digits_plan, kwargs, match):
     X = digits[0]
     with pytest.raises(ValueError, match=match):
-        pl.plan(_mlp(), X, spark, verbose=False, **kwargs)
+        pl.plan(mlp(128, input_shape=(64,)), X, spark, verbose=False, **kwargs)
 
 
 def test_bad_data_and_memory_that_fits_nothing(spark, digits_plan):
     with pytest.raises(ValueError, match="numpy array"):
-        pl.plan(_mlp(), [[1.0] * 64], spark, verbose=False)
+        pl.plan(mlp(128, input_shape=(64,)), [[1.0] * 64], spark, verbose=False)
     with pytest.raises(TypeError, match="Sequential"):
         pl.plan("mlp", np.zeros((4, 64)), spark, verbose=False)
     net, sc = digits_plan.net_costs, digits_plan.spark_costs

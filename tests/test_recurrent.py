@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import LSTM, Dense, Embedding, Sequential, SimpleRNN, _recurrent
 from sparknet.data import bptt_batches, char_vocab, lengths_to_mask, pad_sequences
 from sparknet.layers.recurrent import reset_states

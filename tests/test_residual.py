@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from _gradcheck import model_gradcheck
+from helpers.gradcheck import model_gradcheck
 from sparknet import (
     LSTM,
     Activation,

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 
-import _resume_job as job
-from _jobs import wait_no_active_jobs
+from helpers import resume_job as job
+from helpers.jobs import wait_no_active_jobs
 from sparknet import optim
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster import DataParallelTrainer
@@ -27,11 +27,11 @@ from sparknet.errors import RoundTimeout, TrainingDiverged
 from sparknet.layers import Dense
 from sparknet.model import Sequential
 
-JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_resume_job.py")
+JOB = job.__file__
 
 
 class _Killed:
-    """The driver of tests/_resume_job.py (the gradient, average and async fits at once),
+    """The driver of tests/helpers/resume_job.py (the gradient, average and async fits at once),
     started when the module's first test asks for it (it runs while the tests fit the
     uninterrupted runs), killed by itself with SIGKILL mid-fit."""
 

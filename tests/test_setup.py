@@ -9,26 +9,16 @@ import sys
 import numpy as np
 import pytest
 
+from helpers.frames import row_frame
+from helpers.models import mlp
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster.data import sharding as data_mod
 from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 
-def _mlp(seed=0):
-    return Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=seed)
-
-
-def _cached_df(spark, X, y, partitions=2):
-    from pyspark.ml.linalg import Vectors
-    df = spark.createDataFrame([(Vectors.dense(a), int(b)) for a, b in zip(X, y)], ["features", "label"])
-    df = df.repartition(partitions).cache()
-    df.count()
-    return df
-
-
 def _fit(spark, df, val=None, reuse=True, sync="average"):
     """A deterministic fit (fixed local steps): its model, history and Spark job count."""
-    model = _mlp()
+    model = mlp(32)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, sync=sync, local_steps=6,
                                   optimizer=RMSprop(lr=3e-3), seed=1)
     sc = spark.sparkContext
@@ -54,7 +44,7 @@ def test_second_fit_on_the_same_cached_dataframe_reuses_the_shards(spark, digits
     it trains exactly as a fit on freshly built shards: a reused shard carries no
     optimizer state of the earlier fit."""
     X, y, Xt, yt = digits
-    df, val = _cached_df(spark, X, y), _cached_df(spark, Xt, yt)
+    df, val = row_frame(spark, X, y, 2, cache=True), row_frame(spark, Xt, yt, 2, cache=True)
     m1, h1, jobs1 = _fit(spark, df, val)
     m2, h2, jobs2 = _fit(spark, df, val)
     assert not h1.reused_shards and h2.reused_shards
@@ -74,9 +64,9 @@ def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards)
     """Different rows are a different cache: the shards are built anew and the result
     equals a fresh fit on those rows; after ``unpersist()`` nothing is reused either."""
     X, y, _, _ = digits
-    df = _cached_df(spark, X[:800], y[:800])
+    df = row_frame(spark, X[:800], y[:800], 2, cache=True)
     _fit(spark, df)
-    changed = _cached_df(spark, X[400:1200], y[400:1200])
+    changed = row_frame(spark, X[400:1200], y[400:1200], 2, cache=True)
     m, h, _ = _fit(spark, changed)
     fresh, _, _ = _fit(spark, changed, reuse=False)
     assert not h.reused_shards
@@ -86,7 +76,7 @@ def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards)
     _, h2, _ = _fit(spark, df)
     assert not h2.reused_shards
     # an uncached DataFrame is never kept: its source may change
-    uncached = _cached_df(spark, X[:300], y[:300]).unpersist()
+    uncached = row_frame(spark, X[:300], y[:300], 2, cache=True).unpersist()
     _, h3, _ = _fit(spark, uncached)
     _, h4, _ = _fit(spark, uncached)
     assert not h3.reused_shards and not h4.reused_shards
@@ -94,7 +84,7 @@ def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards)
 
 def test_release_shards_deletes_the_kept_files(spark, digits, no_kept_shards):
     X, y, _, _ = digits
-    df = _cached_df(spark, X[:400], y[:400])
+    df = row_frame(spark, X[:400], y[:400], 2, cache=True)
     _fit(spark, df, sync="gradient")
     kept = [d for d in data_mod._REUSE._entries.values()]
     assert len(kept) == 1
@@ -108,9 +98,9 @@ def test_release_shards_deletes_the_kept_files(spark, digits, no_kept_shards):
 
 def test_setup_breakdown_adds_up_to_setup_time(spark, digits, no_kept_shards):
     X, y, Xt, yt = digits
-    df = _cached_df(spark, X, y)
+    df = row_frame(spark, X, y, 2, cache=True)
     for local_steps in ("auto", 6):
-        model = _mlp()
+        model = mlp(32)
         trainer = DataParallelTrainer(model, spark, num_partitions=2, local_steps=local_steps,
                                       optimizer=RMSprop(lr=3e-3))
         _, h = trainer.fit(df, epochs=1, batch_size=32, validation_data=(Xt, yt), verbose=0)
@@ -120,7 +110,7 @@ def test_setup_breakdown_adds_up_to_setup_time(spark, digits, no_kept_shards):
         assert sum(b.values()) == pytest.approx(h.setup_time, rel=1e-3, abs=1e-3)
         assert trainer.cost is not None and trainer.cost.t_fixed > 0  # measured by the rounds at the latest
     # a fresh build lists the steps of its shard job
-    _, h, _ = _fit(spark, _cached_df(spark, X[:500], y[:500]))
+    _, h, _ = _fit(spark, row_frame(spark, X[:500], y[:500], 2, cache=True))
     assert {"plan (driver)", "worker start, imports", "convert to numpy", "spill"} <= set(h.setup_breakdown)
 
 
@@ -154,7 +144,7 @@ def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_s
     from the data, which loads its validation data after; a bad validation set, or a bad
     training set beside it, is refused naming the data that is wrong, with no shards left."""
     X, y, Xt, yt = digits
-    df, dft = _cached_df(spark, X, y), _cached_df(spark, Xt, yt)
+    df, dft = row_frame(spark, X, y, 2, cache=True), row_frame(spark, Xt, yt, 2, cache=True)
     sc = spark.sparkContext
     runs = []
     for shape in ((64,), None):
@@ -177,9 +167,9 @@ def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_s
     before = _resident_dirs()
     Xbad = Xt.copy()
     Xbad[3, 5] = np.nan
-    bad = _cached_df(spark, Xbad, yt)
+    bad = row_frame(spark, Xbad, yt, 2, cache=True)
     for train, val, what in ((df, bad, "validation data"), (bad, bad, "training data")):
-        model = _mlp()
+        model = mlp(32)
         model.build((64,))
         trainer = DataParallelTrainer(model, spark, num_partitions=2, local_steps=6, optimizer=RMSprop(lr=3e-3))
         with pytest.raises(ValueError, match=f"^{what}: .*NaN or infinity"):

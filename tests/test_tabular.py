@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _gradcheck import model_gradcheck, rel_error
+from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import Adam, ColumnEmbedding, Dense, Sequential, load_model, save_model
 
 TOL = 1e-6

@@ -181,7 +181,7 @@ def session(kind: str, driver_memory: str = "6g", executor_memory: str = "3g") -
     try:
         master = kind
         if kind == "standalone":
-            from _standalone_cluster import StandaloneCluster
+            from helpers.standalone_cluster import StandaloneCluster
             cluster = StandaloneCluster(workers=2, cores=1, memory="8g").start()
             master = cluster.url
             conf.update({"spark.executor.cores": "1", "spark.executor.memory": executor_memory})

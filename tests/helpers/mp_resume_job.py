@@ -1,6 +1,6 @@
 """Driver program for the model-parallel resume test (its own process, so it can be killed).
 
-Usage: python _mp_resume_job.py CKPT_DIR KILL_AT
+Usage: python tests/helpers/mp_resume_job.py CKPT_DIR KILL_AT
 
 Fits with checkpoints every 4 steps; the process SIGKILLs itself in the middle of step
 KILL_AT (inside the step's first Spark job).  The test then resumes in another process

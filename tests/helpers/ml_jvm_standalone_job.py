@@ -1,7 +1,7 @@
 """Driver program for the JVM-engine test on a standalone cluster (run in its own process,
 so it can own a SparkContext on the standalone master).
 
-Usage: python _ml_jvm_standalone_job.py MASTER_URL
+Usage: python tests/helpers/ml_jvm_standalone_job.py MASTER_URL
 
 Scores scikit-learn's digits with a 64-32-10 network on the JVM engine (the executors, in
 their own JVMs, fetch the jar the driver added) and on the Arrow engine; prints one JSON

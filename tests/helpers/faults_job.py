@@ -1,7 +1,7 @@
 """Driver program of the executor-loss tests and benchmark (run in its own process, so it can
 own a SparkContext on a standalone master and be told when to lose an executor).
 
-Usage: python _faults_job.py MASTER_URL DATASET [DRIVER_MEMORY [TRAIN_ROWS [warm]]]
+Usage: python tests/helpers/faults_job.py MASTER_URL DATASET [DRIVER_MEMORY [TRAIN_ROWS [warm]]]
 
 DATASET is ``digits`` or the MNIST folder (the first TRAIN_ROWS training images, all test
 images).  With ``warm``, one tiny fit of each input kind runs first (the first fit of a

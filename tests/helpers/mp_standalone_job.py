@@ -1,7 +1,7 @@
 """Driver program for the standalone model-parallel test (run in its own process, so it can
 own a SparkContext on the standalone master without touching the test session's local one).
 
-Usage: python _mp_standalone_job.py MASTER_URL IN_FEATURES UNITS LIMIT_MIB STEPS
+Usage: python tests/helpers/mp_standalone_job.py MASTER_URL IN_FEATURES UNITS LIMIT_MIB STEPS
 
 Trains Dense(UNITS) on IN_FEATURES inputs (float32, SGD) cut into 2 blocks for STEPS steps
 (one minibatch, repeated, so the loss must fall),

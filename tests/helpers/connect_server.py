@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from _standalone_cluster import free_port
+from helpers.standalone_cluster import free_port
 
 
 class ConnectServer:

@@ -1,7 +1,7 @@
 """Driver program of the resume tests: a data-parallel fit on local[2] that checkpoints and
 kills its own process with SIGKILL at a chosen round, as a crashed driver would end.
 
-Usage: python _resume_job.py CHECKPOINT_DIR
+Usage: python tests/helpers/resume_job.py CHECKPOINT_DIR
 
 Runs the fits of every mode of :data:`SETTINGS` (``gradient``, ``average``, ``async``;
 shared with tests/test_resume.py, which runs the uninterrupted and the resumed fits) at

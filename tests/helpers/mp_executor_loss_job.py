@@ -1,7 +1,7 @@
 """Driver program for the model-parallel executor-loss test on a standalone cluster (its own
 process, so it owns a SparkContext on the standalone master).
 
-Usage: python _mp_executor_loss_job.py MASTER_URL CKPT_DIR PAUSE_AT
+Usage: python tests/helpers/mp_executor_loss_job.py MASTER_URL CKPT_DIR PAUSE_AT
 
 Fits a float64 network whose Megatron pair is cut into K=2 blocks (one per executor) on
 the sklearn digits, 1 epoch of batch 64 (29 steps), checkpoints every 5 steps.  Inside
