@@ -42,8 +42,8 @@ def _model(engine: str) -> SparkNetClassificationModel:
 
 def _run_job(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(HERE.parent / "src"), str(HERE), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, str(HERE / "_bad_row_job.py"), *args], env=env,
+        [str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, str(HERE / "helpers" / "bad_row_job.py"), *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
 

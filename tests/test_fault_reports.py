@@ -6,12 +6,10 @@ state restarts), and a loss just after the last round does not hold the fit's cl
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN_ROWS = 3000
 LOCALITY_WAIT_S = 180
 BASE_FIT = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25, "epochs": 3,
@@ -20,8 +18,7 @@ BASE_FIT = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 
 
 @pytest.fixture(scope="module")
 def faults(mnist_dir, _standalone):
-    sys.path.insert(0, HERE)
-    from _faults_job import FaultDriver
+    from helpers.faults_job import FaultDriver
 
     cluster = _standalone.ensure_workers()
     saved = os.environ.get("SPARKNET_FAULTS_LOCALITY_WAIT")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import sparknet._bf16 as _bf16
+from helpers.models import mlp
 from sparknet import Dense, RMSprop, Sequential
 from sparknet.cluster import DataParallelTrainer
 from sparknet.cluster.data_parallel import wire
@@ -30,9 +31,8 @@ pytestmark = pytest.mark.skipif(_bf16.backend() == "fallback",
 ACC_POINTS = 0.011
 
 
-def _mlp(seed: int = 1, dtype: str = "float32") -> Sequential:
-    return Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,),
-                      dtype=dtype, seed=seed)
+def _digits_mlp(seed: int = 1, dtype: str = "float32") -> Sequential:
+    return mlp(64, input_shape=(64,), dtype=dtype, seed=seed)
 
 
 #: name -> (trainer options, fit options, whether two runs give the same weights)
@@ -62,7 +62,7 @@ def _executor_env(spark, name: str, value: str):
 
 def _fit(spark, digits, mode_kw, fit_kw, **kw):
     X, y, Xt, yt = digits
-    model = _mlp()
+    model = _digits_mlp()
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=3e-3), seed=2,
                                   **mode_kw, **kw)
     with warnings.catch_warnings(record=True) as caught:
@@ -129,7 +129,7 @@ def test_wire_bf16_halves_the_bytes_back_and_keeps_accuracy(spark, digits, mode)
         mode_kw, fit_kw = dict(mode="async", local_steps=5), dict(epochs=12, batch_size=32)
     else:
         mode_kw, fit_kw, _ = MODES[mode]
-    n = _mlp().n_params
+    n = _digits_mlp().n_params
     out = {}
     for w in ("fp32", "bf16"):
         params, acc, h, _ = _fit(spark, digits, mode_kw, fit_kw, wire=w)
@@ -161,14 +161,14 @@ def test_wire_error_feedback_loses_no_small_delta():
 # ------------------------------------------------------------------------ bad values
 def test_bad_precision_or_wire_names_the_value():
     with pytest.raises(ValueError, match=r"precision must be 'fp32' or 'bf16', got 'fp16'"):
-        DataParallelTrainer(_mlp(), precision="fp16")
+        DataParallelTrainer(_digits_mlp(), precision="fp16")
     with pytest.raises(ValueError, match=r"precision='bf16' trains float32 models; this model is "
                                          r"float64 \(build it with dtype='float32'\)"):
-        DataParallelTrainer(_mlp(dtype="float64"), precision="bf16")
+        DataParallelTrainer(_digits_mlp(dtype="float64"), precision="bf16")
     with pytest.raises(ValueError, match=r"wire must be 'fp32' or 'bf16', got 'int8'"):
-        DataParallelTrainer(_mlp(), wire="int8")
+        DataParallelTrainer(_digits_mlp(), wire="int8")
     with pytest.raises(ValueError, match=r"sync='gradient' \(exact minibatch SGD\) keeps float32"):
-        DataParallelTrainer(_mlp(), sync="gradient", wire="bf16")
+        DataParallelTrainer(_digits_mlp(), sync="gradient", wire="bf16")
 
 
 # ------------------------------------------------------------------------ Spark ML Param
@@ -182,7 +182,7 @@ def test_estimator_precision_param_trains_bf16_and_round_trips(spark, digits, tm
                                ["features", "label"]).repartition(2)
     acc, weights = {}, {}
     for p in ("fp32", "bf16"):
-        clf = SparkNetClassifier(network=_mlp(), epochs=8, learningRate=3e-3, numPartitions=2,
+        clf = SparkNetClassifier(network=_digits_mlp(), epochs=8, learningRate=3e-3, numPartitions=2,
                                  localSteps=8, batchSize=32, verbose=0, seed=5, precision=p)
         model = clf.fit(df)
         assert model.getPrecision() == p and model.history.precision == p
