@@ -308,12 +308,13 @@ def test_model_parallel_under_connect_equals_one_process_float64(connect_spark, 
     """ModelParallel's block jobs as queries over a one-row-per-slot anchor: every layer
     of a 3-layer MLP cut into K = 1..3 blocks (paired: layers 0 and 1 as a Megatron pair)
     trains to the single-process weights within 1e-10 (float64)."""
+    from helpers.models import mp_layers
     from sparknet.cluster import BlockPlan, ModelParallel
-    from test_model_parallel import check_same, mlp
+    from test_model_parallel import check_same
 
     X, y = digits_xy
     for K in (1, 2, 3):
-        mp = ModelParallel(mlp(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=connect_spark,
+        mp = ModelParallel(mp_layers(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=connect_spark,
                            dtype="float64", seed=K, optimizer=RMSprop(lr=2e-3), name=f"connect-{K}")
         try:
             assert isinstance(mp.backend.res, ConnectResident)

@@ -55,9 +55,7 @@ spark.stop()
 
 
 def _fit_in_a_process(how: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "..", "src"),
-                                                        os.environ.get("PYTHONPATH", "")]),
-           "OPENBLAS_NUM_THREADS": "1", "PYSPARK_PYTHON": sys.executable}
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYSPARK_PYTHON": sys.executable}
     done = subprocess.run([sys.executable, "-c", FIT, how], capture_output=True, text=True, env=env,
                           timeout=600)
     got = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

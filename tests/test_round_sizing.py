@@ -18,7 +18,7 @@ ROWS, BATCH, T_STEP, T_FIXED = 30_000, 128, 0.0044, 0.1   # an MNIST MLP partiti
 
 
 def _ctx() -> FitContext:
-    trainer = SimpleNamespace(sync="average", mode="sync", local_steps="timed", max_overhead=0.1,
+    trainer = SimpleNamespace(sync="average", mode="sync", local_steps="timed", max_overhead=0.1, precision="fp32",
                               max_epochs_per_round=4, cost=None,
                               model=SimpleNamespace(params=np.zeros(1000, np.float32)))
     spec = SimpleNamespace(config={"layers": []})

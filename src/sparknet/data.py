@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import numpy as np
-from numpy.typing import DTypeLike
 
 from sparknet._validation import non_negative_int, positive_int
 
@@ -19,7 +18,8 @@ __all__ = ["pad_sequences", "lengths_to_mask", "char_vocab", "bptt_batches"]
 
 
 def pad_sequences(seqs: Sequence[Any], maxlen: int | None = None, padding: str = "post",
-                  truncating: str = "post", value: Any = 0, dtype: DTypeLike | None = None
+                  truncating: str = "post", value: Any = 0,
+                  dtype: str | type | np.dtype | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Pad (and cut) variable-length sequences into one array plus a mask.
 

@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparknet import losses as losses_mod
-from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
 from sparknet.callbacks import CallbackList
 from sparknet.divergence import StepGuard
 from sparknet.history import History
+from sparknet.losses import Loss
+from sparknet.optim import Optimizer
 from sparknet.progress import FitProgress
 
 if TYPE_CHECKING:
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, shuffle: bool,
-               mask: Any, sample_weight: Any, lo: losses_mod.Loss, val: Any, opt: optim_mod.Optimizer,
+               mask: Any, sample_weight: Any, lo: Loss, val: Any, opt: Optimizer,
                guard: StepGuard, history: History, cbl: CallbackList, progress: FitProgress) -> None:
     """The epochs of :meth:`Sequential.fit` on one process: shuffled minibatches, one optimizer
     step each (guarded against divergence), the per-step schedule, validation after every epoch,

@@ -29,6 +29,8 @@ from sparknet.divergence import StepGuard
 from sparknet.epochs import run_epochs
 from sparknet.history import History
 from sparknet.layers.base import Layer, MaskedLayer, architecture, layers_from_config
+from sparknet.losses import Loss
+from sparknet.optim import Optimizer
 from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
@@ -65,7 +67,7 @@ class Sequential:
     """
 
     def __init__(self, layers: Iterable[Layer] = (), input_shape: Sequence[int] | None = None,
-                 dtype: Any = "float32", seed: int = 0, loss: "str | losses_mod.Loss | None" = None,
+                 dtype: Any = "float32", seed: int = 0, loss: "str | Loss | None" = None,
                  name: str = "sequential") -> None:
         self.layers: list[Layer] = []
         self.built = False
@@ -83,7 +85,7 @@ class Sequential:
         self.seed = non_negative_int(seed, "seed")
         self.name = check_name(name, "Sequential name")
         self._loss = None if loss is None else losses_mod.get(loss)
-        self.optimizer: optim_mod.Optimizer | None = None
+        self.optimizer: Optimizer | None = None
         self.params: np.ndarray = np.zeros(0, dtype=self.dtype)
         self.grads: np.ndarray = np.zeros(0, dtype=self.dtype)
         #: arrays the layers keep but do not train (BatchNormalization's running statistics)
@@ -195,7 +197,7 @@ class Sequential:
 
     # ---------------------------------------------------------------- loss
     @property
-    def loss(self) -> losses_mod.Loss:
+    def loss(self) -> Loss:
         return losses_mod.or_default(self._loss, self._softmax_head)
 
     @property
@@ -243,7 +245,7 @@ class Sequential:
             first.check_input(arr)
         return arr
 
-    def _prepare_y(self, y: Any, n: int, loss: losses_mod.Loss, name: str = "y") -> np.ndarray:
+    def _prepare_y(self, y: Any, n: int, loss: Loss, name: str = "y") -> np.ndarray:
         in_shape, out_shape = self._built_shapes()
         try:
             if loss.is_classification:
@@ -258,7 +260,7 @@ class Sequential:
                     f"before the first Dense to get one output per sample") from None
             raise
 
-    def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "losses_mod.Loss | None" = None,
+    def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "Loss | None" = None,
                       mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
                       scale: float | None = None, need_grad: bool = True,
                       training: bool = True) -> tuple[float, float, float]:
@@ -291,17 +293,17 @@ class Sequential:
             correct = float(hit.sum() if weight is None else (hit * weight).sum())
         return float(s), float(w), correct
 
-    def train_on_batch(self, x: np.ndarray, y: np.ndarray, optimizer: "optim_mod.Optimizer | str | None" = None,
-                       loss: "losses_mod.Loss | str | None" = None, mask: np.ndarray | None = None,
+    def train_on_batch(self, x: np.ndarray, y: np.ndarray, optimizer: "Optimizer | str | None" = None,
+                       loss: "Loss | str | None" = None, mask: np.ndarray | None = None,
                        sample_weight: np.ndarray | None = None) -> tuple[float, float]:
         """One optimizer step on a validated batch; returns (mean loss, accuracy)."""
-        opt = optimizer if isinstance(optimizer, optim_mod.Optimizer) else self._get_optimizer(optimizer)
+        opt = optimizer if isinstance(optimizer, Optimizer) else self._get_optimizer(optimizer)
         lo = losses_mod.get(loss) if loss is not None else self.loss
         s, w, c = self.loss_and_grad(x, y, lo, mask=mask, sample_weight=sample_weight)
         opt.step(self.params, self.grads)
         return (s / w if w else 0.0), (c / w if w else float("nan"))
 
-    def _get_optimizer(self, optimizer: "optim_mod.Optimizer | str | None") -> optim_mod.Optimizer:
+    def _get_optimizer(self, optimizer: "Optimizer | str | None") -> Optimizer:
         if optimizer is None:
             if self.optimizer is None:
                 self.optimizer = optim_mod.RMSprop()
@@ -312,8 +314,8 @@ class Sequential:
 
     # --------------------------------------------------------------- train
     def fit(self, X: Any, y: Any, epochs: int = 10, batch_size: int = 32,
-            validation_data: ValidationData | None = None, optimizer: "optim_mod.Optimizer | str | None" = None,
-            loss: "losses_mod.Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
+            validation_data: ValidationData | None = None, optimizer: "Optimizer | str | None" = None,
+            loss: "Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
             sample_weight: Any = None, verbose: int = 1,
             callbacks: Sequence[Callback] = (), num_threads: int | None = 0,
             precision: str = "fp32") -> History:
@@ -371,7 +373,7 @@ class Sequential:
                              mask, sample_weight, verbose, callbacks)
 
     def _fit(self, X: Any, y: Any, epochs: int, batch_size: int, validation_data: ValidationData | None,
-             optimizer: "optim_mod.Optimizer | str | None", loss: "losses_mod.Loss | str | None", shuffle: bool,
+             optimizer: "Optimizer | str | None", loss: "Loss | str | None", shuffle: bool,
              mask: Any, sample_weight: Any, verbose: int, callbacks: Sequence[Callback]) -> History:
         epochs = positive_int(epochs, "epochs")
         batch_size = positive_int(batch_size, "batch_size")
@@ -427,7 +429,7 @@ class Sequential:
             f"Dense({classes.size}, activation='softmax'); for regression on integer targets pass "
             f"loss='mse'")
 
-    def _prepare_validation(self, validation_data: ValidationData | None, lo: losses_mod.Loss
+    def _prepare_validation(self, validation_data: ValidationData | None, lo: Loss
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
         if validation_data is None:
             return None
@@ -472,7 +474,7 @@ class Sequential:
         return self.predict_output(X, batch_size, mask)
 
     def evaluate(self, X: Any, y: Any, batch_size: int = 512, mask: Any = None,
-                 loss: "losses_mod.Loss | str | None" = None, _validated: bool = False) -> dict[str, float]:
+                 loss: "Loss | str | None" = None, _validated: bool = False) -> dict[str, float]:
         """Mean loss (and accuracy for classifiers) on ``(X, y)`` without training."""
         lo = losses_mod.get(loss) if loss is not None else self.loss
         if not _validated:
@@ -560,7 +562,7 @@ class Sequential:
         if state.get("rng"):
             self._rng.bit_generator.state = dict(state["rng"])
 
-    def save(self, path: str | os.PathLike[str], optimizer: "optim_mod.Optimizer | None" = None) -> None:
+    def save(self, path: str | os.PathLike[str], optimizer: "Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
         from sparknet.io import save_model

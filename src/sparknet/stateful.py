@@ -15,7 +15,9 @@ a part: a part that keeps something new puts it in its own state dict.
 
 >>> import numpy as np
 >>> from sparknet.optim import SGD
->>> opt = SGD(lr=0.1, momentum=0.9); opt.step(np.zeros(3), np.ones(3))
+>>> opt = SGD(lr=0.1, momentum=0.9)
+>>> opt.step(np.zeros(3), np.ones(3))  # False: no bf16 copies to refill
+False
 >>> arrays, meta = compose([Part("optimizer", "opt_", opt)])
 >>> sorted(arrays), meta["optimizer"]["t"]
 (['opt_momentum_buffer'], 1)

@@ -40,7 +40,7 @@ def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitio
     """The resident shards of checked numpy input under Connect: the same split as on
     Classic (:func:`~sparknet.cluster.data.numpy_input.split_indices`), piece ``i`` in
     partition ``i``.  Every piece is cut into the same number of chunks (at most
-    :data:`CHUNK_BYTES` each), so the range partitioning by piece puts one piece in
+    ``CHUNK_BYTES`` (8 MiB) each), so the range partitioning by piece puts one piece in
     each partition."""
     parts = int(num_partitions or engine.default_parallelism())
     index = split_indices(X.shape[0], parts, seed)

@@ -2,10 +2,10 @@
 
 Every shard build (a DataFrame's Arrow batches, rows packed by the JVM, an RDD of
 ``(x, y)`` pairs, numpy pieces) ends with a :class:`ShardReport`, a frozen dataclass that
-crosses the process as it is (pickled with the shard's :class:`~sparknet.cluster.resident.
-shards.ShardInfo`).  The driver reads its fields, never string keys, and turns the first
-problem it names into an error naming the column, the partition and the row
-(:func:`sparknet.cluster.data.sharding.check_reports`).
+crosses the process as it is (pickled with the shard's
+:class:`~sparknet.cluster.resident.shards.ShardInfo`).  The driver reads its fields, never
+string keys, and turns the first problem it names into an error naming the column, the
+partition and the row (:mod:`sparknet.cluster.data.sharding`).
 """
 from __future__ import annotations
 

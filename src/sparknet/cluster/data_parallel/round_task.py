@@ -42,6 +42,7 @@ from sparknet import threads
 from sparknet.cluster.data_parallel import guards, layer_state, wire
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.model import Sequential
+from sparknet.optim import Optimizer
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
@@ -246,7 +247,7 @@ class RoundTask:
         return res
 
     # -- shared steps ---------------------------------------------------------
-    def _local_steps(self, shard: "Shard", model: Sequential, opt: optim_mod.Optimizer,
+    def _local_steps(self, shard: "Shard", model: Sequential, opt: Optimizer,
                      segments: list[np.ndarray], lrs: list[float] | None = None) -> RoundResult:
         """Optimizer steps of ``batch_size`` rows over each segment in turn (step ``i`` at
         rate ``lrs[i]`` when given; :func:`~sparknet.cluster.data_parallel.layer_state.minibatch`); the

@@ -85,7 +85,9 @@ from sparknet.cluster.engine.base import engine_for
 from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.cluster.planning.rounds import SIZED
 from sparknet.errors import TrainingDiverged
+from sparknet.losses import Loss
 from sparknet.model import Sequential
+from sparknet.optim import Optimizer
 from sparknet.precision import check_model_precision
 from sparknet.progress import FitProgress, check_verbose, status
 
@@ -225,8 +227,8 @@ class DataParallelTrainer:
 
     def __init__(self, model: Sequential, spark: "SparkSession | None" = None,
                  num_partitions: int | str | None = None, mode: str = "sync", sync: str = "average",
-                 local_steps: "int | str" = "auto", optimizer: "optim_mod.Optimizer | str | None" = None,
-                 loss: "losses_mod.Loss | str | None" = None, max_overhead: float = 0.1,
+                 local_steps: "int | str" = "auto", optimizer: "Optimizer | str | None" = None,
+                 loss: "Loss | str | None" = None, max_overhead: float = 0.1,
                  reduce: str = "tree", seed: int | None = None, max_epochs_per_round: int = 4,
                  outer: "OuterOptimizer | str | None" = "auto", checkpoint_dir: "str | None" = None,
                  checkpoint_every: "str | int" = "epoch", checkpoint_keep: int = 3,

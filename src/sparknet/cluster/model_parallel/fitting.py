@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
-from sparknet import losses as losses_mod
 from sparknet import precision as precision_mod
 from sparknet._validation import check_float, positive_int
 from sparknet.callbacks import CallbackList, FitControl
@@ -38,6 +37,7 @@ from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.recovery import FitPosition, check_resumable, data_settings
 from sparknet.cluster.model_parallel.stages import HalfStep
 from sparknet.errors import TrainingDiverged
+from sparknet.losses import Loss
 
 if TYPE_CHECKING:
     from sparknet.cluster.model_parallel import ModelParallel
@@ -166,7 +166,7 @@ def fit_precision(mp: "ModelParallel", precision: Any) -> str:
     return value
 
 
-def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, run: _Plan, *,
+def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, run: _Plan, *,
          checkpoint_every: int, verbose: int, max_steps: int | None, resume: bool) -> dict[str, Any]:
     settings = data_settings(X, y, run.batch_size, run.shuffle)
     pos = _resumed(mp, settings) if resume else None
@@ -238,7 +238,7 @@ def _recover(mp: "ModelParallel", pos: FitPosition, exc: BlockStateLost,
     return restored, (ckpt.step, repeats)
 
 
-def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition,
+def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition,
                     exc: HalfStep, run: _Plan) -> TrainingDiverged:
     """After a step that left non-finite weights: restore the newest checkpoint of this fit
     and replay up to the step before, so the model holds its last finite weights; the
@@ -259,7 +259,7 @@ def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losse
                             f"and {replayed} replayed step(s))", epoch=exc.epoch, step=exc.step, what=exc.what)
 
 
-def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition, run: _Plan, *,
+def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition, run: _Plan, *,
          checkpoint_every: int, verbose: int, max_steps: int | None) -> None:
     """Run epochs from ``pos`` (updated step by step) to the end, or to ``max_steps``."""
     from sparknet.progress import FitProgress
@@ -299,7 +299,7 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss,
                 return
 
 
-def _epoch_end(pos: FitPosition, lo: losses_mod.Loss, t0: float, run: _Plan, progress: Any) -> bool:
+def _epoch_end(pos: FitPosition, lo: Loss, t0: float, run: _Plan, progress: Any) -> bool:
     """The epoch just closed: the console's line, the callbacks; whether one stops the fit."""
     logs = {"loss": pos.loss[-1], "time": time.perf_counter() - t0}
     if run.times is not None:
@@ -315,7 +315,7 @@ def _epoch_end(pos: FitPosition, lo: losses_mod.Loss, t0: float, run: _Plan, pro
     return run.callbacks.stop_training
 
 
-def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Loss, pos: FitPosition,
+def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition,
            order: np.ndarray, starts: list[int], *, batch_size: int, checkpoint_every: int,
            max_steps: int | None, lookahead: bool, bar: Any = None, callbacks: CallbackList | None = None,
            schedule: Any = None) -> None:
@@ -348,7 +348,7 @@ def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: losses_mod.Los
             mp._write_checkpoint(pos)
 
 
-def _close_epoch(pos: FitPosition, lo: losses_mod.Loss, rng: np.random.Generator) -> None:
+def _close_epoch(pos: FitPosition, lo: Loss, rng: np.random.Generator) -> None:
     """Append the epoch's loss and accuracy; the position moves to the next epoch's start."""
     s, w, c = pos.tot
     pos.loss.append(s / max(w, 1e-12))

@@ -42,6 +42,8 @@ from sparknet.cluster.model_parallel.stages import (
 )
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
+from sparknet.losses import Loss
+from sparknet.optim import Optimizer
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +93,8 @@ class ModelParallel:
 
     def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int], spark: Any = None,
                  dtype: Any = "float32", seed: int = 0,
-                 optimizer: "optim_mod.Optimizer | str | None" = None,
-                 loss: "losses_mod.Loss | str | None" = None, checkpoint_dir: str | None = None,
+                 optimizer: "Optimizer | str | None" = None,
+                 loss: "Loss | str | None" = None, checkpoint_dir: str | None = None,
                  name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
                  checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
@@ -219,7 +221,7 @@ class ModelParallel:
                                  opt=self.job_optimizer, generation=self.generation, load=load))
 
     # -------------------------------------------------------- what the stages use
-    def new_optimizer(self) -> optim_mod.Optimizer:
+    def new_optimizer(self) -> Optimizer:
         """A fresh optimizer of this model's kind and hyper-parameters (no state)."""
         return optim_mod.from_config(self.opt_meta["name"], self.opt_meta["config"])
 
@@ -280,7 +282,7 @@ class ModelParallel:
 
     # ------------------------------------------------------------------ properties
     @property
-    def loss(self) -> losses_mod.Loss:
+    def loss(self) -> Loss:
         return losses_mod.or_default(self._loss, self._softmax_head)
 
     @property
@@ -310,13 +312,13 @@ class ModelParallel:
         from sparknet._validation import check_array
         return check_array(X, name="X", sample_shape=self.input_shape, dtype=self.dtype)
 
-    def _prepare_y(self, y: Any, n: int, lo: losses_mod.Loss) -> np.ndarray:
+    def _prepare_y(self, y: Any, n: int, lo: Loss) -> np.ndarray:
         from sparknet._validation import check_labels, check_targets
         if lo.is_classification:
             return check_labels(y, n, self.output_shape[-1], name="y", lead_shape=self.output_shape[:-1])
         return check_targets(y, n, self.output_shape, self.dtype, name="y")
 
-    def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: losses_mod.Loss,
+    def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: Loss,
                     next_x: np.ndarray | None = None, epoch: int | None = None) -> tuple[float, float, float]:
         """One step; raises :class:`~sparknet.errors.TrainingDiverged` (step count and
         weights as before the step) when its loss or a delta is not finite."""

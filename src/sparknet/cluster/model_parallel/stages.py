@@ -34,6 +34,7 @@ from sparknet.cluster.model_parallel.jobs import (
 )
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
+from sparknet.optim import Optimizer
 
 if TYPE_CHECKING:
     from sparknet.cluster.model_parallel import ModelParallel
@@ -103,10 +104,10 @@ class NormClip:
     def reset(self) -> None:
         """Forget the step so far (the last stage's backward starts a step)."""
         self.sumsq = 0.0
-        self.driver: list[tuple[optim_mod.Optimizer, np.ndarray, np.ndarray]] = []
+        self.driver: list[tuple[Optimizer, np.ndarray, np.ndarray]] = []
         self.blocked: list[tuple[_Blocked, int, int]] = []
 
-    def add_driver(self, opt: optim_mod.Optimizer, params: np.ndarray, grads: np.ndarray) -> None:
+    def add_driver(self, opt: Optimizer, params: np.ndarray, grads: np.ndarray) -> None:
         """Driver parameters and their gradient (clamped here by value, in place)."""
         self.sumsq += opt.clip_part(grads)
         self.driver.append((opt, params, grads))
@@ -385,7 +386,7 @@ class PairStage(_Blocked):
         self.a, self.b = a, b
         self.layers = (a, b)
         self.bias = np.zeros(b.units, dtype=owner.dtype) if b.use_bias else None
-        self.opt: optim_mod.Optimizer = owner.new_optimizer()
+        self.opt: Optimizer = owner.new_optimizer()
         self._y: np.ndarray | None = None
 
     def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
