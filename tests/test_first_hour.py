@@ -50,6 +50,29 @@ def test_one_optimizer_reused_for_a_second_model_is_refused_until_reset(digits):
     np.testing.assert_array_equal(second.params, fresh.params)
 
 
+def test_an_optimizer_whose_model_is_gone_is_refused_for_another_but_follows_the_reload(
+        tmp_path, digits):
+    """The loop a tuning user writes: ``Sequential(...).fit(..., optimizer=opt)`` per trial,
+    the last model dropped.  The second model is refused; the first one saved and loaded
+    again (the same weights) goes on with the optimizer's state."""
+    import gc
+
+    X, y, _, _ = digits
+    opt = RMSprop(lr=1e-3)
+    first = Sequential([Dense(10, activation="softmax")], seed=0)
+    first.fit(X, y, epochs=1, verbose=0, optimizer=opt)
+    first.save(tmp_path / "first.npz")
+    del first
+    gc.collect()
+    with pytest.raises(ValueError, match=r"already taken \d+ steps for another model"):
+        Sequential([Dense(10, activation="softmax")], seed=1).fit(X, y, epochs=1, verbose=0,
+                                                                  optimizer=opt)
+    again = load_model(tmp_path / "first.npz")
+    steps = opt.t
+    again.fit(X, y, epochs=1, verbose=0, optimizer=opt)
+    assert opt.t > steps
+
+
 def test_images_into_dense_without_flatten_point_to_flatten_not_to_the_labels(digits):
     X, y, _, _ = digits
     images = X.reshape(-1, 8, 8)

@@ -121,6 +121,8 @@ class Optimizer:
         self._loaded = False
         #: the model whose parameters ``state`` follows (set by :meth:`bind_owner`)
         self._owner: weakref.ReferenceType[Any] | None = None
+        #: the owner's flat parameter buffer, kept to know the owner's weights once it is gone
+        self._owner_params: np.ndarray | None = None
 
     def state_keys(self) -> tuple[str, ...]:
         """Names of the per-parameter state arrays this configuration needs."""
@@ -129,23 +131,28 @@ class Optimizer:
     def bind_owner(self, owner: Any) -> None:
         """Tie the state to ``owner``, the model this optimizer trains.
 
-        Raises ``ValueError`` when the optimizer has already stepped for another model that
-        is still alive: its moving averages and step count belong to that model's
-        parameters, and carrying them over to a second model would train it differently
-        without a word.  :meth:`reset` starts over."""
+        Raises ``ValueError`` when the optimizer has already stepped for another model: its
+        moving averages and step count belong to that model's parameters, and carrying them
+        over to a second model would train it differently without a word.  Once that model is
+        gone, a model holding exactly its last parameters (the same model saved and loaded
+        again) goes on with the state.  :meth:`reset` starts over."""
         current = self._owner() if self._owner is not None else None
-        if current is not None and current is not owner and self.t > 0:
+        last = getattr(self, "_owner_params", None)   # None: never bound here (new, loaded)
+        same = current is owner or (current is None and (last is None
+                                                         or np.array_equal(last, owner.params)))
+        if self.t > 0 and not same:
             raise ValueError(
-                f"this {type(self).__name__} has already taken {self.t} steps for another model, and "
-                f"its state follows that model's parameters: give each model its own optimizer "
-                f"(optimizer={type(self).__name__}(lr={self.lr:g}, ...)) or call optimizer.reset() "
-                f"to start over")
+                f"this {type(self).__name__} has already taken {self.t} steps for another model, "
+                f"and its state follows that model's parameters: give each model its own "
+                f"optimizer (optimizer={type(self).__name__}(lr={self.lr:g}, ...)) or call "
+                f"optimizer.reset() to start over")
         self._owner = weakref.ref(owner)
+        self._owner_params = owner.params
 
     def __getstate__(self) -> dict[str, Any]:
         # the owner is a weak reference to a model in this process: it does not travel
         state = self.__dict__.copy()
-        state["_owner"] = None
+        state["_owner"] = state["_owner_params"] = None
         return state
 
     def reset(self) -> None:
@@ -153,7 +160,7 @@ class Optimizer:
         self.state = {}
         self.t = 0
         self._loaded = False
-        self._owner = None
+        self._owner = self._owner_params = None
 
     def init_state(self, n: int, dtype: Any) -> None:
         """Make ``state`` hold zeroed arrays of length ``n`` (kept when already right).
