@@ -58,8 +58,9 @@ class ModelParallel:
     Args:
         layers: the model's layers (a list, or an *unbuilt*
             :class:`~sparknet.model.Sequential` whose layers, dtype, seed and loss are used).
-        plan: a :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan`, a ``{layer_index: K}`` dict, or ``"auto"``
-            (the planner's K and pairing for ``spark``'s cluster: :func:`~sparknet.cluster.planning.planner.auto_blocks`).
+        plan: a :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan`, a
+            ``{layer_index: K}`` dict, or ``"auto"`` (the planner's K and pairing for ``spark``'s
+            cluster: :func:`~sparknet.cluster.planning.planner.auto_blocks`).
         input_shape: per-sample input shape.
         spark: a ``SparkSession`` or ``SparkContext``; ``None`` runs the blocks in this
             process (:class:`LocalBlocks`, the reference).
@@ -91,30 +92,36 @@ class ModelParallel:
         BlockMemoryError: a block does not fit its executor's Python memory limit.
     """
 
-    def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int], spark: Any = None,
-                 dtype: Any = "float32", seed: int = 0,
+    def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int],
+                 spark: Any = None, dtype: Any = "float32", seed: int = 0,
                  optimizer: "Optimizer | str | None" = None,
                  loss: "Loss | str | None" = None, checkpoint_dir: str | None = None,
-                 name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
-                 checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
+                 name: str = "blocks", replicas: int = 1,
+                 combine_bytes: int = DEFAULT_COMBINE_BYTES,
+                 checkpoint_keep: int = 3, job_timeout: float | None = None,
+                 _load: str | None = None) -> None:
         layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
         if isinstance(plan, str) and plan == "auto":  # the planner's K and pairing for the cluster
             from sparknet.cluster.planning.planner import auto_blocks
             if spark is None:
-                raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the blocks for its cluster")
+                raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the "
+                                 "blocks for its cluster")
             from sparknet.cluster.engine.base import is_connect
             if is_connect(spark):
-                raise NotImplementedError("plan='auto' probes the executors through a SparkContext; under Spark "
-                                          "Connect pass a BlockPlan (the blocks per layer)")
+                raise NotImplementedError("plan='auto' probes the executors through a "
+                                          "SparkContext; under Spark Connect pass a BlockPlan (the "
+                                          "blocks per layer)")
             plan = auto_blocks(layers, input_shape, spark, replicas=int(replicas))
-        self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
-                          replicas, combine_bytes)
+        self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir,
+                          name, replicas, combine_bytes)
         self.checkpoint_keep = positive_int(checkpoint_keep, "checkpoint_keep")
-        if job_timeout is not None and not (isinstance(job_timeout, (int, float)) and job_timeout > 0):
-            raise ValueError(f"job_timeout must be a positive number of seconds or None, got {job_timeout!r}")
+        if job_timeout is not None and not (isinstance(job_timeout, (int, float))
+                                            and job_timeout > 0):
+            raise ValueError("job_timeout must be a positive number of seconds or None, got "
+                             f"{job_timeout!r}")
         self.job_timeout = job_timeout
-        self._store = None if checkpoint_dir is None else recovery.open_store(os.fspath(checkpoint_dir),
-                                                                              self.checkpoint_keep)
+        self._store = (None if checkpoint_dir is None
+                       else recovery.open_store(os.fspath(checkpoint_dir), self.checkpoint_keep))
         shapes = self._layer_shapes()
         self.blocked: list[BlockedLayer] = self.plan.resolve(layers, shapes, self._softmax_head)
         self.layout = Layout(self.plan.max_blocks, self.replicas)
@@ -137,8 +144,8 @@ class ModelParallel:
 
         if isinstance(layers, Sequential):
             if layers.built:
-                raise ValueError("pass the layers or an unbuilt Sequential: a built model already holds "
-                                 "every weight on the driver")
+                raise ValueError("pass the layers or an unbuilt Sequential: a built model already "
+                                 "holds every weight on the driver")
             dtype, seed = layers.dtype, layers.seed
             loss = loss if loss is not None else layers._loss
             layers = layers.layers
@@ -147,17 +154,19 @@ class ModelParallel:
             raise ValueError("ModelParallel needs a non-empty list of Layer instances")
         return layers, dtype, seed, loss
 
-    def _set_options(self, layers: list[Layer], plan: Any, input_shape: Sequence[int], dtype: Any, seed: int,
-                     optimizer: Any, loss: Any, checkpoint_dir: str | None, name: str, replicas: int,
-                     combine_bytes: int) -> None:
+    def _set_options(self, layers: list[Layer], plan: Any, input_shape: Sequence[int], dtype: Any,
+                     seed: int, optimizer: Any, loss: Any, checkpoint_dir: str | None, name: str,
+                     replicas: int, combine_bytes: int) -> None:
         self.layers = layers
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
         self.seed = int(seed)
         opt = optim_mod.get(optimizer)
-        if opt.name not in ("rmsprop", "sgd", "adam", "adamw"):  # elementwise steps: applied row chunk by chunk
-            raise ValueError(f"model-parallel training supports RMSprop, SGD, Adam and AdamW, got {opt!r}")
+        # elementwise steps: applied row chunk by chunk
+        if opt.name not in ("rmsprop", "sgd", "adam", "adamw"):
+            raise ValueError("model-parallel training supports RMSprop, SGD, Adam and AdamW, got "
+                             f"{opt!r}")
         self.opt_meta: dict[str, Any] = {"name": opt.name, "config": opt.get_config()}
         #: the optimizer the block jobs carry (its hyper-parameters; blocks keep their own state)
         self.job_optimizer = self.new_optimizer()
@@ -171,7 +180,8 @@ class ModelParallel:
         self.name = name
         self._loss = None if loss is None else losses_mod.get(loss)
         last = layers[-1]
-        self._softmax_head = getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
+        self._softmax_head = getattr(last, "activation",
+                                     None) == "softmax" and hasattr(last, "emit_logits")
 
     def _layer_shapes(self) -> list[tuple[int, ...]]:
         """Per-sample input shape of every layer, building the driver layers only (no blocked
@@ -196,12 +206,14 @@ class ModelParallel:
         self._pieces: dict[tuple[int, ...], tuple[Piece, ...]] = {}
         self.t = 0
         self.generation = int(np.random.default_rng().integers(1, 2**62))
-        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark jobs, and
+        # : per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark
+        # jobs, and
         #: (replicas) the gradient bytes of the combine through the driver
         self.last_step_bytes: dict[str, int] = {}
         self._bytes = {"broadcast": 0, "collected": 0, "moved": 0, "jobs": 0, "combined": 0}
         self._times = {"executor_read_s": 0.0, "executor_compute_s": 0.0}
-        #: per step: the critical path's broadcast reading and block compute time (slowest slot per job)
+        # : per step: the critical path's broadcast reading and block compute time (slowest slot per
+        # job)
         self.last_step_times: dict[str, float] = {}
         self.step_times: list[float] = []
         #: how many times lost blocks were restored from a checkpoint
@@ -217,8 +229,9 @@ class ModelParallel:
         return SparkBlocks(self._spark, self.n_slots, name=self.name, timeout=self.job_timeout)
 
     def _init_blocks(self, load: str | None) -> None:
-        self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name, seed=self.seed,
-                                 opt=self.job_optimizer, generation=self.generation, load=load))
+        self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name,
+                                 seed=self.seed, opt=self.job_optimizer, generation=self.generation,
+                                 load=load))
 
     # -------------------------------------------------------- what the stages use
     def new_optimizer(self) -> Optimizer:
@@ -239,7 +252,8 @@ class ModelParallel:
         """The pieces in which a stage's gradients are combined over the replicas."""
         key = tuple(layer.index for layer in layers)
         if key not in self._pieces:
-            self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize, self.combine_bytes)
+            self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize,
+                                            self.combine_bytes)
         return self._pieces[key]
 
     def run_job(self, job: BlockJob, data: dict, readers: int, defer: bool = False) -> list:
@@ -258,7 +272,8 @@ class ModelParallel:
             first, first_data, first_readers = pending
             job, data = ChainJob(self.layout, (), jobs=(first, job)), {"0": first_data, "1": data}
             sent, moved = sent + nbytes(first_data), moved + nbytes(first_data) * first_readers
-        out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"), data)
+        out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"),
+                               data)
         got = nbytes(out)
         if pending is not None:
             out = [r[1] for r in out]
@@ -288,7 +303,8 @@ class ModelParallel:
     @property
     def n_blocked_params(self) -> int:
         """Parameters held on the executors (all blocked layers, one replica)."""
-        return sum(s.n_params - (s.units if s.cut == "cols" and s.use_bias else 0) for s in self.blocked)
+        return sum(s.n_params - (s.units if s.cut == "cols" and s.use_bias else 0)
+                   for s in self.blocked)
 
     @property
     def exchanges_per_step(self) -> int:
@@ -315,11 +331,13 @@ class ModelParallel:
     def _prepare_y(self, y: Any, n: int, lo: Loss) -> np.ndarray:
         from sparknet._validation import check_labels, check_targets
         if lo.is_classification:
-            return check_labels(y, n, self.output_shape[-1], name="y", lead_shape=self.output_shape[:-1])
+            return check_labels(y, n, self.output_shape[-1], name="y",
+                                lead_shape=self.output_shape[:-1])
         return check_targets(y, n, self.output_shape, self.dtype, name="y")
 
     def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: Loss,
-                    next_x: np.ndarray | None = None, epoch: int | None = None) -> tuple[float, float, float]:
+                    next_x: np.ndarray | None = None,
+                    epoch: int | None = None) -> tuple[float, float, float]:
         """One step; raises :class:`~sparknet.errors.TrainingDiverged` (step count and
         weights as before the step) when its loss or a delta is not finite."""
         from sparknet.activations import grad as act_grad
@@ -346,15 +364,17 @@ class ModelParallel:
                     assert dx is not None
                     g = dx
         except NonFinite as exc:
-            if j == len(self.stages) - 1 and exc.what != "parameters":   # nothing updated: no step happened
+            # nothing updated: no step happened
+            if j == len(self.stages) - 1 and exc.what != "parameters":
                 self.t -= 1
                 stages.rewind_state(self.stages)
-                raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})", lr=self._lr(), epoch=epoch,
-                                                step=self.t + 1) from None
+                raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})",
+                                                lr=self._lr(), epoch=epoch, step=self.t
+                                                + 1) from None
             lr = self._lr()
-            raise HalfStep(f"training diverged: the {exc.what} of {exc.where} became non-finite in step {self.t}, "
-                           f"after weights of that step were updated; lower the learning rate"
-                           f"{'' if lr is None else f' (now {lr:g})'}",
+            raise HalfStep(f"training diverged: the {exc.what} of {exc.where} became non-finite in "
+                           f"step {self.t}, after weights of that step were updated; lower the "
+                           f"learning rate{'' if lr is None else f' (now {lr:g})'}",
                            epoch=epoch, step=self.t, what=exc.what) from None
         self._flush()
         correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
@@ -470,7 +490,8 @@ class ModelParallel:
             out = self.forward(X[i:i + batch_size], training=False)
             pred = softmax(out) if (self._softmax_head and not lo.is_classification) else out
             s, w, _ = lo.value_and_grad(pred, y[i:i + batch_size], need_grad=False)
-            c = float((out.argmax(axis=-1) == y[i:i + batch_size]).sum()) if lo.is_classification else 0.0
+            c = (float((out.argmax(axis=-1) == y[i:i + batch_size]).sum())
+                 if lo.is_classification else 0.0)
             tot += (s, w, c)
         res = {"loss": tot[0] / max(tot[1], 1e-12)}
         if lo.is_classification:
@@ -483,10 +504,12 @@ class ModelParallel:
         checks and export."""
         return self._gather_layers([index], replica)[index]
 
-    def _gather_layers(self, indices: Sequence[int], replica: int = 0) -> dict[int, dict[str, np.ndarray]]:
+    def _gather_layers(self, indices: Sequence[int],
+                       replica: int = 0) -> dict[int, dict[str, np.ndarray]]:
         by_idx = {s.index: s for s in self.blocked}
         wanted = tuple(by_idx[i] for i in indices if i in by_idx)
-        parts_all = (self.backend.run(GatherJob(self.layout, wanted, replica=replica)) if wanted else [])
+        parts_all = (self.backend.run(GatherJob(self.layout, wanted, replica=replica)) if wanted
+                     else [])
         return {i: assemble(self, i, by_idx, parts_all, replica) for i in indices}
 
     def status(self) -> list[dict]:
@@ -496,11 +519,12 @@ class ModelParallel:
 
     def _architecture(self) -> dict:
         from sparknet.layers.base import architecture
-        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
-                            loss=self._loss)
+        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype,
+                            seed=self.seed, loss=self._loss)
 
     def to_sequential(self) -> Any:
-        """A single-process :class:`~sparknet.model.Sequential` with these weights (small models only)."""
+        """A single-process :class:`~sparknet.model.Sequential` with these weights (small models
+        only)."""
         from sparknet.model import Sequential
 
         model = Sequential.from_config(self._architecture())
@@ -539,11 +563,13 @@ class ModelParallel:
         ``replicas`` replicas, each streaming the same block files); each executor streams
         its blocks from the files."""
         return persistence.load(cls, folder, spark=spark, checkpoint_dir=checkpoint_dir, name=name,
-                                replicas=replicas, combine_bytes=combine_bytes, checkpoint_keep=checkpoint_keep)
+                                replicas=replicas, combine_bytes=combine_bytes,
+                                checkpoint_keep=checkpoint_keep)
 
     def _checkpoint_store(self) -> CheckpointStore:
         if self._store is None:
-            raise ValueError("checkpoints need a checkpoint_dir (ModelParallel(..., checkpoint_dir=...))")
+            raise ValueError("checkpoints need a checkpoint_dir (ModelParallel(..., "
+                             "checkpoint_dir=...))")
         return self._store
 
     def _write_checkpoint(self, position: "recovery.FitPosition | None") -> Checkpoint:
@@ -573,7 +599,8 @@ class ModelParallel:
         """
         persistence.restore(self, folder)
 
-    def _restore(self, ckpt: "str | Checkpoint") -> "tuple[Checkpoint, recovery.FitPosition | None]":
+    def _restore(self,
+                 ckpt: "str | Checkpoint") -> "tuple[Checkpoint, recovery.FitPosition | None]":
         return recovery.restore(self, ckpt)
 
     def close(self) -> None:

@@ -118,7 +118,8 @@ class Plan:
         return "\n".join([f"Plan({self.samples:,} samples per epoch, {counts};",
                           f"  best:      {describe(self.best)}",
                           f"  runner-up: {'none' if ru is None else describe(ru)};",
-                          "  .explain(): why, .table(): every candidate, .trainer_kwargs(): the settings)"])
+                          "  .explain(): why, .table(): every candidate, .trainer_kwargs(): the "
+                          "settings)"])
 
     def __str__(self) -> str:
         return self.explain()
@@ -133,8 +134,8 @@ class Plan:
         """The best candidate and the runner-up, their breakdowns, and why the best wins."""
         sc = self.spark_costs
         lines = [f"plan for {self.samples:,} samples per epoch, batch {self.net_costs.batch_size} "
-                 f"({sc.hosts} host(s) x {sc.cores_per_host} cores, {sc.bandwidth_bytes_s * 8 / 1e9:.3g} Gb/s); "
-                 f"{len(self.candidates)} candidates"
+                 f"({sc.hosts} host(s) x {sc.cores_per_host} cores, "
+                 f"{sc.bandwidth_bytes_s * 8 / 1e9:.3g} Gb/s); {len(self.candidates)} candidates"
                  + (f", {len(self.ruled_out)} ruled out" if self.ruled_out else "")]
         lines.append("best:      " + describe(self.best))
         lines += _breakdown_lines(self.best)
@@ -148,12 +149,14 @@ class Plan:
         near = sum(1 for p in self.candidates[1:] if _config_key(p) == _config_key(self.best)
                    and p.epoch_s <= self.candidates[0].epoch_s * (1 + TOLERANCE))
         if near and self.best.mode in ("average", "async"):
-            lines.append(f"     ({near} with more local steps are within {100 * TOLERANCE:.0f}%: fewer is taken)")
+            lines.append(f"     ({near} with more local steps are within {100 * TOLERANCE:.0f}%: "
+                         "fewer is taken)")
         per_mode: dict[str, "Prediction"] = {}
         for c in self.candidates:
             per_mode.setdefault(c.mode, c)
         if len(per_mode) > 1:
-            lines.append("best per mode: " + "; ".join(f"{m} {c.epoch_s:.3g} s" for m, c in per_mode.items()))
+            lines.append("best per mode: " + "; ".join(f"{m} {c.epoch_s:.3g} s"
+                                                       for m, c in per_mode.items()))
         lines += [f"ruled out: {describe(r.prediction)}: {r.reason}" for r in self.ruled_out[:3]]
         lines += [f"ruled out: {len(self.ruled_out) - 3} more"] if len(self.ruled_out) > 3 else []
         return "\n".join(lines)
@@ -165,7 +168,8 @@ def describe(p: "Prediction") -> str:
     if p.mode in _DATA_PARALLEL:
         what = f"{s['partitions']} partition(s)" + (f", tau={s['tau']}" if "tau" in s else "")
     else:
-        what = f"K={s['K']}" + (" paired" if s.get("paired") else "") + (f", D={s['D']}" if s.get("D", 1) > 1 else "")
+        what = f"K={s['K']}" + (" paired" if s.get("paired")
+                                else "") + (f", D={s['D']}" if s.get("D", 1) > 1 else "")
     what += f", {s.get('threads', 1)} thread(s)/task"
     return (f"{p.mode} ({what}): {p.epoch_s:.4g} s/epoch, {p.speedup:.2f}x one process "
             f"({p.one_process_epoch_s:.4g} s)")
@@ -185,9 +189,10 @@ def _why(best: "Prediction", other: "Prediction") -> str:
                   key=lambda kv: -abs(kv[1]))
     terms = ", ".join(f"{k} {d:+.3g} s" for k, d in diff[:3] if abs(d) > 1e-9)
     if gap <= best.epoch_s * TOLERANCE:
-        return (f"the runner-up is within {100 * TOLERANCE:.0f}% ({gap:+.3g} s/epoch: {terms}); the best "
-                f"synchronises more often or uses fewer tasks")
-    return f"the runner-up needs {gap:.3g} s more per epoch ({100 * gap / best.epoch_s:.0f}%): {terms}"
+        return (f"the runner-up is within {100 * TOLERANCE:.0f}% ({gap:+.3g} s/epoch: {terms}); "
+                f"the best synchronises more often or uses fewer tasks")
+    return (f"the runner-up needs {gap:.3g} s more per epoch ({100 * gap / best.epoch_s:.0f}%): "
+            f"{terms}")
 
 
 def _config_key(p: "Prediction") -> tuple:
@@ -222,9 +227,12 @@ def modelled(mode: str, net: "NetworkCosts", spark_costs: "SparkCosts", samples:
     threads = int(kw.pop("threads", 1))
     sc = dataclasses.replace(spark_costs, blas_threads=threads)
     tasks = int(kw.get("partitions", kw.get("blocks", 1) * kw.get("replicas", 1)))
-    if sc.single_job_s is not None and tasks < sc.probe_tasks:  # job_s was measured with probe_tasks tasks:
-        w = (tasks - 1) / (sc.probe_tasks - 1)  # fewer cost between it and the one-task job (measured too)
-        sc = dataclasses.replace(sc, job_s=sc.single_job_s + w * (sc.job_s - sc.single_job_s), probe_tasks=tasks)
+    # job_s was measured with probe_tasks tasks: fewer cost between it and the one-task job
+    # (measured too)
+    if sc.single_job_s is not None and tasks < sc.probe_tasks:
+        w = (tasks - 1) / (sc.probe_tasks - 1)
+        sc = dataclasses.replace(sc, job_s=sc.single_job_s + w * (sc.job_s - sc.single_job_s),
+                                 probe_tasks=tasks)
     p = cost.predict(mode, net, sc, samples, **kw)
     p.settings["threads"] = threads
     return p
@@ -239,7 +247,8 @@ def simulated(stragglers: Any = None, seed: int = 0) -> Predictor:
 
     def predictor(mode: str, net: "NetworkCosts", spark_costs: "SparkCosts", samples: int,
                   settings: dict) -> "Prediction":
-        return sim.simulate(mode, net, spark_costs, samples, stragglers=strag, seed=seed, **settings)
+        return sim.simulate(mode, net, spark_costs, samples, stragglers=strag, seed=seed,
+                            **settings)
 
     return predictor
 
@@ -282,11 +291,14 @@ def _grid(n: int) -> list[int]:
 
 def _thread_options(sc: "SparkCosts", threads: Sequence[int] | None) -> list[int]:
     if threads is not None:
-        bad = [t for t in threads if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= sc.cores_per_host]
+        bad = [t for t in threads if isinstance(t, bool) or not isinstance(t, int)
+               or not 1 <= t <= sc.cores_per_host]
         if bad or not threads:
-            raise ValueError(f"threads must be BLAS thread counts in [1, {sc.cores_per_host}], got {threads!r}")
+            raise ValueError(f"threads must be BLAS thread counts in [1, {sc.cores_per_host}], got "
+                             f"{threads!r}")
         return sorted(set(threads))
-    return sorted({t for t in (1, 2, 4, 8, 16, 32, 64) if t <= sc.cores_per_host} | {sc.cores_per_host})
+    return sorted({t for t in (1, 2, 4, 8, 16, 32, 64)
+                   if t <= sc.cores_per_host} | {sc.cores_per_host})
 
 
 def _taus(samples: int, partitions: int, batch_size: int, taus: Sequence[int] | None) -> list[int]:
@@ -328,7 +340,8 @@ def enumerate_candidates(modes: Sequence[str], sc: "SparkCosts", samples: int, b
                     yield "model_parallel", {"blocks": K, "paired": paired, "threads": t, **lay}
                 if "hybrid" in modes and K >= 2:
                     for D in _grid(top // K)[1:]:
-                        yield "hybrid", {"blocks": K, "paired": paired, "replicas": D, "threads": t, **lay}
+                        yield "hybrid", {"blocks": K, "paired": paired, "replicas": D, "threads": t,
+                                         **lay}
 
 
 # ------------------------------------------------------------------ planning
@@ -336,17 +349,22 @@ def _check_modes(modes: Sequence[str] | None, layout: DenseLayout | None, slots:
                  why_not_blocked: str) -> list[str]:
     """The modes to consider (``None``: every one that applies), checked."""
     if modes is None:
-        blocked = (["model_parallel"] + (["hybrid"] if slots >= 4 else [])) if layout is not None else []
+        blocked = (["model_parallel"] + (["hybrid"] if slots >= 4
+                                         else [])) if layout is not None else []
         return list(_DATA_PARALLEL) + blocked
     if isinstance(modes, str) or not modes:
-        raise ValueError(f"modes must be a non-empty list of {', '.join(map(repr, MODES))}, got {modes!r}")
+        raise ValueError(f"modes must be a non-empty list of {', '.join(map(repr, MODES))}, got "
+                         f"{modes!r}")
     bad = [m for m in modes if m not in MODES]
     if bad:
-        raise ValueError(f"unknown mode(s) {bad!r}: modes must be among {', '.join(map(repr, MODES))}")
+        raise ValueError(f"unknown mode(s) {bad!r}: modes must be among "
+                         f"{', '.join(map(repr, MODES))}")
     if layout is None and any(m in ("model_parallel", "hybrid") for m in modes):
-        raise ValueError(f"modes {list(modes)!r}: model parallelism does not apply to this model: {why_not_blocked}")
+        raise ValueError(f"modes {list(modes)!r}: model parallelism does not apply to this model: "
+                         f"{why_not_blocked}")
     if "hybrid" in modes and slots < 4:
-        raise ValueError(f"mode 'hybrid' needs at least 4 task slots (D >= 2 x K >= 2), the cluster has {slots}")
+        raise ValueError("mode 'hybrid' needs at least 4 task slots (D >= 2 x K >= 2), the "
+                         f"cluster has {slots}")
     return list(modes)
 
 
@@ -367,11 +385,15 @@ def plan_from_costs(net: "NetworkCosts", spark_costs: "SparkCosts", samples: int
     """
     if isinstance(samples, bool) or not isinstance(samples, (int, np.integer)) or samples < 1:
         raise ValueError(f"samples must be a positive integer, got {samples!r}")
-    if max_partitions is not None and (isinstance(max_partitions, bool) or not isinstance(max_partitions, int)
+    if max_partitions is not None and (isinstance(max_partitions, bool)
+                                       or not isinstance(max_partitions, int)
                                        or max_partitions < 1):
-        raise ValueError(f"max_partitions must be a positive integer or None, got {max_partitions!r}")
-    if taus is not None and (not taus or any(isinstance(t, bool) or not isinstance(t, int) or t < 1 for t in taus)):
-        raise ValueError(f"taus must be a non-empty list of positive local step counts, got {taus!r}")
+        raise ValueError("max_partitions must be a positive integer or None, got "
+                         f"{max_partitions!r}")
+    if taus is not None and (not taus or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+                                             for t in taus)):
+        raise ValueError("taus must be a non-empty list of positive local step counts, got "
+                         f"{taus!r}")
     slots = spark_costs.hosts * spark_costs.cores_per_host
     if max_partitions is not None:
         slots = min(slots, max_partitions)
@@ -379,8 +401,8 @@ def plan_from_costs(net: "NetworkCosts", spark_costs: "SparkCosts", samples: int
     feasible: list["Prediction"] = []
     out: list[RuledOut] = []
     for mode, settings in enumerate_candidates(wanted, spark_costs, int(samples), net.batch_size,
-                                               max_partitions=max_partitions, taus=taus, threads=threads,
-                                               layout=layout):
+                                               max_partitions=max_partitions, taus=taus,
+                                               threads=threads, layout=layout):
         p = predictor(mode, net, spark_costs, int(samples), dict(settings))
         if layout is not None and mode in ("model_parallel", "hybrid"):
             from sparknet.cluster.model_parallel.block_partition import BlockPlan
@@ -388,7 +410,8 @@ def plan_from_costs(net: "NetworkCosts", spark_costs: "SparkCosts", samples: int
                                            pair=bool(settings["paired"]))
         need = memory_need(mode, net, settings, int(samples), sample_bytes, spark_costs, layout)
         if memory is not None and need > memory:
-            out.append(RuledOut(p, f"needs {need / 2**30:.3g} GiB per executor, {memory / 2**30:.3g} GiB available"))
+            out.append(RuledOut(p, f"needs {need / 2**30:.3g} GiB per executor, "
+                                   f"{memory / 2**30:.3g} GiB available"))
         else:
             feasible.append(p)
     if not feasible:
@@ -411,7 +434,8 @@ def dense_layout(model: "Sequential", input_shape: Sequence[int] | None = None,
     widths = [int(shape[-1])]
     for i, layer in enumerate(model.layers):
         if type(layer) is not Dense:
-            return None, f"layer {i} is {type(layer).__name__}; the cost model blocks all-dense models only"
+            return None, (f"layer {i} is {type(layer).__name__}; the cost model blocks all-dense "
+                          "models only")
         widths.append(int(layer.units))
     last = len(model.layers) - 1
     acts = [getattr(layer, "activation", "identity") for layer in model.layers]
@@ -427,13 +451,15 @@ def measured_costs(model: "Sequential", spark: Any, batch_size: int,
                    input_shape: Sequence[int] | None = None) -> tuple["SparkCosts", "NetworkCosts"]:
     """The session's :class:`~sparknet.cluster.planning.cost.SparkCosts` (measured once per
     application) and the model's :class:`~sparknet.cluster.planning.cost.NetworkCosts` at
-    ``batch_size`` (timed on a copy, once per architecture; from FLOPs past :data:`MEASURE_LIMIT`)."""
+    ``batch_size`` (timed on a copy, once per architecture; from FLOPs past
+    :data:`MEASURE_LIMIT`)."""
     from sparknet.model import Sequential
 
     cfg = model.get_config()
     if cfg.get("input_shape") is None:
         if input_shape is None:
-            raise ValueError("the model is not built and the data's row shape is unknown: build the model first")
+            raise ValueError("the model is not built and the data's row shape is unknown: build "
+                             "the model first")
         cfg["input_shape"] = [int(d) for d in input_shape]
     nkey = (repr(cfg), int(batch_size))
     if nkey not in _NET_CACHE:
@@ -441,7 +467,8 @@ def measured_costs(model: "Sequential", spark: Any, batch_size: int,
         if layout is not None and 4 * layout.blocked_params() > MEASURE_LIMIT:
             _NET_CACHE[nkey] = _dense_costs(layout, batch_size)
         else:
-            _NET_CACHE[nkey] = cost.NetworkCosts.measure(Sequential.from_config(cfg), int(batch_size))
+            _NET_CACHE[nkey] = cost.NetworkCosts.measure(Sequential.from_config(cfg),
+                                                         int(batch_size))
     return _spark_costs(spark), _NET_CACHE[nkey]
 
 
@@ -459,38 +486,44 @@ def _spark_costs(spark: Any) -> "SparkCosts":
 
 
 def _dense_costs(layout: DenseLayout, batch_size: int, efficiency: float = 0.6) -> "NetworkCosts":
-    """Costs of an all-dense model from its FLOPs at the measured sgemm rate (no weights allocated)."""
+    """Costs of an all-dense model from its FLOPs at the measured sgemm rate (no weights
+    allocated)."""
     from sparknet.cluster.planning.probes import gemm_gflops
 
     w = layout.widths
     flops = sum(2.0 * a * b * (3.0 if i else 2.0) for i, (a, b) in enumerate(zip(w, w[1:])))
     n = sum(a * b + b for a, b in zip(w, w[1:]))
     g = gemm_gflops()
-    return cost.NetworkCosts(sample_s=flops / (g * 1e9 * efficiency), eval_sample_s=flops / 3 / (g * 1e9 * efficiency),
-                             param_bytes=4 * n, activation_bytes=[4 * b for b in w[1:]], flops_per_sample=flops,
-                             gemm_gflops=g, batch_size=int(batch_size), update_s=16.0 * n / 8e9, n_params=n)
+    return cost.NetworkCosts(sample_s=flops / (g * 1e9 * efficiency),
+                             eval_sample_s=flops / 3 / (g * 1e9 * efficiency),
+                             param_bytes=4 * n, activation_bytes=[4 * b for b in w[1:]],
+                             flops_per_sample=flops, gemm_gflops=g, batch_size=int(batch_size),
+                             update_s=16.0 * n / 8e9, n_params=n)
 
 
 def _data_shape(data: Any) -> tuple[int, tuple[int, ...] | None, float]:
-    """``(rows, per-row shape or None, bytes per row)`` of numpy, ``(X, y)``, DataFrame or RDD data."""
+    """``(rows, per-row shape or None, bytes per row)`` of numpy, ``(X, y)``, DataFrame or RDD
+    data."""
     if isinstance(data, tuple) and len(data) == 2:
         data = data[0]
     if isinstance(data, np.ndarray):
         if data.ndim < 1 or data.shape[0] < 1:
             raise ValueError(f"data must hold at least one row, got an array of shape {data.shape}")
         row = tuple(int(d) for d in data.shape[1:])
-        return int(data.shape[0]), row, 4.0 * int(np.prod(row)) + 8  # float32 rows and an int64 label
+        # float32 rows and an int64 label
+        return int(data.shape[0]), row, 4.0 * int(np.prod(row)) + 8
     if hasattr(data, "rdd") and hasattr(data, "count"):  # a DataFrame
         return int(data.count()), None, 0.0
     if hasattr(data, "getNumPartitions") and hasattr(data, "count"):  # an RDD
         return int(data.count()), None, 0.0
-    raise ValueError(f"data must be a numpy array, an (X, y) tuple, a DataFrame or an RDD, got {type(data).__name__}")
+    raise ValueError("data must be a numpy array, an (X, y) tuple, a DataFrame or an RDD, got "
+                     f"{type(data).__name__}")
 
 
 def plan(model: "Sequential", data: Any, spark: Any, *, samples: int | None = None,
-         modes: Sequence[str] | None = None, max_partitions: int | None = None, batch_size: int = 128,
-         verbose: bool = True, taus: Sequence[int] | None = None, threads: Sequence[int] | None = None,
-         spark_costs: "SparkCosts | None" = None) -> Plan:
+         modes: Sequence[str] | None = None, max_partitions: int | None = None,
+         batch_size: int = 128, verbose: bool = True, taus: Sequence[int] | None = None,
+         threads: Sequence[int] | None = None, spark_costs: "SparkCosts | None" = None) -> Plan:
     """Choose how to train ``model`` on ``data`` with the session ``spark``.
 
     Args:
@@ -517,38 +550,44 @@ def plan(model: "Sequential", data: Any, spark: Any, *, samples: int | None = No
         raise TypeError(f"model must be a sparknet Sequential, got {type(model).__name__}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 1):
+    if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int)
+                                or samples < 1):
         raise ValueError(f"samples must be a positive integer or None, got {samples!r}")
     rows, row_shape, row_bytes = _data_shape(data)
-    if spark_costs is not None:  # kept for the session's later plans (and auto_partitions, auto_blocks)
+    # kept for the session's later plans (and auto_partitions, auto_blocks)
+    if spark_costs is not None:
         _SPARK_CACHE[_session_key(spark)] = spark_costs
     spark_costs, net = measured_costs(model, spark, batch_size, row_shape)
     layout, why = dense_layout(model, model.input_shape or row_shape)
     if threads is None:  # a session's tasks take spark.task.cpus cores (their BLAS threads)
-        threads = [min(int(spark.sparkContext.getConf().get("spark.task.cpus", "1")), spark_costs.cores_per_host)]
+        threads = [min(int(spark.sparkContext.getConf().get("spark.task.cpus", "1")),
+                       spark_costs.cores_per_host)]
     p = plan_from_costs(net, spark_costs, samples or rows, modes=modes, layout=layout,
                         max_partitions=max_partitions, taus=taus, threads=threads,
-                        memory=memory_per_executor(spark), sample_bytes=row_bytes, why_not_blocked=why)
+                        memory=memory_per_executor(spark), sample_bytes=row_bytes,
+                        why_not_blocked=why)
     if verbose:
         print(p.explain())
     return p
 
 
-def auto_partitions(model: "Sequential", data: Any, spark: Any, *, batch_size: int = 32, mode: str = "sync",
-                    sync: str = "average", local_steps: "int | str" = "auto", verbose: bool = False) -> int:
+def auto_partitions(model: "Sequential", data: Any, spark: Any, *, batch_size: int = 32,
+                    mode: str = "sync", sync: str = "average", local_steps: "int | str" = "auto",
+                    verbose: bool = False) -> int:
     """Partitions for ``DataParallelTrainer(num_partitions="auto")``: the planner's best
     for the trainer's mode (``local_steps`` fixed when given)."""
     want = "async" if mode == "async" else sync
     taus = None if local_steps in ("auto", "timed") else [int(local_steps)]
-    best = plan(model, data, spark, modes=[want], batch_size=batch_size, verbose=verbose, taus=taus).best
+    best = plan(model, data, spark, modes=[want], batch_size=batch_size, verbose=verbose,
+                taus=taus).best
     return int(best.settings["partitions"])
 
 
 def auto_blocks(layers: Any, input_shape: Sequence[int], spark: Any, *, batch_size: int = 128,
                 replicas: int = 1, verbose: bool = False) -> "BlockPlan":
-    """A :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan` for ``ModelParallel(plan="auto")``:
-    the planner's best ``K`` and pairing for the large dense layers (of an unbuilt
-    Sequential or a layer list; nothing is allocated; the largest when none has
+    """A :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan` for
+    ``ModelParallel(plan="auto")``: the planner's best ``K`` and pairing for the large dense layers
+    (of an unbuilt Sequential or a layer list; nothing is allocated; the largest when none has
     :data:`MIN_BLOCKED_PARAMS`), ``replicas`` replicas."""
     from sparknet.model import Sequential
 
@@ -562,12 +601,13 @@ def auto_blocks(layers: Any, input_shape: Sequence[int], spark: Any, *, batch_si
     assert layout is not None
     spark_costs = _spark_costs(spark)
     mode = "hybrid" if replicas > 1 else "model_parallel"
-    p = plan_from_costs(_dense_costs(layout, batch_size), spark_costs, 100 * batch_size, modes=[mode],
-                        layout=layout, threads=[1], memory=memory_per_executor(spark))
+    p = plan_from_costs(_dense_costs(layout, batch_size), spark_costs, 100 * batch_size,
+                        modes=[mode], layout=layout, threads=[1], memory=memory_per_executor(spark))
     if replicas > 1:
         p.candidates = rank([c for c in p.candidates if c.settings.get("D") == replicas])
         if not p.candidates:
-            raise ValueError(f"replicas={replicas}: no D x K layout of {replicas} replicas fits the cluster's slots")
+            raise ValueError(f"replicas={replicas}: no D x K layout of {replicas} replicas fits "
+                             "the cluster's slots")
     if verbose:
         print(p.explain())
     return p.best.settings["plan"]
