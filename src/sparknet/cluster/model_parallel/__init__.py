@@ -102,7 +102,8 @@ block job that hangs (:class:`~sparknet.errors.RoundTimeout`).
 
 The package: :mod:`~.executor` (slot store, block maths), :mod:`~.files` (block files,
 manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process and Spark),
-:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class),
+:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class), :mod:`~.arguments`
+(its arguments checked), :mod:`~.inference` (output, loss, whole layers gathered),
 :mod:`~.fitting` (the fit loop, resume and replay), :mod:`~.recovery` (checkpoints),
 :mod:`~.persistence` (save, load, restore).
 

@@ -33,6 +33,7 @@ import numpy as np
 from sparknet import precision as precision_mod
 from sparknet._validation import check_float, positive_int
 from sparknet.callbacks import CallbackList, FitControl
+from sparknet.cluster.model_parallel import arguments
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.recovery import FitPosition, check_resumable, data_settings
 from sparknet.cluster.model_parallel.stages import HalfStep
@@ -142,8 +143,8 @@ def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int
     precision = fit_precision(mp, precision)
     resume, shuffle = bool(resume), bool(shuffle)
     lo = mp.loss
-    X = mp._prepare_x(X)
-    y = mp._prepare_y(y, X.shape[0], lo)
+    X = arguments.check_inputs(X, mp.input_shape, mp.dtype)
+    y = arguments.check_outputs(y, X.shape[0], lo, mp.output_shape, mp.dtype)
     control = BlocksControl(mp)
     cbl = CallbackList(callbacks, mp, mp, control)
     try:

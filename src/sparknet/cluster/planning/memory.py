@@ -9,8 +9,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sparknet.cluster.planning.candidates import DenseLayout
     from sparknet.cluster.planning.cost import NetworkCosts, SparkCosts
-    from sparknet.cluster.planning.planner import DenseLayout
 
 #: the data-parallel modes: every task holds the whole model
 DATA_PARALLEL = ("gradient", "average", "async")
