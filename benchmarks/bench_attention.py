@@ -38,7 +38,8 @@ except ImportError:  # running from a checkout without an install
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _machine import machine_header, print_rates  # noqa: E402  (the benchmarks folder, put on the path above)
+# the benchmarks folder, put on the path above
+from _machine import machine_header, print_rates  # noqa: E402
 
 from sparknet import Dense, GlobalAveragePooling1D, Sequential, TransformerEncoder  # noqa: E402
 from sparknet.optim import Adam  # noqa: E402

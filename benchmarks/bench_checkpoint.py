@@ -4,9 +4,9 @@ Real MNIST (60,000 rows, standardised), the MLP 784-512-256-10 (ReLU, softmax, f
 RMSprop, :class:`~sparknet.cluster.DataParallelTrainer` on ``local[2]`` with 2 partitions,
 ``sync="average"`` with the outer Nesterov step, numpy input, and a fixed
 ``--local-steps`` (the trainer's own sizing measures each fit's rounds, which would give
-the two fits different schedules).  Fits with ``checkpoint_dir`` (the default interval, ``"epoch"``) and without
-alternate, ``--pairs`` times, so a drift of the machine's load hits both alike.  Reported:
-each fit's training time (the fit's wall time less its set-up: the rounds and the
+the two fits different schedules).  Fits with ``checkpoint_dir`` (the default interval, ``"epoch"``)
+and without alternate, ``--pairs`` times, so a drift of the machine's load hits both alike.
+Reported: each fit's training time (the fit's wall time less its set-up: the rounds and the
 checkpoints), the checkpoints' own seconds (``history.checkpoints``: in all, and those
 spent on the partitions' optimizer state, which comes back with the results of an epoch's
 last round), and the ratio with/without of each adjacent pair's training times (their
@@ -47,7 +47,8 @@ def fit_once(spark, X, y, args, checkpoint_dir: str | None) -> dict:
     model = Sequential([Dense(512, activation="relu"), Dense(256, activation="relu"),
                         Dense(10, activation="softmax")], input_shape=(784,), seed=args.seed)
     trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=args.lr),
-                                  local_steps=args.local_steps, outer="nesterov", checkpoint_dir=checkpoint_dir)
+                                  local_steps=args.local_steps, outer="nesterov",
+                                  checkpoint_dir=checkpoint_dir)
     t0 = time.perf_counter()
     _, h = trainer.fit(X, y, epochs=args.epochs, batch_size=args.batch_size, verbose=0)
     wall = time.perf_counter() - t0
@@ -60,7 +61,8 @@ def fit_once(spark, X, y, args, checkpoint_dir: str | None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     from _machine import machine_header
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mnist", default=DEFAULT_MNIST)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--pairs", type=int, default=2)
@@ -81,15 +83,17 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list[dict]] = {"without": [], "with": []}
     root = tempfile.mkdtemp(prefix="sparknet-bench-ckpt-")
     try:
-        fit_once(spark, X[:4096], y[:4096], argparse.Namespace(**{**vars(args), "epochs": 1}), None)  # warm-up
+        # warm-up
+        fit_once(spark, X[:4096], y[:4096], argparse.Namespace(**{**vars(args), "epochs": 1}), None)
         for i in range(args.pairs):
             for kind in (("without", "with") if i % 2 == 0 else ("with", "without")):
                 d = os.path.join(root, f"run{i}") if kind == "with" else None
                 r = fit_once(spark, X, y, args, d)
                 runs[kind].append(r)
                 print(f"pair {i + 1} {kind:>7} checkpoints: training {r['train']:7.2f} s, "
-                      f"{r['n_ckpt']} checkpoints {r['ckpt']:.3f} s (partition state {r['collect']:.3f} s, "
-                      f"{r['jobs']} collect jobs, {r['bytes'] / 2**20:.1f} MiB each), final loss {r['loss']:.4f}", flush=True)
+                      f"{r['n_ckpt']} checkpoints {r['ckpt']:.3f} s (partition state "
+                      f"{r['collect']:.3f} s, {r['jobs']} collect jobs, {r['bytes'] / 2**20:.1f} "
+                      f"MiB each), final loss {r['loss']:.4f}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
         spark.stop()
@@ -97,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     pairs = [w["train"] / wo["train"] for w, wo in zip(runs["with"], runs["without"])]
     own = float(np.median([r["ckpt"] / r["train"] for r in runs["with"]]))
     print(f"median training time: without {med['without']:.2f} s, with {med['with']:.2f} s; ratio "
-          f"with/without per pair {', '.join(f'{p:.3f}' for p in pairs)} (median {np.median(pairs):.3f}); "
-          f"the checkpoints' own share of the fit's training time {100 * own:.2f}%")
+          f"with/without per pair {', '.join(f'{p:.3f}' for p in pairs)} (median "
+          f"{np.median(pairs):.3f}); the checkpoints' own share of the fit's training time "
+          f"{100 * own:.2f}%")
     return 0
 
 

@@ -59,8 +59,8 @@ def fit(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
             stamps.append(time.perf_counter())
             accs.append(float((model.predict(Xt) == yt).mean()))
 
-    trainer = DataParallelTrainer(model, spark, num_partitions=2, sync="average", optimizer=RMSprop(lr=1e-3),
-                                  local_steps=local_steps, seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, sync="average",
+                                  optimizer=RMSprop(lr=1e-3), local_steps=local_steps, seed=0)
     t0 = time.perf_counter()
     _, h = trainer.fit(X, y, epochs=epochs, batch_size=128, verbose=0, callbacks=[Acc()])
     # time to each epoch's end, less the client-side accuracy checks made before it
@@ -69,8 +69,8 @@ def fit(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
                                                         for i in range(1, len(ends))]
     clean = np.cumsum([h.setup_time + h["time"][0]] + list(h["time"][1:]))
     t98 = next((float(c) for c, a in zip(clean, accs) if a >= 0.98), float("nan"))
-    return {"setup": h.setup_time, "epoch": float(np.median(h["time"][1:] or h["time"]), ), "accs": accs,
-            "t98": t98, "check_s": float(np.mean(check))}
+    return {"setup": h.setup_time, "epoch": float(np.median(h["time"][1:] or h["time"]), ),
+            "accs": accs, "t98": t98, "check_s": float(np.mean(check))}
 
 
 def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
@@ -84,7 +84,8 @@ def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
 
     if is_connect(spark):
         from sparknet.cluster.engine.connect import ConnectResident
-        res = ConnectResident(spark.range(0, 2, 1, numPartitions=2), lambda i, b: build(i, iter(b)), name="bench")
+        res = ConnectResident(spark.range(0, 2, 1, numPartitions=2), lambda i, b: build(i, iter(b)),
+                              name="bench")
     else:
         from sparknet.cluster.resident.driver import Resident
         res = Resident(spark.sparkContext.parallelize(range(2), 2), build, name="bench")
@@ -108,7 +109,8 @@ def round_costs(spark: Any, mib: int, repeats: int = 7) -> dict:
 
 
 def async_straggler(spark: Any, data: tuple, epochs: int, local_steps: int) -> dict:
-    """``mode="async"`` with partition 1 at half speed: median epoch, updates per partition, accuracy."""
+    """``mode="async"`` with partition 1 at half speed: median epoch, updates per partition,
+    accuracy."""
     from sparknet import Dense, RMSprop, Sequential
     from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
     from sparknet.cluster.testing import inject_faults
@@ -116,8 +118,8 @@ def async_straggler(spark: Any, data: tuple, epochs: int, local_steps: int) -> d
     X, y, Xt, yt = data
     model = Sequential([Dense(512, activation="relu"), Dense(256, activation="relu"),
                         Dense(10, activation="softmax")], input_shape=(784,), seed=0)
-    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async", optimizer=RMSprop(lr=1e-3),
-                                  local_steps=local_steps, seed=0)
+    trainer = DataParallelTrainer(model, spark, num_partitions=2, mode="async",
+                                  optimizer=RMSprop(lr=1e-3), local_steps=local_steps, seed=0)
     with inject_faults(slow={1: 1.0}):
         _, h = trainer.fit(X, y, epochs=epochs, batch_size=128, verbose=0)
     per = [sum(1 for u in h.updates if u["partition"] == p and u["applied"]) for p in (0, 1)]
@@ -129,7 +131,8 @@ def mp_step(spark: Any, steps: int) -> dict:
     """The paired 335.6M model-parallel step (K = 2, batch 256): median seconds."""
     from bench_model_parallel import bench_pair_of
 
-    _, row = bench_pair_of(spark, 4096, 16384, 256, steps=steps, warmup=1, pair=True, single=_NoSingle())
+    _, row = bench_pair_of(spark, 4096, 16384, 256, steps=steps, warmup=1, pair=True,
+                           single=_NoSingle())
     return {"mp_step": row["step_s"], "mp_init": row["init_s"]}
 
 
@@ -141,14 +144,16 @@ class _NoSingle:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mnist", default=os.environ.get("SPARKNET_MNIST", DEFAULT_MNIST))
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--mib", type=int, default=16)
     ap.add_argument("--local-steps", type=int, default=47,
                     help="local steps per round, the same on both (47: 5 rounds an epoch)")
-    ap.add_argument("--parts", nargs="+", default=["fit", "async", "mp"], choices=["fit", "async", "mp"])
+    ap.add_argument("--parts", nargs="+", default=["fit", "async", "mp"],
+                    choices=["fit", "async", "mp"])
     ap.add_argument("--async-epochs", type=int, default=3)
     ap.add_argument("--mp-steps", type=int, default=3)
     args = ap.parse_args(argv)
@@ -182,24 +187,29 @@ def main(argv: list[str] | None = None) -> int:
                 spark = classic if name == "classic" else remote
                 row: dict = {}
                 if "fit" in args.parts:
-                    row.update(fit(spark, data, args.epochs, args.local_steps), **round_costs(spark, args.mib))
-                    print(f"{name:8s} set-up {row['setup']:.2f} s, median epoch {row['epoch']:.2f} s, t98 "
-                          f"{row['t98']:.1f} s, accuracy {' '.join(f'{100 * a:.2f}' for a in row['accs'])}; "
-                          f"empty round {1000 * row['empty']:.0f} ms, {args.mib} MiB out and back "
-                          f"{1000 * row['mib']:.0f} ms ({1000 * row['per_mib']:.1f} ms/MiB)", flush=True)
+                    row.update(fit(spark, data, args.epochs, args.local_steps),
+                               **round_costs(spark, args.mib))
+                    print(f"{name:8s} set-up {row['setup']:.2f} s, median epoch {row['epoch']:.2f} "
+                          f"s, t98 {row['t98']:.1f} s, accuracy "
+                          f"{' '.join(f'{100 * a:.2f}' for a in row['accs'])}; empty round "
+                          f"{1000 * row['empty']:.0f} ms, {args.mib} MiB out and back "
+                          f"{1000 * row['mib']:.0f} ms ({1000 * row['per_mib']:.1f} ms/MiB)",
+                          flush=True)
                 if "async" in args.parts:
                     row.update(async_straggler(spark, data, args.async_epochs, args.local_steps))
-                    print(f"{name:8s} async, partition 1 at half speed: median epoch {row['async_epoch']:.2f} s, "
-                          f"updates per partition {row['async_updates']}, accuracy "
-                          f"{100 * row['async_acc']:.2f}", flush=True)
+                    print(f"{name:8s} async, partition 1 at half speed: median epoch "
+                          f"{row['async_epoch']:.2f} s, updates per partition "
+                          f"{row['async_updates']}, accuracy {100 * row['async_acc']:.2f}",
+                          flush=True)
                 if "mp" in args.parts:
                     row.update(mp_step(spark, args.mp_steps))
-                    print(f"{name:8s} paired 335.6M model-parallel step {row['mp_step']:.2f} s (set-up "
-                          f"{row['mp_init']:.1f} s)", flush=True)
+                    print(f"{name:8s} paired 335.6M model-parallel step {row['mp_step']:.2f} s "
+                          f"(set-up {row['mp_init']:.1f} s)", flush=True)
                 runs[name].append(row)
         remote.stop()
     classic.stop()
-    keys = [k for k in ("setup", "epoch", "t98", "empty", "per_mib", "async_epoch", "async_acc", "mp_step")
+    keys = [k for k in ("setup", "epoch", "t98", "empty", "per_mib", "async_epoch", "async_acc",
+                        "mp_step")
             if k in runs["classic"][0]]
     med = {n: {k: float(np.median([r[k] for r in rs])) for k in keys} for n, rs in runs.items()}
     print("\n| | Classic | Connect | Connect / Classic |\n|---|---:|---:|---:|")

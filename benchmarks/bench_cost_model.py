@@ -42,7 +42,8 @@ import sys
 import time
 from typing import Any
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"        # inherited by local-mode workers and standalone executors
+# inherited by local-mode workers and standalone executors
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -136,7 +137,8 @@ def fit_epochs(spark, make, X, y, mode: str, partitions: int, tau: int, batch: i
     kw: dict[str, Any] = {"gradient": {"sync": "gradient"},
                           "average": {"sync": "average", "local_steps": tau, "outer": None},
                           "async": {"sync": "average", "local_steps": tau, "mode": "async"}}[mode]
-    trainer = DataParallelTrainer(model, spark, num_partitions=partitions, optimizer=RMSprop(lr=1e-3), **kw)
+    trainer = DataParallelTrainer(model, spark, num_partitions=partitions,
+                                  optimizer=RMSprop(lr=1e-3), **kw)
     _, h = trainer.fit(X, y, epochs=epochs, batch_size=batch, verbose=0, reuse_data=False)
     times = [float(t) for t in h["time"][1:]]
     return times, [t * (1.0 - float(o)) for t, o in zip(times, h["spark_overhead"][1:])]
@@ -150,16 +152,19 @@ def row(name: str, master: str, pred, measured: list[float], st: dict, unit: str
     per = pred.step_s / pred.round_s if unit == "step" and pred.round_s else 1.0
     scale = (p / pred.epoch_s) if pred.epoch_s else 1.0
     terms = ", ".join(f"{k} {v * scale * per:.3g}" for k, v in top if v > 0)
-    r = {"workload": name, "master": master, "mode": pred.mode, "unit": unit, "predicted": p, "measured": m,
-         "error_pct": 100.0 * (p - m) / m, "runs": [round(x, 4) for x in measured], "terms": terms,
-         "settings": {k: v for k, v in pred.settings.items() if k != "speeds"}, **st}
+    r = {"workload": name, "master": master, "mode": pred.mode, "unit": unit, "predicted": p,
+         "measured": m, "error_pct": 100.0 * (p - m) / m, "runs": [round(x, 4) for x in measured],
+         "terms": terms, "settings": {k: v for k, v in pred.settings.items() if k != "speeds"},
+         **st}
     comp = ""
     if compute:
-        pc = (pred.breakdown.get("compute", 0.0) + pred.breakdown.get("stragglers", 0.0)) * scale * per
+        pc = (pred.breakdown.get("compute", 0.0) + pred.breakdown.get("stragglers",
+                                                                      0.0)) * scale * per
         r["compute_predicted"], r["compute_measured"] = pc, float(np.median(compute))
         comp = f"; compute {pc:.3f} vs {r['compute_measured']:.3f}, rest {p - pc:.3f} vs {m - r['compute_measured']:.3f}"
-    print(f"  {name:<5} {master:<11} {pred.mode:<15} predicted {p:8.3f} s/{unit}  measured {m:8.3f}  "
-          f"error {r['error_pct']:+6.1f}%  (load {st['load']:.1f}, sgemm {st['sgemm']:.0f})  [{terms}]{comp}",
+    print(f"  {name:<5} {master:<11} {pred.mode:<15} predicted {p:8.3f} s/{unit}  measured "
+          f"{m:8.3f}  error {r['error_pct']:+6.1f}%  (load {st['load']:.1f}, sgemm "
+          f"{st['sgemm']:.0f})  [{terms}]{comp}",
           flush=True)
     return r
 
@@ -189,10 +194,12 @@ def data_parallel(spark, master: str, partitions: int, args, rows: list) -> None
             if mode != "gradient":
                 settings["tau"] = tau
             pred = predict(mode, net, sc, len(Xm), **settings)
-            measured, compute = fit_epochs(spark, make, Xm, ym, mode, partitions, tau, batch, args.epochs)
+            measured, compute = fit_epochs(spark, make, Xm, ym, mode, partitions, tau, batch,
+                                           args.epochs)
             rows.append(row(name, master, pred, measured, st, compute=compute))
             rows[-1]["spark_costs"] = dataclasses.asdict(sc)
-            rows[-1]["net"] = {"sample_s": net.sample_s, "update_s": net.update_s, "step_fixed_s": net.step_fixed_s}
+            rows[-1]["net"] = {"sample_s": net.sample_s, "update_s": net.update_s,
+                               "step_fixed_s": net.step_fixed_s}
             _save(args, rows)
 
 
@@ -224,9 +231,10 @@ def model_parallel(spark, master: str, args, rows: list) -> None:
         one = float(np.median([proxy.step(xs[s], ys[s]) for s in range(3)]))
         rate = flops(proxy_sizes) * batch / max(one - _update_s(proxy.model), 1e-3)
         one_step = flops(sizes) * batch / rate + upd
-        net = NetworkCosts(sample_s=(one_step - upd) / batch, eval_sample_s=(one_step - upd) / batch / 3,
-                           param_bytes=4 * n_params, batch_size=batch, n_params=n_params, update_s=upd,
-                           flops_per_sample=flops(sizes))
+        net = NetworkCosts(sample_s=(one_step - upd) / batch,
+                           eval_sample_s=(one_step - upd) / batch / 3,
+                           param_bytes=4 * n_params, batch_size=batch, n_params=n_params,
+                           update_s=upd, flops_per_sample=flops(sizes))
         sc = SparkCosts.measure(spark)
         st = state()
         pred = predict("model_parallel", net, sc, batch, blocks=2, paired=pair, layer_sizes=sizes)
@@ -243,8 +251,9 @@ def model_parallel(spark, master: str, args, rows: list) -> None:
         rows.append(row("mp" + ("-paired" if pair else ""), master, pred, times, st, unit="step",
                         compute=comp[1:]))
         rows[-1]["one_process_step_s"] = one_step
-        print(f"    one process (from the 33.6M proxy's rate {rate / 1e9:.0f} GFLOP/s): {one_step:.2f} s/step; "
-              f"predicted speedup {pred.speedup:.2f}x, measured {one_step / float(np.median(times)):.2f}x",
+        print(f"    one process (from the 33.6M proxy's rate {rate / 1e9:.0f} GFLOP/s): "
+              f"{one_step:.2f} s/step; predicted speedup {pred.speedup:.2f}x, measured "
+              f"{one_step / float(np.median(times)):.2f}x",
               flush=True)
         _save(args, rows)
     del proxy
@@ -276,7 +285,8 @@ def run_master(master: str, args, rows: list) -> None:
     if master == "standalone":
         from helpers.standalone_cluster import StandaloneCluster
         with StandaloneCluster(workers=2, cores=1, memory="12g") as cluster:
-            spark = session(cluster.url, {"spark.executor.cores": "1", "spark.executor.memory": "1g"})
+            spark = session(cluster.url, {"spark.executor.cores": "1",
+                                          "spark.executor.memory": "1g"})
             try:
                 wait_executors(spark, 2)
                 _run(spark, "standalone", 2, args, rows)
@@ -302,8 +312,8 @@ def report(rows: list) -> None:
     groups: dict[tuple, list] = {}
     for r in rows:
         groups.setdefault((r["workload"], r["master"], r["mode"]), []).append(r)
-    print("\n| workload | master | mode | settings | predicted (s) | measured (s) | error | repeats' errors "
-          "| compute pred / meas (s) | load | sgemm | largest terms (s) |")
+    print("\n| workload | master | mode | settings | predicted (s) | measured (s) | error | "
+          "repeats' errors | compute pred / meas (s) | load | sgemm | largest terms (s) |")
     print("|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---|")
     errs = []
     for (name, master, mode), rs in groups.items():
@@ -320,8 +330,8 @@ def report(rows: list) -> None:
                     f"{np.median([r['compute_measured'] for r in rs]):.3f}")
         load = "-".join(f"{x:.0f}" for x in sorted({round(r["load"]) for r in rs}))
         sg = "-".join(f"{x:.0f}" for x in sorted({r["sgemm"] for r in rs})[::max(1, len(rs) - 1)])
-        print(f"| {name} | {master} | {mode} | {opts} | {p:.3f}/{rs[0]['unit']} | {m:.3f} | {err:+.1f}% | {each} "
-              f"| {comp} | {load} | {sg} | {rs[-1]['terms']} |")
+        print(f"| {name} | {master} | {mode} | {opts} | {p:.3f}/{rs[0]['unit']} | {m:.3f} | "
+              f"{err:+.1f}% | {each} | {comp} | {load} | {sg} | {rs[-1]['terms']} |")
     if errs:
         print(f"\n{sum(e <= 15 for e in errs)} of {len(errs)} rows within 15%; median |error| "
               f"{np.median(errs):.1f}%")
@@ -332,26 +342,30 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="mlp,cnn,lstm,mp", help="comma list of mlp, cnn, lstm, mp")
     ap.add_argument("--master", default="local[1],local[2],standalone",
                     help="comma list of local[N] and standalone")
-    ap.add_argument("--modes", default="average,gradient,async", help="comma list of data-parallel modes")
-    ap.add_argument("--epochs", type=int, default=4, help="epochs per fit (the first is not measured)")
+    ap.add_argument("--modes", default="average,gradient,async",
+                    help="comma list of data-parallel modes")
+    ap.add_argument("--epochs", type=int, default=4,
+                    help="epochs per fit (the first is not measured)")
     ap.add_argument("--mlp-rows", type=int, default=20000)
     ap.add_argument("--cnn-rows", type=int, default=4000)
     ap.add_argument("--lstm-rows", type=int, default=3000)
-    ap.add_argument("--grad-rows-mlp", type=int, default=2560, help="rows of the sync='gradient' fits")
+    ap.add_argument("--grad-rows-mlp", type=int, default=2560,
+                    help="rows of the sync='gradient' fits")
     ap.add_argument("--grad-rows-cnn", type=int, default=640)
     ap.add_argument("--seq", type=int, default=25, help="characters per LSTM window")
     ap.add_argument("--tau-mlp", type=int, default=40)
     ap.add_argument("--tau-cnn", type=int, default=16)
     ap.add_argument("--tau-lstm", type=int, default=24)
-    ap.add_argument("--mp-steps", type=int, default=5, help="model-parallel steps (the first is not measured)")
+    ap.add_argument("--mp-steps", type=int, default=5,
+                    help="model-parallel steps (the first is not measured)")
     ap.add_argument("--mp-unpaired", action="store_true", help="also the unpaired 335.6M net")
     ap.add_argument("--repeats", type=int, default=1,
                     help="probe, predict and fit this many times per row (medians reported)")
     ap.add_argument("--probe-seconds", type=float, default=1.5,
                     help="seconds of in-process training steps NetworkCosts.measure runs at least")
     ap.add_argument("--net-in-tasks", action="store_true",
-                    help="time the network's steps inside Spark tasks (one per slot, at once) instead of in "
-                         "this process (then SparkCosts.task_speed is not applied)")
+                    help="time the network's steps inside Spark tasks (one per slot, at once) "
+                         "instead of in this process (then SparkCosts.task_speed is not applied)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
     args.only = [w for w in args.only.split(",") if w]
@@ -365,7 +379,8 @@ def main(argv=None) -> int:
         for master in [m for m in args.master.split(",") if m]:
             run_master(master, args, rows)
     finally:
-        for d in {d for g in mine for d in glob.glob(g)} - shm_before:   # this run's block folders only
+        # this run's block folders only
+        for d in {d for g in mine for d in glob.glob(g)} - shm_before:
             shutil.rmtree(d, ignore_errors=True)
         report(rows)
         if args.json:

@@ -105,7 +105,8 @@ def run_single(X, y, Xt, yt, args):
             model.fit(X, y, epochs=1, batch_size=args.batch_size, optimizer=opt, verbose=0)
             times.append(time.perf_counter() - t0)
             accs.append(model.evaluate(Xt, yt)["accuracy"])
-            logging.info("single process: epoch %d %.2f s, test accuracy %.4f", len(times), times[-1], accs[-1])
+            logging.info("single process: epoch %d %.2f s, test accuracy %.4f", len(times),
+                         times[-1], accs[-1])
     return {"epoch_times": times, "accs": accs, "setup": 0.0}
 
 
@@ -158,15 +159,18 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--local-steps", default="auto", help="tau for (b) and (c): 'auto' or an int")
     ap.add_argument("--max-overhead", type=float, default=0.1,
-                    help="target Spark share of a round for local_steps='auto' (trainer default 0.1)")
+                    help="target Spark share of a round for local_steps='auto' (trainer default "
+                         "0.1)")
     ap.add_argument("--mllib-iters", type=int, default=20, help="L-BFGS iterations of MLlib (d)")
     ap.add_argument("--skip", default="", help="comma list of runs to skip: a,b,c,d")
-    ap.add_argument("--primitives", action="store_true", help="also time treeAggregate vs accumulator")
+    ap.add_argument("--primitives", action="store_true",
+                    help="also time treeAggregate vs accumulator")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--report", help="only print the table of a results file written by --json")
     ap.add_argument("--async", action="store_true",
-                    help="sync vs async rounds instead (the other arguments go to bench_data_parallel_async.py)")
+                    help="sync vs async rounds instead (the other arguments go to "
+                         "bench_data_parallel_async.py)")
     args = ap.parse_args(argv)
     from _machine import machine_header  # benchmarks/_machine.py, next to this script
     print(machine_header(), flush=True)
@@ -225,21 +229,25 @@ def report(res: dict) -> None:
             print(f"{names[k]:<34}{np.median(r['epoch_times']):>9.2f}{r['accs'][-1]:>11.4f}"
                   f"{r['setup']:>9.1f}{share:>13}")
             print(f"{'':<6}test accuracy per epoch: {' '.join(f'{a:.4f}' for a in r['accs'])}")
-            print(f"{'':<6}epoch times (s):         {' '.join(f'{t:.2f}' for t in r['epoch_times'])}")
+            print(f"{'':<6}epoch times (s):         "
+                  f"{' '.join(f'{t:.2f}' for t in r['epoch_times'])}")
             if "rounds" in r:
                 print(f"{'':<6}median rounds/epoch {np.median(r['rounds']):.2g}, local steps/round "
                       f"{np.median(r['local_steps']):.0f}, "
-                      f"measured T_fixed {1e3 * r['t_fixed']:.0f} ms, T_step {1e3 * r['t_step']:.2f} ms")
+                      f"measured T_fixed {1e3 * r['t_fixed']:.0f} ms, T_step "
+                      f"{1e3 * r['t_step']:.2f} ms")
     if "d" in res:
         d = res["d"]
         print(f"{'(d) MLlib MLP, ' + str(d['iters']) + ' L-BFGS iters':<34}{'':>9}{d['acc']:>11.4f}"
               f"   fit {d['time']:.1f} s")
     if "a" in res and "c" in res:
         a, c = res["a"], res["c"]
-        print(f"(a)/(c) epoch time: {np.median(a['epoch_times']) / np.median(c['epoch_times']):.2f}x "
-              f"(final test accuracy {a['accs'][-1]:.4f} vs {c['accs'][-1]:.4f})")
+        print("(a)/(c) epoch time: "
+              f"{np.median(a['epoch_times']) / np.median(c['epoch_times']):.2f}x (final test "
+              f"accuracy {a['accs'][-1]:.4f} vs {c['accs'][-1]:.4f})")
     if "a" in res and "b" in res:
-        print(f"(a)/(b) epoch time: {np.median(res['a']['epoch_times']) / np.median(res['b']['epoch_times']):.2f}x")
+        print("(a)/(b) epoch time: "
+              f"{np.median(res['a']['epoch_times']) / np.median(res['b']['epoch_times']):.2f}x")
     if "c" in res and "d" in res:
         c, d = res["c"], res["d"]
         cum = c["setup"]
@@ -253,11 +261,13 @@ def report(res: dict) -> None:
             print(f"(c) never reached MLlib's {d['acc']:.4f}")
         else:
             print(f"time to MLlib's final accuracy {d['acc']:.4f}: MLlib {d['time']:.1f} s, "
-                  f"(c) {reached:.1f} s (set-up {c['setup']:.1f} s included): {d['time'] / reached:.1f}x")
+                  f"(c) {reached:.1f} s (set-up {c['setup']:.1f} s included): "
+                  f"{d['time'] / reached:.1f}x")
     if "primitives" in res:
         p = res["primitives"]
-        print(f"round of broadcast + gather of the {make_model(0).n_params}-parameter vector, local[2], "
-              f"median: treeAggregate {1e3 * p['tree']:.0f} ms, accumulator {1e3 * p['accumulator']:.0f} ms")
+        print(f"round of broadcast + gather of the {make_model(0).n_params}-parameter vector, "
+              f"local[2], median: treeAggregate {1e3 * p['tree']:.0f} ms, accumulator "
+              f"{1e3 * p['accumulator']:.0f} ms")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def run(spark, mode, data, args, straggler):
     model = build_model(args.hidden)
     kw = {}
     if mode == "async":
-        kw = {"max_staleness": args.max_staleness, "stale": args.stale, "delta_weight": args.delta_weight}
+        kw = {"max_staleness": args.max_staleness, "stale": args.stale,
+              "delta_weight": args.delta_weight}
         if args.coalesce is not None:
             kw["coalesce"] = args.coalesce
     trainer = DataParallelTrainer(model, spark, num_partitions=2, mode=mode, sync="average",
@@ -84,8 +85,8 @@ def run(spark, mode, data, args, straggler):
     slow = {1: 1.0} if straggler else {}
     t0 = time.perf_counter()
     with inject_faults(slow=slow):
-        _, h = trainer.fit(X, y, epochs=args.epochs, batch_size=args.batch, validation_data=(Xt, yt),
-                           verbose=0)
+        _, h = trainer.fit(X, y, epochs=args.epochs, batch_size=args.batch,
+                           validation_data=(Xt, yt), verbose=0)
     wall = time.perf_counter() - t0
     out = {
         "mode": mode, "straggler": straggler, "wall": wall, "epoch_times": h["time"],
@@ -98,13 +99,15 @@ def run(spark, mode, data, args, straggler):
         st = [u["staleness"] for u in h.updates if u["applied"]]
         out["staleness"] = dict(sorted(collections.Counter(st).items()))
         out["rejected"] = int(sum(h["rejected"]))
-        out["rounds_by_partition"] = dict(sorted(collections.Counter(u["partition"] for u in h.updates).items()))
+        out["rounds_by_partition"] = dict(sorted(collections.Counter(u["partition"]
+                                                                     for u in h.updates).items()))
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mnist", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "mnist"))
+    ap.add_argument("--mnist", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared",
+                                                    "data", "mnist"))
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--hidden", type=int, nargs="+", default=[2048, 1024])
     ap.add_argument("--tau", type=int, default=117,
@@ -143,8 +146,9 @@ def main(argv=None):
                       conf={"spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
                             "spark.driver.memory": "4g"})
     spark.sparkContext.setLogLevel("ERROR")
-    print(f"MNIST {data[0].shape[0]} train / {data[2].shape[0]} test, MLP 784-{'-'.join(map(str, args.hidden))}-10, "
-          f"RMSprop lr={args.lr}, batch {args.batch}, tau {args.tau}, {args.epochs} epochs, local[2]; "
+    print(f"MNIST {data[0].shape[0]} train / {data[2].shape[0]} test, MLP "
+          f"784-{'-'.join(map(str, args.hidden))}-10, RMSprop lr={args.lr}, batch {args.batch}, "
+          f"tau {args.tau}, {args.epochs} epochs, local[2]; "
           f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')}", flush=True)
     if args.warmup:  # start the Python workers and fill the caches, untimed
@@ -160,17 +164,17 @@ def main(argv=None):
                 r["scenario"], r["repeat"] = scen, rep
                 results.append(r)
                 ttt = "never" if r["ttt"] is None else f"{r['ttt']:.1f}s"
-                extra = (f", staleness {r['staleness']}, rejected {r['rejected']}, rounds by partition "
-                         f"{r['rounds_by_partition']}" if mode == "async" else "")
+                extra = (f", staleness {r['staleness']}, rejected {r['rejected']}, rounds by "
+                         f"partition {r['rounds_by_partition']}" if mode == "async" else "")
                 print(f"[{scen} rep {rep}] {mode:5s}: wall {r['wall']:.1f}s, epochs "
                       f"{[round(t, 1) for t in r['epoch_times']]}, val "
                       f"{[round(a, 4) for a in r['val_accuracy']]}, to {args.target:.0%}: {ttt}, "
-                      f"Spark share {r['overhead']:.0%} (probe: fixed {1e3 * r['t_fixed']:.0f} ms, step "
-                      f"{1e3 * r['t_step']:.1f} ms){extra}", flush=True)
+                      f"Spark share {r['overhead']:.0%} (probe: fixed {1e3 * r['t_fixed']:.0f} ms, "
+                      f"step {1e3 * r['t_step']:.1f} ms){extra}", flush=True)
 
     print()
-    print(f"| scenario | mode | time to {args.target:.0%} (s) | final test acc | epoch (s) | fit wall (s) | "
-          f"sync/async time to target | sync/async epoch time |")
+    print(f"| scenario | mode | time to {args.target:.0%} (s) | final test acc | epoch (s) | fit "
+          f"wall (s) | sync/async time to target | sync/async epoch time |")
     print("|---|---|---|---|---|---|---|---|")
     for scen in args.scenarios:
         med, ep = {}, {}
@@ -187,7 +191,8 @@ def main(argv=None):
             if mode == "async":
                 eratio = f"{ep['sync'] / ep['async']:.2f}x"
             ttt = "not reached" if med[mode] is None else f"{med[mode]:.1f}"
-            print(f"| {scen} | {mode} | {ttt} | {acc:.4f} | {ep[mode]:.1f} | {wall:.1f} | {ratio} | {eratio} |")
+            print(f"| {scen} | {mode} | {ttt} | {acc:.4f} | {ep[mode]:.1f} | {wall:.1f} | {ratio} "
+                  f"| {eratio} |")
     print("paired ratios (sync / async, same repeat, runs back to back):")
     for scen in args.scenarios:
         pairs = []

@@ -57,8 +57,8 @@ def _acc(out: dict, ref: dict) -> str:
 def executor_loss(mnist: str, rows: int, epochs: int, data_parallel: bool = True) -> None:
     from helpers.standalone_cluster import StandaloneCluster
 
-    base = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25, "epochs": epochs,
-            "batch_size": 32, "executors": 2}
+    base = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25,
+            "epochs": epochs, "batch_size": 32, "executors": 2}
     with StandaloneCluster(workers=2, cores=1, memory="3g") as cluster:
         if data_parallel:
             data_parallel_executor_loss(cluster, mnist, rows, base)
@@ -76,14 +76,16 @@ def data_parallel_executor_loss(cluster: Any, mnist: str, rows: int, base: dict[
 
     try:
         cases: list[tuple[str, dict[str, Any]]] = [("sync, numpy input", {}),
-                                                   ("sync, DataFrame input", {"input": "dataframe"}),
+                                                   ("sync, DataFrame input",
+                                                    {"input": "dataframe"}),
                                                    ("async, numpy input", {"mode": "async"})]
         for name, kw in cases:
             ref = driver.fit(name=f"{name} undisturbed", timeout=1800, **kw)
             out = driver.fit(name=f"{name} killed", kill_after=2, on_kill=lose, timeout=1800, **kw)
             APPS.update({ref.get("app_id", ""), out.get("app_id", "")})
             lines = [w for w in out.get("warnings", []) if "lost" in w]
-            line = next((w for w in lines if "rebuilt partition" in w), lines[0] if lines else "no loss logged")
+            line = next((w for w in lines if "rebuilt partition" in w),
+                        lines[0] if lines else "no loss logged")
             outcome = (f"failed: {out['error'][:120]}" if "error" in out else
                        f"finished; {line.split(': ', 2)[-1][:230]}")
             row(f"executor lost, {name}", outcome, _acc(out, ref),
@@ -122,13 +124,16 @@ def mp_executor_loss(cluster: Any) -> None:
             row("executor lost, model parallel", f"failed (exit {proc.returncode})", "-", "-")
             return
         out = json.loads(results[-1][len("RESULT "):])
-        acc = (f"{100 * out['test_accuracy']:.2f}% vs {100 * out['ref_test_accuracy']:.2f}% (training rows)"
+        acc = (f"{100 * out['test_accuracy']:.2f}% vs {100 * out['ref_test_accuracy']:.2f}% "
+               "(training rows)"
                if "test_accuracy" in out and "ref_test_accuracy" in out else "-")
         outcome = (f"failed: {out['error'][:120]}" if "error" in out else
-                   f"finished; {out.get('restores')} restore(s), {out.get('steps')} of {out.get('ref_t')} steps, "
-                   f"max rel. weight difference {float(out.get('max_rel', float('nan'))):.1e}")
-        lost = (f"fit {out['fit_s']:.1f} s on the cluster (in-process reference {out['ref_fit_s']:.1f} s); "
-                f"whole job {time.perf_counter() - t0:.1f} s" if "fit_s" in out and "ref_fit_s" in out else "-")
+                   f"finished; {out.get('restores')} restore(s), {out.get('steps')} of "
+                   f"{out.get('ref_t')} steps, max rel. weight difference "
+                   f"{float(out.get('max_rel', float('nan'))):.1e}")
+        lost = (f"fit {out['fit_s']:.1f} s on the cluster (in-process reference "
+                f"{out['ref_fit_s']:.1f} s); whole job {time.perf_counter() - t0:.1f} s"
+                if "fit_s" in out and "ref_fit_s" in out else "-")
         row("executor lost, model parallel", outcome, acc, lost)
 
 
@@ -149,9 +154,11 @@ def driver_killed() -> None:
     X, y, Xt, yt = load_digits(test_size=0.25, seed=0)
     with tempfile.TemporaryDirectory() as ck:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, rj.__file__, ck], capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run([sys.executable, rj.__file__, ck], capture_output=True, text=True,
+                              timeout=1800)
         killed_s = time.perf_counter() - t0
-        for ln in proc.stdout.splitlines():  # what the killed driver left (the next fit sweeps it too)
+        # what the killed driver left (the next fit sweeps it too)
+        for ln in proc.stdout.splitlines():
             if ln.startswith("SHARD "):
                 shutil.rmtree(ln.split(" ", 1)[1], ignore_errors=True)
         spark = rj.session()
@@ -167,7 +174,8 @@ def driver_killed() -> None:
             trainer.fit(X, y, verbose=0, resume=True, **fit)
             resumed_s = time.perf_counter() - t2
             a, b = trainer.model.params, ref_model.model.params
-            same = "bit-identical weights" if np.array_equal(a, b) else f"max |diff| {np.max(np.abs(a - b)):.1e}"
+            same = "bit-identical weights" if np.array_equal(a,
+                                                             b) else f"max |diff| {np.max(np.abs(a - b)):.1e}"
             acc = (f"{100 * np.mean(trainer.model.predict(Xt) == yt):.2f}% vs "
                    f"{100 * np.mean(ref_model.model.predict(Xt) == yt):.2f}%")
             row(f"driver killed (SIGKILL at round {SETTINGS[mode]['kill_at']}) and resumed, {mode}",
@@ -192,7 +200,8 @@ def hung_and_diverged() -> None:
 
     for mode in ("sync", "async"):
         t0 = time.perf_counter()
-        tr = DataParallelTrainer(model(), spark, num_partitions=2, mode=mode, local_steps=5, round_timeout=5)
+        tr = DataParallelTrainer(model(), spark, num_partitions=2, mode=mode, local_steps=5,
+                                 round_timeout=5)
         try:
             with inject_faults(delay={1: 3600.0}):
                 tr.fit(X, y, epochs=2, verbose=0)
@@ -203,14 +212,16 @@ def hung_and_diverged() -> None:
     for mode in ("sync", "async"):
         m = Sequential([Dense(256, activation="relu"), Dense(128, activation="relu"),
                         Dense(10, activation="softmax")], seed=0)
-        tr = DataParallelTrainer(m, spark, num_partitions=2, mode=mode, local_steps=5, optimizer=SGD(lr=1e3))
+        tr = DataParallelTrainer(m, spark, num_partitions=2, mode=mode, local_steps=5,
+                                 optimizer=SGD(lr=1e3))
         t0 = time.perf_counter()
         try:
             tr.fit(X, y, epochs=3, verbose=0)
             outcome = "finished (not expected)"
         except Exception as exc:  # noqa: BLE001 - the outcome is the row
             outcome = f"{type(exc).__name__}: {str(exc)[:110]}"
-        row(f"divergence, {mode}, SGD lr=1e3", f"{outcome}; weights finite: {bool(np.isfinite(m.params).all())}",
+        row(f"divergence, {mode}, SGD lr=1e3",
+            f"{outcome}; weights finite: {bool(np.isfinite(m.params).all())}",
             "-", f"{time.perf_counter() - t0:.1f} s to stop")
     leaks(spark)
 
@@ -229,13 +240,15 @@ def leaks(spark: Any) -> None:
                         left.append(os.path.join(base, name))
     persisted = spark.sparkContext._jsc.getPersistentRDDs().size()
     row("leak check (all of the above)", f"{len(left)} spill folder(s) left in {', '.join(bases)}"
-        f"{': ' + ', '.join(left) if left else ''}; {persisted} persisted RDD(s) in this session", "-", "-")
+        f"{': ' + ', '.join(left) if left else ''}; {persisted} persisted RDD(s) in this session",
+        "-", "-")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mnist", default=os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
-    ap.add_argument("--rows", type=int, default=60000, help="MNIST training rows of the executor-loss fits")
+    ap.add_argument("--rows", type=int, default=60000,
+                    help="MNIST training rows of the executor-loss fits")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--skip-cluster", action="store_true", help="no standalone-cluster rows")
     ap.add_argument("--skip-data-parallel-loss", action="store_true",
@@ -245,13 +258,16 @@ def main() -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     print(machine_header())
-    print(f"executor-loss fits: MNIST, first {args.rows} training rows, 10,000 test rows, 784-128-10 MLP, "
-          f"sync='average' with 25 local steps of 32 rows, {args.epochs} epochs, 2 partitions", flush=True)
+    print(f"executor-loss fits: MNIST, first {args.rows} training rows, 10,000 test rows, "
+          f"784-128-10 MLP, sync='average' with 25 local steps of 32 rows, {args.epochs} epochs, 2 "
+          "partitions", flush=True)
     if not args.skip_cluster:
-        executor_loss(os.path.abspath(args.mnist), args.rows, args.epochs, not args.skip_data_parallel_loss)
+        executor_loss(os.path.abspath(args.mnist), args.rows, args.epochs,
+                      not args.skip_data_parallel_loss)
     driver_killed()
     hung_and_diverged()
-    print("\n| scenario | outcome | final accuracy (vs undisturbed) | time lost |\n|---|---|---|---|")
+    print("\n| scenario | outcome | final accuracy (vs undisturbed) | time lost "
+          "|\n|---|---|---|---|")
     for r in ROWS:
         print("| " + " | ".join(r) + " |")
     return 0

@@ -48,7 +48,8 @@ def _batches(n_batches: int, batch: int, steps: int, features: int, classes: int
     return X, y
 
 
-def _make_sparknet(X: np.ndarray, y: np.ndarray, hidden: int, classes: int) -> Callable[[int], None]:
+def _make_sparknet(X: np.ndarray, y: np.ndarray, hidden: int,
+                   classes: int) -> Callable[[int], None]:
     nb, batch, steps, features = X.shape
     model = Sequential([GRU(hidden), Dense(classes, activation="softmax")],
                        input_shape=(steps, features), dtype="float32", seed=0)
@@ -127,7 +128,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
                 try:
                     steppers["torch"] = _make_torch(X, y, hidden, classes)
                 except ImportError as exc:
-                    print(f"PyTorch not importable ({exc}); skipping the comparison", file=sys.stderr)
+                    print(f"PyTorch not importable ({exc}); skipping the comparison",
+                          file=sys.stderr)
             times: dict[str, list[tuple[float, float]]] = {k: [] for k in steppers}
             for st in steppers.values():   # warm-up
                 _timed(st, 3)

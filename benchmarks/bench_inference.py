@@ -200,8 +200,8 @@ def main(argv=None) -> int:
         for engine in ("jvm", "arrow"):
             tag = f"{engine} (auto)" if engine == r["auto"] else engine
             print(f"| {r['name']} | {tag} | {med[engine]:,.0f} / {best[engine]:,.0f} | "
-                  f"{med['mllib']:,.0f} / {best['mllib']:,.0f} | {med[engine] / med['mllib']:.2f}x | "
-                  f"{pred[engine] / pred['mllib']:.2f}x |")
+                  f"{med['mllib']:,.0f} / {best['mllib']:,.0f} | {med[engine] / med['mllib']:.2f}x "
+                  f"| {pred[engine] / pred['mllib']:.2f}x |")
     return 0
 
 

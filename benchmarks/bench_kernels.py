@@ -27,7 +27,8 @@ from _machine import machine_header  # noqa: E402  (the benchmarks folder, put o
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="mlp,cnn,lstm", help="comma-separated subset of mlp,cnn,lstm")
     ap.add_argument("--seconds", type=float, default=3.0,
                     help="timing window per implementation (mlp, cnn; lstm alternates fixed rounds)")

@@ -128,7 +128,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     own = _recurrent.use_step_kernel(step_kernel)
     fused = _recurrent.use_fused_steps(fused_steps)
     config = dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
-                  n_steps=n_steps, rounds=rounds, avx512_step_kernels=own, fused_steps=own and fused)
+                  n_steps=n_steps, rounds=rounds, avx512_step_kernels=own, fused_steps=own
+                  and fused)
     res: dict[str, Any] = {"config": config,
                            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
     with threadpool_limits(1):
@@ -172,7 +173,8 @@ def run_mnist(path: str, epochs: int = 12, batch: int = 128, hidden: int = 128, 
 
     Xtr, ytr, Xte, yte = load_mnist(path, flat=True)
     Xtr, Xte = Xtr.reshape(-1, 28, 28), Xte.reshape(-1, 28, 28)
-    model = Sequential([LSTM(hidden), Dense(10, activation="softmax")], input_shape=(28, 28), seed=0)
+    model = Sequential([LSTM(hidden), Dense(10, activation="softmax")], input_shape=(28, 28),
+                       seed=0)
     opt = RMSprop(lr=lr)
     per_epoch = []
     t0 = time.perf_counter()
@@ -184,8 +186,8 @@ def run_mnist(path: str, epochs: int = 12, batch: int = 128, hidden: int = 128, 
             acc = model.evaluate(Xte, yte)["accuracy"]
             per_epoch.append({"epoch": e + 1, "train_loss": h["loss"][-1], "test_accuracy": acc,
                               "elapsed_s": time.perf_counter() - t0})
-            print(f"  epoch {e + 1}/{epochs}: train loss {h['loss'][-1]:.4f}, test accuracy {acc:.4f}, "
-                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            print(f"  epoch {e + 1}/{epochs}: train loss {h['loss'][-1]:.4f}, test accuracy "
+                  f"{acc:.4f}, {time.perf_counter() - t0:.0f} s", flush=True)
     return {"epochs": epochs, "batch": batch, "hidden": hidden, "lr": lr,
             "test_accuracy": per_epoch[-1]["test_accuracy"],
             "train_time_s": time.perf_counter() - t0, "per_epoch": per_epoch}
@@ -197,8 +199,8 @@ def report(res: dict) -> None:
     kernels = ("BLAS only" if not c["avx512_step_kernels"] else "AVX-512 step kernels, fused steps"
                if c["fused_steps"] else "AVX-512 step kernels, whole-sequence products")
     print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
-          f"{c['batch']}, float32, 1 thread, RMSprop (OPENBLAS_CORETYPE={res['openblas_coretype']}, "
-          f"{kernels}); training samples/s")
+          f"{c['batch']}, float32, 1 thread, RMSprop "
+          f"(OPENBLAS_CORETYPE={res['openblas_coretype']}, {kernels}); training samples/s")
     print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
     for k in ("sparknet", "torch"):
         if res.get(k):
@@ -231,15 +233,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     print(machine_header())
     res = run(batch=args.batch, hidden=args.hidden, n_steps=args.n_steps, rounds=args.rounds,
-              torch=not args.no_torch, step_kernel=not args.blas, fused_steps=not args.whole_sequence)
+              torch=not args.no_torch, step_kernel=not args.blas,
+              fused_steps=not args.whole_sequence)
     report(res)
     if args.mnist:
         if not os.path.isdir(args.mnist):
             print(f"MNIST folder {args.mnist!r} not found", file=sys.stderr)
             return 2
         print(f"MNIST as sequences (28 steps of 28 pixels), {args.epochs} epochs:")
-        res["mnist"] = run_mnist(args.mnist, epochs=args.epochs, batch=args.batch, hidden=args.hidden,
-                                 lr=args.lr)
+        res["mnist"] = run_mnist(args.mnist, epochs=args.epochs, batch=args.batch,
+                                 hidden=args.hidden, lr=args.lr)
         m = res["mnist"]
         print(f"MNIST test accuracy {m['test_accuracy']:.4f} after {m['train_time_s']:.0f} s "
               f"({m['epochs']} epochs, including per-epoch evaluation)")

@@ -214,17 +214,19 @@ def report(res: dict) -> None:
         print(f"sparknet / PyTorch: {res['sparknet'] / res['torch']:.2f}x   "
               f"sparknet / numpy: {res['sparknet'] / res['numpy']:.2f}x")
     print(f"GEMM rate in the step: {res['step_gflops']:.1f} GFLOP/s of a machine sgemm rate of "
-          f"{res['gemm_gflops_machine']:.1f} GFLOP/s ({res['step_gflops'] / res['gemm_gflops_machine']:.0%}); "
-          f"ceiling {res['gemm_gflops_machine'] * 1e9 / step_flops() * BATCH:,.0f} samples/s")
+          f"{res['gemm_gflops_machine']:.1f} GFLOP/s "
+          f"({res['step_gflops'] / res['gemm_gflops_machine']:.0%}); ceiling "
+          f"{res['gemm_gflops_machine'] * 1e9 / step_flops() * BATCH:,.0f} samples/s")
     print(f"two threads, two models: {res['sparknet_2_threads']:,.0f} samples/s = "
           f"{res['sparknet_2_threads'] / res['sparknet']:.2f}x one thread")
     if "mnist_accuracy" in res:
-        print(f"MNIST: test accuracy {res['mnist_accuracy']:.4f} after {res['mnist_seconds']:.1f} s "
-              f"(>= 98% first reached at {res['mnist_seconds_to_98']} s)")
+        print(f"MNIST: test accuracy {res['mnist_accuracy']:.4f} after {res['mnist_seconds']:.1f} "
+              f"s (>= 98% first reached at {res['mnist_seconds_to_98']} s)")
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0, help="timing window per implementation")
     ap.add_argument("--mnist", default=None, help="MNIST folder (e.g. ../shared/data/mnist)")
     args = ap.parse_args()

@@ -24,10 +24,12 @@ Run (the shape of the paper's Fig. 4.7 at this machine's scale)::
 
     python benchmarks/bench_model_parallel.py                     # default grid
     python benchmarks/bench_model_parallel.py --widths 16384 --in-features 4096 --batches 256
-    python benchmarks/bench_model_parallel.py --replicas 2 --widths 1024 4096   # hybrid cost per step
+    python benchmarks/bench_model_parallel.py --replicas 2 --widths 1024 4096   # hybrid cost per
+    step
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the environment slow OpenBLAS on AVX-512 CPUs;
-the report says which were set.  Block files it created in /dev/shm (``sparknet-resident-blocks-*``) are removed at the end.
+the report says which were set.  Block files it created in /dev/shm (``sparknet-resident-blocks-*``)
+are removed at the end.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ import shutil
 import sys
 import time
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"        # inherited by local-mode workers and standalone executors
+# inherited by local-mode workers and standalone executors
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import numpy as np  # noqa: E402
@@ -122,8 +125,8 @@ def hybrid_cost(spark, n_in: int, width: int, batch: int, replicas: int, pair: b
     from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = data(n_in, batch, 2)
-    mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark, seed=0,
-                       optimizer=RMSprop(lr=1e-4), name="bench-hybrid", replicas=replicas,
+    mp = ModelParallel(layers(width), BlockPlan({0: 2, 1: 2}, pair=pair), (n_in,), spark=spark,
+                       seed=0, optimizer=RMSprop(lr=1e-4), name="bench-hybrid", replicas=replicas,
                        combine_bytes=combine_bytes)
     try:
         for s in range(2):
@@ -137,14 +140,15 @@ def hybrid_cost(spark, n_in: int, width: int, batch: int, replicas: int, pair: b
 def print_hybrid(grid: list, replicas: int, combine_bytes: int) -> None:
     spark = session("local[2]")
     try:
-        print("| in | width | batch | replicas | paired | blocked weights | jobs/step | pieces | broadcast/step "
-              "| collected/step | combined/step |")
+        print("| in | width | batch | replicas | paired | blocked weights | jobs/step | pieces | "
+              "broadcast/step | collected/step | combined/step |")
         print("|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
         for n_in, w, b in grid:
             for pair in (False, True):
                 r = hybrid_cost(spark, n_in, w, b, replicas, pair, combine_bytes)
-                print(f"| {n_in} | {w} | {b} | {replicas} | {pair} | {fmt_bytes(r['blocked_bytes'])} | "
-                      f"{r['jobs']} | {r['pieces']} | {fmt_bytes(r['broadcast'])} | {fmt_bytes(r['collected'])} | "
+                print(f"| {n_in} | {w} | {b} | {replicas} | {pair} | "
+                      f"{fmt_bytes(r['blocked_bytes'])} | {r['jobs']} | {r['pieces']} | "
+                      f"{fmt_bytes(r['broadcast'])} | {fmt_bytes(r['collected'])} | "
                       f"{fmt_bytes(r['combined'])} |", flush=True)
     finally:
         spark.stop()
@@ -213,15 +217,16 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--modes", nargs="+", default=["local", "standalone"], choices=["local", "standalone"],
-                    help="K = 2 on local[2] and/or on a standalone cluster (each unpaired and paired, "
-                         "its steps alternated with single-process steps)")
+    ap.add_argument("--modes", nargs="+", default=["local", "standalone"],
+                    choices=["local", "standalone"],
+                    help="K = 2 on local[2] and/or on a standalone cluster (each unpaired and "
+                         "paired, its steps alternated with single-process steps)")
     ap.add_argument("--no-lookahead", action="store_true",
                     help="do not run the next batch's first forward pass inside the backward job")
     ap.add_argument("--json", default=None, help="also write the rows to this JSON file")
     ap.add_argument("--replicas", type=int, default=1,
-                    help="D > 1: print the bytes and Spark jobs per step of D replicas x K = 2 blocks "
-                         "(hybrid data x model parallelism) on local[2] instead of timing")
+                    help="D > 1: print the bytes and Spark jobs per step of D replicas x K = 2 "
+                         "blocks (hybrid data x model parallelism) on local[2] instead of timing")
     ap.add_argument("--combine-mib", type=float, default=32,
                     help="with --replicas: MiB of partial gradients the driver collects per piece")
     args = ap.parse_args()
@@ -237,10 +242,11 @@ def main() -> None:
 
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
-          f"OPENBLAS_NUM_THREADS=1, cores={os.cpu_count()}, load average {os.getloadavg()}", flush=True)
+          f"OPENBLAS_NUM_THREADS=1, cores={os.cpu_count()}, load average {os.getloadavg()}",
+          flush=True)
     one, two = parallel_capacity()
-    print(f"sgemm, one BLAS thread: one process {one:.0f} GFLOP/s, two processes {two:.0f} GFLOP/s together "
-          f"(parallel capacity {two / one:.2f}x)", flush=True)
+    print(f"sgemm, one BLAS thread: one process {one:.0f} GFLOP/s, two processes {two:.0f} GFLOP/s "
+          f"together (parallel capacity {two / one:.2f}x)", flush=True)
     shm_before = set(glob.glob("/dev/shm/sparknet-resident-blocks-*"))
     rows: dict[tuple, dict] = {}
 
@@ -269,7 +275,8 @@ def main() -> None:
         if "standalone" in args.modes:
             from helpers.standalone_cluster import StandaloneCluster
             with StandaloneCluster(workers=2, cores=1, memory="12g") as cluster:
-                spark = session(cluster.url, {"spark.executor.cores": "1", "spark.executor.memory": "1g"})
+                spark = session(cluster.url, {"spark.executor.cores": "1",
+                                              "spark.executor.memory": "1g"})
                 try:
                     wait_executors(spark, 2)
                     phase(spark, "standalone")
@@ -293,13 +300,13 @@ def main() -> None:
                 continue
             sp = r["single_s"] / r["step_s"]
             print(f"| {n_in} | {w} | {blocked / 1e6:.1f}M | {b} | {m} | {r['single_s']:.3f} | "
-                  f"{r['step_s']:.3f} | {sp:.2f}x | {r['compute_s']:.3f} | {r['jobs']} | {fmt_bytes(r['moved'])} | "
-                  f"{r['load1']:.1f} |")
-            out.append({"in": n_in, "width": w, "blocked_params": blocked, "batch": b, "mode": m, **r,
-                        "speedup": sp})
+                  f"{r['step_s']:.3f} | {sp:.2f}x | {r['compute_s']:.3f} | {r['jobs']} | "
+                  f"{fmt_bytes(r['moved'])} | {r['load1']:.1f} |")
+            out.append({"in": n_in, "width": w, "blocked_params": blocked, "batch": b, "mode": m,
+                        **r, "speedup": sp})
     one, two = parallel_capacity()
-    print(f"at the end: sgemm one process {one:.0f} GFLOP/s, two processes {two:.0f} GFLOP/s together "
-          f"(parallel capacity {two / one:.2f}x); load average {os.getloadavg()}")
+    print(f"at the end: sgemm one process {one:.0f} GFLOP/s, two processes {two:.0f} GFLOP/s "
+          f"together (parallel capacity {two / one:.2f}x); load average {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -57,10 +57,12 @@ def to_df(spark: Any, X: np.ndarray, y: np.ndarray, partitions: int) -> Any:
     from pyspark.sql import functions as F
 
     flat = pa.array(X.reshape(X.shape[0], -1).reshape(-1).astype(np.float64))
-    feats = pa.FixedSizeListArray.from_arrays(flat, int(np.prod(X.shape[1:]))).cast(pa.list_(pa.float64()))
+    feats = pa.FixedSizeListArray.from_arrays(flat,
+                                              int(np.prod(X.shape[1:]))).cast(pa.list_(pa.float64()))
     table = pa.table({"f": feats, "label": pa.array(y.astype(np.float64))})
     df = spark.createDataFrame(table)
-    df = df.select(array_to_vector(F.col("f")).alias("features"), "label").repartition(partitions).cache()
+    df = df.select(array_to_vector(F.col("f")).alias("features"),
+                   "label").repartition(partitions).cache()
     df.count()
     return df
 
@@ -145,10 +147,12 @@ def session(master: str, warm_up: bool) -> tuple[Any, Any]:
     conf = {"spark.ui.enabled": "false", "spark.driver.memory": "6g", "spark.executor.memory": "2g",
             "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"}
     if hasattr(session_mod, "start_python_workers"):
-        spark = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf, warm_up=False)
+        spark = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf,
+                                      warm_up=False)
         thread = session_mod.start_python_workers(spark) if warm_up else None
     else:
-        spark, thread = session_mod.get_spark(master, app_name="sparknet-bench-setup", conf=conf), None
+        spark, thread = session_mod.get_spark(master, app_name="sparknet-bench-setup",
+                                              conf=conf), None
     spark.sparkContext.setLogLevel("ERROR")
     return spark, thread
 
@@ -175,9 +179,11 @@ def report(runs: list[dict[str, Any]], header: str) -> None:
         fits = [r[which] for r in runs]
         setups = [f["setup"] for f in fits]
         print(f"\n{which} fit: set-up median {np.median(setups):.2f} s (runs: "
-              f"{', '.join(f'{s:.2f}' for s in setups)}), epoch {np.median([f['epoch_time'] for f in fits]):.2f} s, "
-              f"val acc {np.median([f['val_accuracy'] for f in fits]):.4f}, jobs {fits[0]['jobs']}, "
-              f"reused {fits[0]['reused']}, phases {'recorded' if fits[0]['recorded'] else 'timed from outside'}")
+              f"{', '.join(f'{s:.2f}' for s in setups)}), epoch "
+              f"{np.median([f['epoch_time'] for f in fits]):.2f} s, val acc "
+              f"{np.median([f['val_accuracy'] for f in fits]):.4f}, jobs {fits[0]['jobs']}, reused "
+              f"{fits[0]['reused']}, phases "
+              f"{'recorded' if fits[0]['recorded'] else 'timed from outside'}")
         names: list[str] = []
         for f in fits:
             names += [k for k in f["breakdown"] if k not in names]
@@ -190,19 +196,21 @@ def report(runs: list[dict[str, Any]], header: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mnist", default=DEFAULT_MNIST)
-    ap.add_argument("--standalone", action="store_true", help="standalone 2 x 1-core cluster on 127.0.0.1")
+    ap.add_argument("--standalone", action="store_true",
+                    help="standalone 2 x 1-core cluster on 127.0.0.1")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-warm-up", action="store_true",
                     help="do not start the Python workers when the session starts (cold first fit)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
-    from _machine import cpu_model, machine_header, sgemm_gflops  # benchmarks/_machine.py, next to this script
+    # benchmarks/_machine.py, next to this script
+    from _machine import cpu_model, machine_header, sgemm_gflops
     print(machine_header(), flush=True)
     data = load(args.mnist)
     load_avg = os.getloadavg()
-    header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm {sgemm_gflops()[0]:.0f} GFLOP/s; "
-              f"load average at start {load_avg[0]:.1f}; master "
+    header = (f"CPU: {cpu_model()}, {os.cpu_count()} cores; one-thread sgemm "
+              f"{sgemm_gflops()[0]:.0f} GFLOP/s; load average at start {load_avg[0]:.1f}; master "
               f"{'standalone 2 x 1 core' if args.standalone else 'local[2]'}; "
               f"{'no warm-up' if args.no_warm_up else 'Python workers started with the session'}")
     runs = []

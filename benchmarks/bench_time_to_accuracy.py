@@ -9,9 +9,9 @@ epoch.  The runs (``--runs`` picks a subset):
 ``df-plain``     :class:`~sparknet.cluster.DataParallelTrainer` on ``--master`` (local[2]),
                  2 partitions, DataFrame input (ML Vector column), ``sync="average"``,
                  plain averaging (``outer=None``);
-``df-outer``     the same with the outer optimizer (:mod:`sparknet.cluster.data_parallel.outer_optimizer`;
-                 ``OuterOptimizer()``, sized from the partitions, unless
-                 ``--outer-momentum`` / ``--outer-lr`` are given);
+``df-outer``     the same with the outer optimizer
+                 (:mod:`sparknet.cluster.data_parallel.outer_optimizer`; ``OuterOptimizer()``, sized
+                 from the partitions, unless ``--outer-momentum`` / ``--outer-lr`` are given);
 ``np-plain``,    the same two on numpy input;
 ``np-outer``
 ``async``        ``mode="async"`` on the DataFrame;
@@ -70,8 +70,8 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_MNIST = os.path.abspath(os.path.join(HERE, "..", "..", "shared", "data", "mnist"))
 RUNS = ("single", "df-plain", "df-outer", "np-plain", "np-outer", "async", "estimator", "torch",
-        "single-bf16", "df-plain-bf16", "df-outer-bf16", "np-outer-bf16", "async-bf16", "estimator-bf16",
-        "df-outer-wire", "df-outer-bf16-wire")
+        "single-bf16", "df-plain-bf16", "df-outer-bf16", "np-outer-bf16", "async-bf16",
+        "estimator-bf16", "df-outer-wire", "df-outer-bf16-wire")
 TARGETS = (0.975, 0.98)
 PARTITIONS = 2
 
@@ -81,7 +81,8 @@ def machine() -> dict[str, Any]:
     from _machine import cache_sizes, cpu_model, sgemm_gflops  # benchmarks/_machine.py
 
     return {"cpu": cpu_model(), "caches": ", ".join(f"{k} {v}" for k, v in cache_sizes().items()),
-            "cores": os.cpu_count(), "sgemm_gflops_1thread": sgemm_gflops()[0], "load_average": os.getloadavg(),
+            "cores": os.cpu_count(), "sgemm_gflops_1thread": sgemm_gflops()[0],
+            "load_average": os.getloadavg(),
             "openblas_env": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS")}}
 
 
@@ -101,7 +102,8 @@ def to_df(spark: Any, X: np.ndarray, y: np.ndarray, partitions: int) -> Any:
     flat = pa.array(X.reshape(-1).astype(np.float64))
     feats = pa.FixedSizeListArray.from_arrays(flat, X.shape[1]).cast(pa.list_(pa.float64()))
     df = spark.createDataFrame(pa.table({"f": feats, "label": pa.array(y.astype(np.float64))}))
-    df = df.select(array_to_vector(F.col("f")).alias("features"), "label").repartition(partitions).cache()
+    df = df.select(array_to_vector(F.col("f")).alias("features"),
+                   "label").repartition(partitions).cache()
     df.count()
     return df
 
@@ -110,13 +112,15 @@ def session(master: str) -> Any:
     from sparknet.cluster.engine.session import get_spark
     spark = get_spark(master, app_name="sparknet-bench-time-to-accuracy",
                       conf={"spark.ui.enabled": "false", "spark.driver.memory": "6g",
-                            "spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "2"})
+                            "spark.ui.showConsoleProgress": "false",
+                            "spark.sql.shuffle.partitions": "2"})
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
 
 # --------------------------------------------------------------------------- the runs
-def run_single(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp32") -> dict[str, Any]:
+def run_single(d: dict[str, Any], args: argparse.Namespace,
+               precision: str = "fp32") -> dict[str, Any]:
     from threadpoolctl import threadpool_limits
 
     from sparknet import RMSprop
@@ -125,8 +129,8 @@ def run_single(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp
     with threadpool_limits(1):
         for _ in range(args.epochs):
             t0 = time.perf_counter()
-            model.fit(d["X"], d["y"], epochs=1, batch_size=args.batch_size, optimizer=opt, verbose=0,
-                      precision=precision)
+            model.fit(d["X"], d["y"], epochs=1, batch_size=args.batch_size, optimizer=opt,
+                      verbose=0, precision=precision)
             times.append(time.perf_counter() - t0)
             accs.append(float(model.evaluate(d["Xt"], d["yt"])["accuracy"]))
     return {"setup": 0.0, "epoch_times": times, "accs": accs}
@@ -135,7 +139,8 @@ def run_single(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp
 def _from_history(h: Any, setup: float) -> dict[str, Any]:
     """Set-up, training-only epoch times and test accuracies of a trainer's history (a
     round of several epochs validates at its end only: NaN ``val_time`` elsewhere)."""
-    times = [float(t) - (0.0 if math.isnan(v) else float(v)) for t, v in zip(h["time"], h["val_time"])]
+    times = [float(t) - (0.0 if math.isnan(v) else float(v))
+             for t, v in zip(h["time"], h["val_time"])]
     out = {"setup": setup, "epoch_times": times, "accs": [float(a) for a in h["val_accuracy"]],
            "setup_breakdown": dict(getattr(h, "setup_breakdown", {}) or {})}
     for k in ("rounds", "local_steps", "spark_overhead"):
@@ -152,8 +157,10 @@ def run_trainer(d: dict[str, Any], args: argparse.Namespace, *, source: str, out
     model = make_model(args.seed)
     kw: dict[str, Any] = {"mode": mode}
     if mode == "sync":
-        kw["outer"] = OuterOptimizer(momentum=args.outer_momentum, lr=args.outer_lr) if outer else None
-    trainer = DataParallelTrainer(model, d["spark"], num_partitions=PARTITIONS, optimizer=RMSprop(lr=args.lr),
+        kw["outer"] = OuterOptimizer(momentum=args.outer_momentum,
+                                     lr=args.outer_lr) if outer else None
+    trainer = DataParallelTrainer(model, d["spark"], num_partitions=PARTITIONS,
+                                  optimizer=RMSprop(lr=args.lr),
                                   seed=args.seed, precision=precision, wire=wire, **kw)
     if source == "df":
         _, h = trainer.fit(d["df"], epochs=args.epochs, batch_size=args.batch_size,
@@ -185,11 +192,13 @@ def _validating(validation_data: Any) -> Iterator[None]:
         DataParallelTrainer.fit = fit  # type: ignore[method-assign]
 
 
-def run_estimator(d: dict[str, Any], args: argparse.Namespace, precision: str = "fp32") -> dict[str, Any]:
+def run_estimator(d: dict[str, Any], args: argparse.Namespace,
+                  precision: str = "fp32") -> dict[str, Any]:
     from sparknet.ml import SparkNetClassifier
-    clf = SparkNetClassifier(network=make_model(args.seed), epochs=args.epochs, batchSize=args.batch_size,
-                             learningRate=args.lr, optimizer="rmsprop", numPartitions=PARTITIONS,
-                             seed=args.seed, verbose=0, precision=precision)
+    clf = SparkNetClassifier(network=make_model(args.seed), epochs=args.epochs,
+                             batchSize=args.batch_size, learningRate=args.lr, optimizer="rmsprop",
+                             numPartitions=PARTITIONS, seed=args.seed, verbose=0,
+                             precision=precision)
     with _validating(d["dft"]):
         t0 = time.perf_counter()
         fitted = clf.fit(d["df"])
@@ -219,7 +228,8 @@ def _torch_train(paths: dict[str, str], epochs: int, batch: int, lr: float, seed
     Xt, yt = (torch.from_numpy(np.load(paths[k])) for k in ("Xt", "yt"))
     mine = torch.arange(rank, X.shape[0], world)
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10))
+    net = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(),
+                        nn.Linear(256, 10))
     model = DistributedDataParallel(net)
     opt = torch.optim.RMSprop(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()
@@ -269,7 +279,8 @@ RUNNERS: dict[str, Callable[[dict[str, Any], argparse.Namespace], dict[str, Any]
     "df-plain-bf16": functools.partial(run_trainer, source="df", outer=False, precision="bf16"),
     "df-outer-bf16": functools.partial(run_trainer, source="df", outer=True, precision="bf16"),
     "np-outer-bf16": functools.partial(run_trainer, source="np", outer=True, precision="bf16"),
-    "async-bf16": functools.partial(run_trainer, source="df", outer=False, mode="async", precision="bf16"),
+    "async-bf16": functools.partial(run_trainer, source="df", outer=False, mode="async",
+                                    precision="bf16"),
     "estimator-bf16": functools.partial(run_estimator, precision="bf16"),
     "df-outer-wire": functools.partial(run_trainer, source="df", outer=True, wire="bf16"),
     "df-outer-bf16-wire": functools.partial(run_trainer, source="df", outer=True, precision="bf16",
@@ -324,7 +335,8 @@ def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
         accs = np.array([r["accs"] for r in reps], dtype=float)
         s: dict[str, Any] = {
             "setup": float(np.median([r["setup"] for r in reps])),
-            "setup_range": [float(min(r["setup"] for r in reps)), float(max(r["setup"] for r in reps))],
+            "setup_range": [float(min(r["setup"] for r in reps)),
+                            float(max(r["setup"] for r in reps))],
             "median_epoch": float(np.median([np.median(r["epoch_times"]) for r in reps])),
             "accs": _nanmedian_columns(accs),
         }
@@ -362,8 +374,9 @@ def print_tables(summary: dict[str, dict[str, Any]], epochs: int) -> None:
         lo, hi = s["setup_range"]
         setup = "-" if name == "single" else f"{s['setup']:.1f} s ({lo:.1f}-{hi:.1f})"
         acc1 = f"{100 * s['accs'][0]:.1f}%" if s["accs"] and math.isfinite(s["accs"][0]) else "-"
-        print(f"| {LABELS[name]} | {setup} | {s['median_epoch']:.2f} s | {acc1} | {_sec(s['time_to_0.975'])} | "
-              f"{_sec(s['time_to_0.98'])} | {_ratio(s.get('time_to_0.98_vs_single'))} | "
+        print(f"| {LABELS[name]} | {setup} | {s['median_epoch']:.2f} s | {acc1} | "
+              f"{_sec(s['time_to_0.975'])} | {_sec(s['time_to_0.98'])} | "
+              f"{_ratio(s.get('time_to_0.98_vs_single'))} | "
               f"{_ratio(s.get('time_to_0.98_vs_torch'))} |")
     print("\nratios (median epoch / time to 97.5% / time to 98%):")
     for name, s in summary.items():
@@ -371,10 +384,12 @@ def print_tables(summary: dict[str, dict[str, Any]], epochs: int) -> None:
         for ref in ("single", "torch"):
             if f"median_epoch_vs_{ref}" in s:
                 parts.append(f"vs {ref}: " + " / ".join(_ratio(s.get(f"{k}_vs_{ref}")) for k in
-                                                         ("median_epoch", "time_to_0.975", "time_to_0.98")))
+                                                         ("median_epoch", "time_to_0.975",
+                                                          "time_to_0.98")))
         if "median_epoch_vs_fp32" in s:
             parts.append(f"vs fp32 {fp32_twin(name)}: " + " / ".join(
-                _ratio(s.get(f"{k}_vs_fp32")) for k in ("median_epoch", "time_to_0.975", "time_to_0.98"))
+                _ratio(s.get(f"{k}_vs_fp32")) for k in ("median_epoch", "time_to_0.975",
+                                                        "time_to_0.98"))
                 + f", final accuracy {100 * s['final_acc_minus_fp32']:+.2f} points")
         print(f"  {name:<10} " + "; ".join(parts))
     print("\ntest accuracy after each epoch (%, median over repeats):")
@@ -391,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mnist", default=DEFAULT_MNIST, help="folder of the MNIST IDX files")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated subset of {', '.join(RUNS)}")
+    ap.add_argument("--runs", default=",".join(RUNS),
+                    help=f"comma-separated subset of {', '.join(RUNS)}")
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--outer-momentum", type=float, default=None,
@@ -418,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
 
     info = machine()
-    print(f"# time to accuracy, MNIST MLP 784-512-256-10, RMSprop lr {args.lr}, batch {args.batch_size}, "
-          f"{args.epochs} epochs, {args.repeats} repeats, {args.master}", flush=True)
+    print(f"# time to accuracy, MNIST MLP 784-512-256-10, RMSprop lr {args.lr}, batch "
+          f"{args.batch_size}, {args.epochs} epochs, {args.repeats} repeats, {args.master}",
+          flush=True)
     print(f"# CPU {info['cpu']} ({info['cores']} cores), caches {info['caches']}, one-thread sgemm "
           f"{info['sgemm_gflops_1thread']:.0f} GFLOP/s, load average {info['load_average']}, "
           f"{' '.join(f'{k}={v}' for k, v in info['openblas_env'].items()) or 'no OPENBLAS_* env'}",

@@ -34,7 +34,8 @@ from sparknet.threads import blas_threads
 LN2 = math.log(2.0)
 
 
-def build_model(vocab: int, hidden: int, layers: int, embed: int, seq_len: int, seed: int) -> Sequential:
+def build_model(vocab: int, hidden: int, layers: int, embed: int, seq_len: int,
+                seed: int) -> Sequential:
     stack = [Embedding(vocab, embed)]
     stack += [LSTM(hidden, return_sequences=True, stateful=True) for _ in range(layers)]
     stack += [Dense(vocab, activation="softmax")]
@@ -120,8 +121,9 @@ def main(argv=None) -> int:
     opt = RMSprop(lr=args.lr)
     rng = np.random.default_rng(args.seed)
     print(f"{len(text):,} characters, vocabulary {len(chars)}, {model.n_params:,} parameters; "
-          f"{args.layers} x LSTM({args.hidden}), chunks of {args.seq_len} steps x {args.batch} streams "
-          f"({n_chunks} chunks per pass); uniform guess = {math.log2(len(chars)):.2f} bits/char", flush=True)
+          f"{args.layers} x LSTM({args.hidden}), chunks of {args.seq_len} steps x {args.batch} "
+          f"streams ({n_chunks} chunks per pass); uniform guess = {math.log2(len(chars)):.2f} "
+          "bits/char", flush=True)
 
     budget = args.minutes * 60.0
     t0 = time.perf_counter()
@@ -150,8 +152,10 @@ def main(argv=None) -> int:
                 run_s = run_w = 0.0
             if step % args.sample_every == 0 or done:
                 bpc = evaluate_bpc(model, val_ids, args.seq_len)
-                print(f"--- held-out: {bpc:.3f} bits/char after {elapsed:.0f} s; sample:", flush=True)
-                print(sample(model, chars, args.sample_len, "\n", args.temperature, rng), flush=True)
+                print(f"--- held-out: {bpc:.3f} bits/char after {elapsed:.0f} s; sample:",
+                      flush=True)
+                print(sample(model, chars, args.sample_len, "\n", args.temperature, rng),
+                      flush=True)
                 print("---", flush=True)
             if done:
                 break

@@ -66,7 +66,8 @@ def evaluate_bpc(model: Sequential, ids: np.ndarray, seq_len: int, batch: int = 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("path", nargs="?", default=os.path.join("..", "shared", "data", "shakespeare.txt"),
+    ap.add_argument("path", nargs="?", default=os.path.join("..", "shared", "data",
+                                                            "shakespeare.txt"),
                     help="the text file (../shared/data/shakespeare.txt)")
     ap.add_argument("--seq-len", type=int, default=128, help="window length (128)")
     ap.add_argument("--d-model", type=int, default=128, help="token width (128)")
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=6.0, help="time budget in minutes (6)")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: no limit)")
     ap.add_argument("--print-every", type=int, default=50, help="steps between loss lines (50)")
-    ap.add_argument("--eval-every", type=int, default=500, help="steps between held-out scores (500)")
+    ap.add_argument("--eval-every", type=int, default=500,
+                    help="steps between held-out scores (500)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (1)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)

@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3, help="initial Adam learning rate (2e-3)")
     ap.add_argument("--width", type=int, default=32, help="channels of the first stage (32)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (1)")
-    ap.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="train on the first N images only (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed (0)")
     ap.add_argument("--save", default=None, help="write the trained model to this .npz file")
     args = ap.parse_args(argv)

@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ffn", type=int, default=128, help="feed-forward width (128)")
     ap.add_argument("--layers", type=int, default=2, help="encoder layers (2)")
     ap.add_argument("--threads", type=int, default=1, help="BLAS threads (1)")
-    ap.add_argument("--limit", type=int, default=0, help="train on the first N images only (0: all)")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="train on the first N images only (0: all)")
     ap.add_argument("--seed", type=int, default=0, help="initialisation and shuffling seed (0)")
     ap.add_argument("--save", default=None, help="write the trained model to this .npz file")
     args = ap.parse_args(argv)

@@ -74,7 +74,7 @@ def test_planner_choice_is_within_10_percent_of_the_best_measured(spark, digits,
 def test_explain_names_the_best_and_the_runner_up(spark, digits, digits_plan):
     text = digits_plan.explain()
     ru = digits_plan.runner_up
-    assert ru is not None and pl._config_key(ru) != pl._config_key(digits_plan.best)
+    assert ru is not None and pl.config_key(ru) != pl.config_key(digits_plan.best)
     assert "best:      " + pl.describe(digits_plan.best) in text
     assert "runner-up: " + pl.describe(ru) in text
     assert "why: " in text and "job" in text

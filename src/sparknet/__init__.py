@@ -58,6 +58,6 @@ __all__ = [
     "Residual", "ColumnEmbedding",
     "Sequential", "History", "Layer", "Dense", "Activation", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD", "Adam", "AdamW",
-    "Callback", "LambdaCallback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler", "ReduceLROnPlateau",
-    "save_model", "load_model", "__version__",
+    "Callback", "LambdaCallback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler",
+    "ReduceLROnPlateau", "save_model", "load_model", "__version__",
 ]

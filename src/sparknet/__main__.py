@@ -59,9 +59,11 @@ def _demo_spark(args: argparse.Namespace) -> float:
     if args.remote:
         from pyspark.sql import SparkSession
         if not args.quiet and args.verbose:
-            print(f"sparknet demo: connecting to Spark Connect ({args.remote}) ...", file=sys.stderr, flush=True)
+            print(f"sparknet demo: connecting to Spark Connect ({args.remote}) ...",
+                  file=sys.stderr, flush=True)
         spark = SparkSession.builder.remote(args.remote).getOrCreate()
-    return cluster_demo(spark, epochs=args.epochs, seed=args.seed, verbose=0 if args.quiet else args.verbose)
+    return cluster_demo(spark, epochs=args.epochs, seed=args.seed,
+                        verbose=0 if args.quiet else args.verbose)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -77,7 +79,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     needs_java = not (args.remote or "").startswith("sc://")  # a Connect client needs no JVM
     if use_spark and needs_java and shutil.which("java") is None:
         print("sparknet demo: Spark needs Java 17+, and no `java` is on PATH; install a JDK "
-              "(e.g. apt-get install openjdk-17-jre-headless) or run `python -m sparknet demo --local`",
+              "(e.g. apt-get install openjdk-17-jre-headless) or run `python -m sparknet demo "
+              "--local`",
               file=sys.stderr)
         return 2
     if use_spark:
@@ -101,10 +104,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             return 2
         Xtr, ytr, Xte, yte = load_mnist(args.mnist_dir)
     hidden = [int(h) for h in args.hidden.split(",") if h]
-    model = Sequential([Dense(h, activation="relu") for h in hidden] + [Dense(10, activation="softmax")],
-                       seed=args.seed)
-    model.fit(Xtr, ytr, epochs=args.epochs, batch_size=args.batch_size, optimizer=RMSprop(lr=args.lr),
-              validation_data=(Xte, yte), verbose=1)
+    model = Sequential([Dense(h, activation="relu") for h in hidden]
+                       + [Dense(10, activation="softmax")], seed=args.seed)
+    model.fit(Xtr, ytr, epochs=args.epochs, batch_size=args.batch_size,
+              optimizer=RMSprop(lr=args.lr), validation_data=(Xte, yte), verbose=1)
     res = model.evaluate(Xte, yte)
     print(f"test loss {res['loss']:.4f}, test accuracy {res['accuracy']:.4f}")
     if args.out:
@@ -130,7 +133,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         return 2
 
     def describe(values: list) -> str:
-        dims = [tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim) for v in values]
+        dims = [tuple(d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim)
+                for v in values]
         return ", ".join(f"{v.name} {shape}" for v, shape in zip(values, dims))
     print(f"wrote {args.out} (opset {proto.opset_import[0].version}; "
           f"inputs: {describe(proto.graph.input)}; outputs: {describe(proto.graph.output)})")
@@ -160,9 +164,10 @@ def cmd_info(args: argparse.Namespace) -> int:
             pool = int(d.get("num_threads") or 1)
             used = pool if limit is None else min(limit, pool)
             print(f"BLAS: {d.get('internal_api')} {d.get('version')} ({d.get('architecture')}), "
-                  f"{used} thread{'s' if used != 1 else ''} in sparknet's kernels (its pool: {pool}): "
-                  f"{d.get('filepath')}")
-        runs = "the BLAS pool's count" if limit is None else f"{limit} thread{'s' if limit != 1 else ''}"
+                  f"{used} thread{'s' if used != 1 else ''} in sparknet's kernels (its pool: "
+                  f"{pool}): {d.get('filepath')}")
+        runs = ("the BLAS pool's count" if limit is None
+                else f"{limit} thread{'s' if limit != 1 else ''}")
         print(f"BLAS threads: sparknet's kernels run {runs} "
               f"(sparknet.threads.set_num_threads, or fit(num_threads=...), changes it)")
     except ImportError:
@@ -188,51 +193,67 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     from sparknet import __version__
 
-    parser = argparse.ArgumentParser(prog="python -m sparknet", description=_DESCRIPTION, epilog=_EXAMPLES,
+    parser = argparse.ArgumentParser(prog="python -m sparknet", description=_DESCRIPTION,
+                                     epilog=_EXAMPLES,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("demo", help="train on the bundled digits and print test accuracy")
-    d.add_argument("--epochs", type=int, default=40, help="passes over the training data (default: %(default)s)")
+    d.add_argument("--epochs", type=int, default=40,
+                   help="passes over the training data (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0,
-                   help="seeds the split, the initial weights and the shuffles (default: %(default)s)")
-    d.add_argument("--local", action="store_true", help="train in one process instead of on local Spark")
+                   help="seeds the split, the initial weights and the shuffles (default: "
+                        "%(default)s)")
+    d.add_argument("--local", action="store_true", help="train in one process instead of on local "
+                                                        "Spark")
     d.add_argument("--remote", default=None, metavar="URL",
-                   help="train from a Spark Connect client: sc://host:port, or local[2] for a local Connect "
-                        "server (default: local Spark, no Connect)")
+                   help="train from a Spark Connect client: sc://host:port, or local[2] for a "
+                        "local Connect server (default: local Spark, no Connect)")
     d.add_argument("--quiet", action="store_true", help="no progress output (as --verbose 0)")
     d.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                    help="0 nothing, 1 a live progress bar and a line per epoch, 2 the lines alone "
                         "(default: %(default)s)")
     d.add_argument("--log-level", default="WARNING",
-                   help="logging level of sparknet's diagnostics: DEBUG, INFO, WARNING, ERROR (default: %(default)s)")
+                   help="logging level of sparknet's diagnostics: DEBUG, INFO, WARNING, ERROR "
+                        "(default: %(default)s)")
     d.set_defaults(func=cmd_demo)
     t = sub.add_parser("train", help="train an MLP on digits or MNIST and save it")
     t.add_argument("--data", choices=["digits", "mnist"], default="digits",
                    help="scikit-learn's digits, or MNIST from --mnist-dir (default: %(default)s)")
-    t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files (needed by --data mnist)")
-    t.add_argument("--hidden", default="512,256", help="hidden layer widths, comma separated (default: %(default)s)")
-    t.add_argument("--epochs", type=int, default=10, help="passes over the training data (default: %(default)s)")
-    t.add_argument("--batch-size", type=int, default=128, help="rows per optimizer step (default: %(default)s)")
-    t.add_argument("--lr", type=float, default=1e-3, help="RMSprop's learning rate (default: %(default)s)")
-    t.add_argument("--seed", type=int, default=0, help="seeds the initial weights and shuffles (default: %(default)s)")
-    t.add_argument("--out", default=None, help="model file to write (.npz; default: none, nothing is saved)")
+    t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files (needed by "
+                                                     "--data mnist)")
+    t.add_argument("--hidden", default="512,256",
+                   help="hidden layer widths, comma separated (default: %(default)s)")
+    t.add_argument("--epochs", type=int, default=10,
+                   help="passes over the training data (default: %(default)s)")
+    t.add_argument("--batch-size", type=int, default=128,
+                   help="rows per optimizer step (default: %(default)s)")
+    t.add_argument("--lr", type=float, default=1e-3,
+                   help="RMSprop's learning rate (default: %(default)s)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seeds the initial weights and shuffles (default: %(default)s)")
+    t.add_argument("--out", default=None, help="model file to write (.npz; default: none, nothing "
+                                               "is saved)")
     t.set_defaults(func=cmd_train)
     e = sub.add_parser("export", help="write a saved model (.npz) as an ONNX file")
     e.add_argument("model", help="a model file written by Sequential.save (.npz)")
     e.add_argument("out", help="the ONNX file to write (.onnx)")
-    e.add_argument("--opset", type=int, default=None, help="the ai.onnx opset to write (default 17)")
+    e.add_argument("--opset", type=int, default=None,
+                   help="the ai.onnx opset to write (default 17)")
     e.set_defaults(func=cmd_export)
     p = sub.add_parser("plot", help="draw a saved History (JSON) to a PNG")
     p.add_argument("history", help="a file written by History.save")
-    p.add_argument("-o", "--out", default=None, help="picture to write (default: the history's name, .png)")
+    p.add_argument("-o", "--out", default=None, help="picture to write (default: the history's "
+                                                     "name, .png)")
     p.add_argument("--title", default=None, help="the figure's title (default: none)")
     p.set_defaults(func=cmd_plot)
-    i = sub.add_parser("info", help="versions, Java, and the BLAS threads sparknet's kernels run with")
+    i = sub.add_parser("info", help="versions, Java, and the BLAS threads sparknet's kernels run "
+                                    "with")
     i.set_defaults(func=cmd_info)
     args = parser.parse_args(argv)
     level = str(getattr(args, "log_level", "INFO")).upper()
-    logging.basicConfig(level=getattr(logging, level, logging.WARNING), format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, level, logging.WARNING),
+                        format="%(asctime)s %(name)s: %(message)s")
     return int(args.func(args))
 
 

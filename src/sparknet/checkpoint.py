@@ -141,12 +141,13 @@ def read_npy(path: str, expect_bytes: int | None = None) -> np.ndarray:
         except (ValueError, OSError) as exc:
             raise CheckpointError(f"{name} is not a valid .npy file: {exc}") from None
         if dtype.hasobject:
-            raise CheckpointError(f"{name} holds Python objects; refused (nothing read may run code)")
+            raise CheckpointError(f"{name} holds Python objects; refused (nothing read may run "
+                                  "code)")
         offset = fh.tell()
         declared = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize if shape else dtype.itemsize
         if size - offset != declared:
-            raise CheckpointError(f"{name} declares shape {tuple(shape)} of {dtype} ({declared} bytes) "
-                                  f"but holds {size - offset} bytes of data")
+            raise CheckpointError(f"{name} declares shape {tuple(shape)} of {dtype} ({declared} "
+                                  f"bytes) but holds {size - offset} bytes of data")
         arr = np.fromfile(fh, dtype=dtype, count=declared // max(dtype.itemsize, 1))
     return arr.reshape(shape, order="F" if fortran else "C")
 
@@ -213,7 +214,8 @@ class _Local:
                 age = now - os.path.getmtime(self.join(n))
             except OSError:
                 continue
-            dead = len(parts) == 3 and parts[0] == host and parts[1].isdigit() and not _pid_alive(int(parts[1]))
+            dead = (len(parts) == 3 and parts[0] == host and parts[1].isdigit()
+                    and not _pid_alive(int(parts[1])))
             if dead or age > max_age or parts[0] == "old":
                 out.append(n)
         return out
@@ -273,7 +275,8 @@ class _Hadoop(_Local):
     def local_copy(self, name: str) -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="sparknet-ckpt-") as tmp:
             dst = os.path.join(tmp, name)
-            self._fs.copyToLocalFile(False, self._path(self.join(name)), self._path("file://" + dst), True)
+            self._fs.copyToLocalFile(False, self._path(self.join(name)),
+                                     self._path("file://" + dst), True)
             yield dst
 
     def delete(self, name: str) -> None:
@@ -314,7 +317,8 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _is_uri(directory: str) -> bool:
-    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://", directory)) or directory.startswith("file:")
+    return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://",
+                         directory)) or directory.startswith("file:")
 
 
 class CheckpointStore:
@@ -332,8 +336,8 @@ class CheckpointStore:
         ValueError: ``keep`` not a positive int, or a URI with no ``spark``.
     """
 
-    def __init__(self, directory: "str | os.PathLike[str]", keep: int = 3, spark: "SparkSession | None" = None,
-                 stale_after: float = 3600.0) -> None:
+    def __init__(self, directory: "str | os.PathLike[str]", keep: int = 3,
+                 spark: "SparkSession | None" = None, stale_after: float = 3600.0) -> None:
         from sparknet._validation import positive_int
 
         directory = os.fspath(directory)
@@ -347,8 +351,8 @@ class CheckpointStore:
                 from pyspark.sql import SparkSession
                 spark = SparkSession.getActiveSession()
             if spark is None:
-                raise ValueError(f"checkpoint directory {directory!r} is a Hadoop URI: it needs an active "
-                                 "SparkSession (pass spark=)")
+                raise ValueError(f"checkpoint directory {directory!r} is a Hadoop URI: it needs an "
+                                 "active SparkSession (pass spark=)")
             self._fs: _Local = _Hadoop(directory, spark)
         else:
             self._fs = _Local(directory)
@@ -357,13 +361,15 @@ class CheckpointStore:
         return f"CheckpointStore({self.directory!r}, keep={self.keep})"
 
     # -- writing -----------------------------------------------------------
-    def save(self, step: int, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any] | None = None) -> Checkpoint:
+    def save(self, step: int, arrays: Mapping[str, np.ndarray],
+             meta: Mapping[str, Any] | None = None) -> Checkpoint:
         """Write ``arrays`` (name -> array; names of letters, digits, ``_.-``) and ``meta``
         (JSON-serialisable) as checkpoint ``step``, atomically; prune to ``keep``."""
         with self.writing(step, meta) as folder:
             for name, arr in arrays.items():
                 if not _NAME.match(name):
-                    raise CheckpointError(f"checkpoint array name {name!r}: use letters, digits, '_', '.', '-'")
+                    raise CheckpointError(f"checkpoint array name {name!r}: use letters, digits, "
+                                          "'_', '.', '-'")
                 _write_npy(os.path.join(folder, name + ".npy"), arr)
         ckpt = self.get(step)
         assert ckpt is not None
@@ -416,13 +422,15 @@ class CheckpointStore:
 
     def _clean_stale(self) -> None:
         for n in self._fs.stale_staging(self.stale_after):
-            log.info("checkpoint store %s: removing %s left by a writer that stopped", self.directory, n)
+            log.info("checkpoint store %s: removing %s left by a writer that stopped",
+                     self.directory, n)
             self._fs.delete(n)
 
     # -- reading -----------------------------------------------------------
     def _names(self) -> list[str]:
         """Checkpoint folder names, oldest first."""
-        names = [n for n in self._fs.listdir() if n.startswith(_PREFIX) and n[len(_PREFIX):].isdigit()]
+        names = [n for n in self._fs.listdir() if n.startswith(_PREFIX)
+                 and n[len(_PREFIX):].isdigit()]
         return sorted(names, key=lambda n: int(n[len(_PREFIX):]))
 
     def _read_manifest(self, name: str) -> Checkpoint | None:
@@ -433,11 +441,13 @@ class CheckpointStore:
             m = json.loads(text)
             if m.get("format") != FORMAT or int(m.get("version", 0)) > VERSION:
                 raise ValueError(f"format {m.get('format')!r} version {m.get('version')!r}")
-            files = {str(k): {"bytes": int(v["bytes"]), "sha256": str(v["sha256"])} for k, v in m["files"].items()}
+            files = {str(k): {"bytes": int(v["bytes"]), "sha256": str(v["sha256"])}
+                     for k, v in m["files"].items()}
             return Checkpoint(self._fs.join(name), int(m["step"]), dict(m.get("meta") or {}), files,
                               float(m.get("written", 0.0)))
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("checkpoint %s: unreadable manifest (%s); skipped", self._fs.join(name), exc)
+            log.warning("checkpoint %s: unreadable manifest (%s); skipped", self._fs.join(name),
+                        exc)
             return None
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -499,16 +509,18 @@ class CheckpointStore:
             for n in want:
                 f = n + ".npy"
                 if f not in ckpt.files:
-                    raise CheckpointError(f"checkpoint {ckpt.path} has no array {n!r} (it has {ckpt.arrays})")
+                    raise CheckpointError(f"checkpoint {ckpt.path} has no array {n!r} (it has "
+                                          f"{ckpt.arrays})")
                 p = os.path.join(folder, f)
                 if not os.path.isfile(p):
                     raise CheckpointError(f"checkpoint {ckpt.path}: {f} is missing")
                 size, digest = sha256_file(p)
                 if size != ckpt.files[f]["bytes"] or digest != ckpt.files[f]["sha256"]:
-                    raise CheckpointError(f"checkpoint {ckpt.path}: {f} does not match its manifest "
-                                          "(size or checksum): damaged or tampered")
+                    raise CheckpointError(f"checkpoint {ckpt.path}: {f} does not match its "
+                                          "manifest (size or checksum): damaged or tampered")
                 try:
                     out[n] = read_npy(p, expect_bytes=ckpt.files[f]["bytes"])
-                except CheckpointError as exc:  # written so by its writer: named with its checkpoint
+                # written so by its writer: named with its checkpoint
+                except CheckpointError as exc:
                     raise CheckpointError(f"checkpoint {ckpt.path}: {exc}") from None
         return out

@@ -64,16 +64,17 @@ def pad_sequences(seqs: Sequence[Any], maxlen: int | None = None, padding: str =
         except ValueError as exc:
             raise ValueError(f"sequence {i} is itself ragged (its steps differ in size)") from exc
         if a.dtype == object or a.dtype.kind not in "biuf":
-            raise ValueError(f"sequence {i} is not numeric (dtype {a.dtype}); steps of one sequence "
-                             f"must all have the same shape")
+            raise ValueError(f"sequence {i} is not numeric (dtype {a.dtype}); steps of one "
+                             f"sequence must all have the same shape")
         if a.ndim == 0:
-            raise ValueError(f"sequence {i} is a scalar; each sequence must be a list/array of steps")
+            raise ValueError(f"sequence {i} is a scalar; each sequence must be a list/array of "
+                             "steps")
         if a.shape[0] > 0:
             if feat is None:
                 feat, first = a.shape[1:], i
             elif a.shape[1:] != feat:
-                raise ValueError(f"sequence {i} has steps of shape {a.shape[1:]} but sequence {first} "
-                                 f"has {feat}; all steps must share one shape")
+                raise ValueError(f"sequence {i} has steps of shape {a.shape[1:]} but sequence "
+                                 f"{first} has {feat}; all steps must share one shape")
         arrs.append(a)
     if feat is None:
         raise ValueError("every sequence is empty; nothing to pad")
@@ -161,8 +162,8 @@ def bptt_batches(tokens: Any, batch_size: int, seq_len: int) -> tuple[np.ndarray
     per_stream = (t.shape[0] - 1) // batch_size
     K = per_stream // seq_len
     if K == 0:
-        raise ValueError(f"a stream of {t.shape[0]} tokens is too short for {batch_size} streams of "
-                         f"at least {seq_len + 1} tokens")
+        raise ValueError(f"a stream of {t.shape[0]} tokens is too short for {batch_size} streams "
+                         f"of at least {seq_len + 1} tokens")
     L = K * seq_len
     x = np.stack([t[i * per_stream:i * per_stream + L] for i in range(batch_size)])
     y = np.stack([t[i * per_stream + 1:i * per_stream + L + 1] for i in range(batch_size)])

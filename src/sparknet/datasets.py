@@ -39,7 +39,8 @@ def _open(path: str) -> gzip.GzipFile | io.BufferedReader:
 
 def read_idx(path: str) -> np.ndarray:
     """Read one IDX file (optionally gzipped): big-endian magic, dims, then data."""
-    dtypes: dict[int, DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    dtypes: dict[int, DTypeLike] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4",
+                                    0x0D: ">f4", 0x0E: ">f8"}
     with _open(path) as fh:
         head = fh.read(4)
         if len(head) != 4 or head[0] != 0 or head[1] != 0 or head[2] not in dtypes:
@@ -54,7 +55,8 @@ def read_idx(path: str) -> np.ndarray:
 
 
 def _find(folder: str, stem: str) -> str:
-    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx") + ".gz", stem.replace("-idx", ".idx")):
+    for name in (stem + ".gz", stem, stem.replace("-idx", ".idx") + ".gz",
+                 stem.replace("-idx", ".idx")):
         p = os.path.join(folder, name)
         if os.path.exists(p):
             return p
@@ -76,7 +78,8 @@ def load_mnist(path: str, flat: bool = True, dtype: type[np.floating] = np.float
         imgs = read_idx(_find(path, f"{prefix}-images-idx3-ubyte"))
         labels = read_idx(_find(path, f"{prefix}-labels-idx1-ubyte"))
         if imgs.ndim != 3 or labels.ndim != 1 or imgs.shape[0] != labels.shape[0]:
-            raise ValueError(f"MNIST {prefix}: images {imgs.shape} and labels {labels.shape} disagree")
+            raise ValueError(f"MNIST {prefix}: images {imgs.shape} and labels {labels.shape} "
+                             "disagree")
         X = imgs.astype(dtype) / dtype(255.0)
         X = X.reshape(X.shape[0], -1) if flat else X.reshape(X.shape[0], 28, 28, 1)
         out += [X, labels.astype(np.int64)]

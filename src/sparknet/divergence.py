@@ -64,7 +64,8 @@ class StepGuard:
         self._state_before = None if self.state is None else self.state.copy()
         self._measure()
         if not np.isfinite(self._pnorm):
-            raise TrainingDiverged.describe("parameters", "non-finite before training", lr=optimizer.lr)
+            raise TrainingDiverged.describe("parameters", "non-finite before training",
+                                            lr=optimizer.lr)
         self._snap: _Snapshot | None = None  # the model as of before the last step (point 3)
         self._risky = False
         self._next: tuple[float, float] = (0.0, 0.0)
@@ -74,7 +75,8 @@ class StepGuard:
         self._pnorm = _norm(self.params)
         if not np.isfinite(self._pnorm) and np.isfinite(self.params).all():
             self._pnorm = float(np.finfo(np.float64).max)  # finite but too large to square
-        state = self.opt.state  # the state a step's bound carries: a momentum buffer, Adam's first moment
+        # the state a step's bound carries: a momentum buffer, Adam's first moment
+        state = self.opt.state
         buf = state.get("momentum_buffer", state.get("exp_avg"))
         self._carry = _norm(buf) if buf is not None else 0.0
 
@@ -126,7 +128,8 @@ class StepGuard:
             self._pnorm += bound
             self._keep_state()
             return
-        bad = not np.isfinite(self.params).all() or not all(np.isfinite(v).all() for v in self.opt.state.values())
+        bad = not np.isfinite(self.params).all() or not all(np.isfinite(v).all()
+                                                            for v in self.opt.state.values())
         if bad:
             assert self._snap is not None
             self._snap.restore(self)

@@ -43,17 +43,20 @@ class TrainingDiverged(FloatingPointError):
     def __init__(self, message: str, *, epoch: int | None = None, round: int | None = None,
                  step: int | None = None, partition: int | None = None, what: str = "loss") -> None:
         super().__init__(message)
-        self.epoch, self.round, self.step, self.partition, self.what = epoch, round, step, partition, what
+        self.epoch, self.round, self.step = epoch, round, step
+        self.partition, self.what = partition, what
 
     @classmethod
-    def describe(cls, what: str, value: Any = None, *, lr: float | None = None, **where: Any) -> "TrainingDiverged":
+    def describe(cls, what: str, value: Any = None, *, lr: float | None = None,
+                 **where: Any) -> "TrainingDiverged":
         """A ``TrainingDiverged`` whose message names what diverged and where, e.g.
         ``the loss became nan in epoch 3, round 2, partition 1; ...``."""
         place = ", ".join(f"{k} {v}" for k, v in where.items() if v is not None)
         got = "" if value is None else f" became {value}"
         hint = "" if lr is None else f" (now {lr:g})"
-        msg = (f"training diverged: the {what}{got or ' is not finite'}{' in ' + place if place else ''}; "
-               f"the model keeps its last finite weights; lower the learning rate{hint}")
+        msg = ("training diverged: the "
+               f"{what}{got or ' is not finite'}{' in ' + place if place else ''}; the model keeps "
+               f"its last finite weights; lower the learning rate{hint}")
         fields = {k: where.get(k) for k in ("epoch", "round", "step", "partition")}
         return cls(msg, what=what, **fields)
 

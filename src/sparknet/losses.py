@@ -41,7 +41,8 @@ class Loss:
         return self._value_and_grad(out, target, weight, scale, need_grad)
 
     def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
-                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
+                        scale: float | None,
+                        need_grad: bool) -> tuple[float, float, np.ndarray | None]:
         """What a loss implements: :meth:`value_and_grad` with every argument given."""
         raise NotImplementedError
 
@@ -72,7 +73,8 @@ class SoftmaxCrossEntropy(Loss):
     is_classification = True
 
     def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
-                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
+                        scale: float | None,
+                        need_grad: bool) -> tuple[float, float, np.ndarray | None]:
         C = out.shape[-1]
         z = np.ascontiguousarray(out.reshape(-1, C))
         t = np.ascontiguousarray(np.asarray(target).reshape(-1), dtype=np.int64)
@@ -90,7 +92,8 @@ class MeanSquaredError(Loss):
     name = "mse"
 
     def _value_and_grad(self, out: np.ndarray, target: Any, weight: np.ndarray | None,
-                        scale: float | None, need_grad: bool) -> tuple[float, float, np.ndarray | None]:
+                        scale: float | None,
+                        need_grad: bool) -> tuple[float, float, np.ndarray | None]:
         D = out.shape[-1]
         o = np.ascontiguousarray(out.reshape(-1, D))
         t = np.ascontiguousarray(np.asarray(target, dtype=o.dtype).reshape(-1, D))

@@ -122,21 +122,25 @@ def as_network(model: Any) -> Sequential:
     """
     net = model
     package = type(model).__module__
-    if not isinstance(model, Sequential) and (package == "sparknet.ml" or package.startswith("sparknet.ml.")):
+    if not isinstance(model, Sequential) and (package == "sparknet.ml"
+                                              or package.startswith("sparknet.ml.")):
         net = getattr(model, "network", None)
     if not isinstance(net, Sequential):
-        hint = " (fit it first: log the Model its fit returns)" if type(model).__name__.startswith("SparkNet") else ""
+        unfitted = type(model).__name__.startswith("SparkNet")
+        hint = " (fit it first: log the Model its fit returns)" if unfitted else ""
         raise TypeError(f"model must be a sparknet Sequential or a fitted sparknet.ml Model "
                         f"(SparkNetClassificationModel, SparkNetRegressionModel), got "
                         f"{type(model).__module__}.{type(model).__qualname__}{hint}")
     if not net.built:
-        raise ValueError("model is a sparknet Sequential that is not built: fit it or call build(input_shape) first")
+        raise ValueError("model is a sparknet Sequential that is not built: fit it or call "
+                         "build(input_shape) first")
     return net
 
 
 def _check_choice(value: Any, what: str, choices: Sequence[str]) -> str:
     if value not in choices:
-        raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}; got {what}={value!r}")
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, choices))}; got "
+                         f"{what}={value!r}")
     return str(value)
 
 
@@ -153,7 +157,8 @@ def _n_features(net: Sequential) -> int:
 
 # ------------------------------------------------------------------ signature
 def model_signature(model: Any, output: str = "predict", input_schema: str = "auto",
-                    feature_names: Sequence[str] | None = None, features_col: str = "features") -> Any:
+                    feature_names: Sequence[str] | None = None,
+                    features_col: str = "features") -> Any:
     """The MLflow ``ModelSignature`` the flavour saves for ``model``.
 
     Args:
@@ -193,10 +198,11 @@ def model_signature(model: Any, output: str = "predict", input_schema: str = "au
     elif input_schema == "tensor":
         inputs = [schema.TensorSpec(np.dtype(net.dtype), (-1,) + _shape(net.input_shape))]
     else:
-        names: list[str | None] = [None] * n if feature_names is None else [str(c) for c in feature_names]
+        names: list[str | None] = ([None] * n if feature_names is None
+                                   else [str(c) for c in feature_names])
         if len(names) != n:
-            raise ValueError(f"feature_names has {len(names)} names, the network reads {n} features "
-                             f"(input shape {_shape(net.input_shape)})")
+            raise ValueError(f"feature_names has {len(names)} names, the network reads {n} "
+                             f"features (input shape {_shape(net.input_shape)})")
         inputs = [schema.ColSpec(schema.DataType.double, c) for c in names]
     float_type = schema.DataType.double if net.dtype == np.float64 else schema.DataType.float
     n_out = int(np.prod(_shape(net.output_shape)))
@@ -218,11 +224,12 @@ def default_pip_requirements() -> list[str]:
     return [f"sparknet=={sparknet.__version__}", f"numpy=={np.__version__}"]
 
 
-def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict", input_schema: str = "auto",
-               feature_names: Sequence[str] | None = None, features_col: str = "features",
+def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict",
+               input_schema: str = "auto", feature_names: Sequence[str] | None = None,
+               features_col: str = "features",
                input_example: Any = None, pip_requirements: Sequence[str] | None = None,
-               extra_pip_requirements: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
-               mlflow_model: Any = None) -> None:
+               extra_pip_requirements: Sequence[str] | None = None,
+               metadata: Mapping[str, Any] | None = None, mlflow_model: Any = None) -> None:
     """Save ``model`` as an MLflow model directory at ``path`` (which must not exist).
 
     Args:
@@ -267,10 +274,13 @@ def save_model(model: Any, path: str | os.PathLike[str], output: str = "predict"
     with tempfile.TemporaryDirectory(prefix="sparknet-mlflow-") as tmp:
         data = os.path.join(tmp, MODEL_FILE)
         net.save(data)
-        pyfunc.save_model(os.fspath(path), loader_module=__name__, data_path=data, mlflow_model=mlflow_model,
-                          signature=signature, input_example=input_example, pip_requirements=reqs,
-                          extra_pip_requirements=None if extra_pip_requirements is None else list(extra_pip_requirements),
-                          metadata=None if metadata is None else dict(metadata), model_config={"output": output})
+        pyfunc.save_model(os.fspath(path), loader_module=__name__, data_path=data,
+                          mlflow_model=mlflow_model, signature=signature,
+                          input_example=input_example, pip_requirements=reqs,
+                          extra_pip_requirements=None if extra_pip_requirements is None
+                          else list(extra_pip_requirements),
+                          metadata=None if metadata is None else dict(metadata),
+                          model_config={"output": output})
 
 
 def _example_frame(example: Any, signature: Any, arrays: bool) -> Any:
@@ -306,8 +316,8 @@ def log_model(model: Any, artifact_path: str = "model", **kwargs: Any) -> Any:
     """
     as_network(model)
     models = _import("mlflow.models")
-    return models.Model.log(artifact_path=None, name=artifact_path, flavor=importlib.import_module(__name__),
-                            model=model, **kwargs)
+    return models.Model.log(artifact_path=None, name=artifact_path,
+                            flavor=importlib.import_module(__name__), model=model, **kwargs)
 
 
 def load_model(model_uri: str) -> Sequential:
@@ -325,8 +335,8 @@ def load_model(model_uri: str) -> Sequential:
     local = artifacts.download_artifacts(artifact_uri=model_uri)
     conf = models.Model.load(os.path.join(local, "MLmodel")).flavors.get(FLAVOR_NAME)
     if conf is None:
-        raise ValueError(f"model_uri={model_uri!r} is not a sparknet model (its MLmodel file has no "
-                         f"{FLAVOR_NAME!r} flavour)")
+        raise ValueError(f"model_uri={model_uri!r} is not a sparknet model (its MLmodel file has "
+                         f"no {FLAVOR_NAME!r} flavour)")
     return Sequential.load(os.path.join(local, "data", conf["data"]))
 
 
@@ -372,8 +382,8 @@ def features_array(model_input: Any, network: Sequential) -> np.ndarray:
         x = np.asarray(model_input, dtype=network.dtype)
     shape = _shape(network.input_shape)
     if x.ndim == 0 or int(np.prod(x.shape[1:])) != int(np.prod(shape)):
-        raise ValueError(f"model_input has shape {x.shape}: the network reads rows of {int(np.prod(shape))} "
-                         f"features (input shape {shape})")
+        raise ValueError(f"model_input has shape {x.shape}: the network reads rows of "
+                         f"{int(np.prod(shape))} features (input shape {shape})")
     return x.reshape((x.shape[0],) + shape)
 
 
@@ -390,7 +400,8 @@ def flatten_params(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         if isinstance(value, Mapping):
             for k, v in value.items():
                 walk(v, f"{key}.{k}" if key else str(k))
-        elif isinstance(value, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple)) for v in value):
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, (Mapping, list, tuple))
+                                                      for v in value):
             for i, v in enumerate(value):
                 walk(v, f"{key}.{i}")
         else:
@@ -455,15 +466,17 @@ class MLflowLogger(Callback):
         model_info: the ``ModelInfo`` of the logged model (set at fit end with ``log_model``).
     """
 
-    def __init__(self, run_name: str | None = None, log_model: bool = True, artifact_path: str = "model",
-                 experiment_name: str | None = None, tags: Mapping[str, Any] | None = None,
+    def __init__(self, run_name: str | None = None, log_model: bool = True,
+                 artifact_path: str = "model", experiment_name: str | None = None,
+                 tags: Mapping[str, Any] | None = None,
                  log_model_kwargs: Mapping[str, Any] | None = None) -> None:
         if run_name is not None and not isinstance(run_name, str):
             raise ValueError(f"run_name must be a string or None, got run_name={run_name!r}")
         if not isinstance(log_model, bool):
             raise ValueError(f"log_model must be True or False, got log_model={log_model!r}")
         if not isinstance(artifact_path, str) or not artifact_path or "/" in artifact_path:
-            raise ValueError(f"artifact_path must be a non-empty name without '/', got artifact_path={artifact_path!r}")
+            raise ValueError("artifact_path must be a non-empty name without '/', got "
+                             f"artifact_path={artifact_path!r}")
         super().__init__()
         self.run_name = run_name
         self.log_model = log_model
@@ -478,7 +491,8 @@ class MLflowLogger(Callback):
     def _network(self) -> Sequential:
         """The trained network: the model, or a model-parallel model gathered."""
         if self.model is None:
-            raise RuntimeError("MLflowLogger has no model: the trainer calls set_context(model, trainer) before the fit")
+            raise RuntimeError("MLflowLogger has no model: the trainer calls set_context(model, "
+                               "trainer) before the fit")
         if not isinstance(self.model, Sequential) and hasattr(self.model, "to_sequential"):
             return as_network(self.model.to_sequential())
         return as_network(self.model)
@@ -489,7 +503,8 @@ class MLflowLogger(Callback):
                                   if v is None or isinstance(v, (str, bool, numbers.Number))}
         trainer = self.trainer
         own = trainer is None or trainer is self.model
-        params["trainer"] = {"class": type(self.model if own else trainer).__name__ + (".fit" if own else ""),
+        params["trainer"] = {"class": type(self.model if own else trainer).__name__
+                             + (".fit" if own else ""),
                              **({} if own else trainer_settings(trainer))}
         optimizer = getattr(trainer, "optimizer", None) or getattr(self.model, "optimizer", None)
         params["optimizer"] = _optimizer_settings(optimizer)
@@ -517,14 +532,17 @@ class MLflowLogger(Callback):
         client = _import("mlflow.tracking").MlflowClient()
         param = _import("mlflow.entities").Param
         for i in range(0, len(flat), _PARAMS_PER_BATCH):
-            client.log_batch(self.run_id, params=[param(k, v) for k, v in flat[i:i + _PARAMS_PER_BATCH]])
+            client.log_batch(self.run_id,
+                             params=[param(k, v) for k, v in flat[i:i + _PARAMS_PER_BATCH]])
 
     def on_epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         """Log the epoch's finite numeric ``logs`` as metrics at ``step=epoch``."""
         if self.run_id is None:
-            raise RuntimeError("MLflowLogger.on_epoch_end before on_fit_begin: the trainer starts the fit first")
+            raise RuntimeError("MLflowLogger.on_epoch_end before on_fit_begin: the trainer starts "
+                               "the fit first")
         metrics = {str(k): float(v) for k, v in (logs or {}).items()
-                   if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(float(v))}
+                   if isinstance(v, numbers.Real) and not isinstance(v, bool)
+                   and math.isfinite(float(v))}
         if metrics:
             _import("mlflow").log_metrics(metrics, step=int(epoch), run_id=self.run_id)
 
@@ -538,7 +556,8 @@ class MLflowLogger(Callback):
                 net.save(path)
                 mlflow.log_artifact(path, run_id=self.run_id)
             if self.log_model:
-                self.model_info = log_model(net, self.artifact_path, run_id=self.run_id, **self.log_model_kwargs)
+                self.model_info = log_model(net, self.artifact_path, run_id=self.run_id,
+                                            **self.log_model_kwargs)
         finally:
             if self._owns_run:
                 mlflow.end_run()

@@ -67,8 +67,8 @@ def sgd(params: np.ndarray, grads: np.ndarray, momentum_buffer: np.ndarray | Non
 
 def adam(params: np.ndarray, grads: np.ndarray, exp_avg: np.ndarray, exp_avg_sq: np.ndarray,
          max_exp_avg_sq: np.ndarray | None = None, *, lr: float, beta1: float = 0.9,
-         beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False,
-         step: int) -> None:
+         beta2: float = 0.999, eps: float = 1e-8, weight_decay: float = 0.0,
+         decoupled: bool = False, step: int) -> None:
     """One Adam step number ``step`` (1-based) in place (``torch.optim.Adam``'s formulas;
     ``decoupled``: ``torch.optim.AdamW``'s decoupled weight decay); ``max_exp_avg_sq``
     given means amsgrad."""
@@ -109,12 +109,14 @@ class Optimizer:
     name = "optimizer"
     _loaded = False
 
-    def __init__(self, lr: float, clipnorm: float | None = None, clipvalue: float | None = None) -> None:
+    def __init__(self, lr: float, clipnorm: float | None = None,
+                 clipvalue: float | None = None) -> None:
         self.lr = check_float(lr, "learning rate", 0.0, low_open=True)
         what = type(self).__name__
-        self.clipnorm = None if clipnorm is None else check_float(clipnorm, f"{what} clipnorm", 0.0, low_open=True)
-        self.clipvalue = None if clipvalue is None else check_float(clipvalue, f"{what} clipvalue", 0.0,
-                                                                    low_open=True)
+        self.clipnorm = None if clipnorm is None else check_float(clipnorm, f"{what} clipnorm", 0.0,
+                                                                  low_open=True)
+        self.clipvalue = None if clipvalue is None else check_float(clipvalue, f"{what} clipvalue",
+                                                                    0.0, low_open=True)
         self.t = 0
         self.state: dict[str, np.ndarray] = {}
         #: True while ``state`` came from a load and no step has checked it against the parameters
@@ -172,8 +174,9 @@ class Optimizer:
         if self._loaded:
             for key, loaded in list(self.state.items()):
                 if loaded.shape != (n,):
-                    raise ValueError(f"optimizer state {key} has {loaded.shape[0]} entries but there are {n} "
-                                     f"parameters: the state was saved for another model")
+                    raise ValueError(f"optimizer state {key} has {loaded.shape[0]} entries but "
+                                     f"there are {n} parameters: the state was saved for another "
+                                     "model")
                 if loaded.dtype != dtype:
                     self.state[key] = loaded.astype(dtype)
             self._loaded = False
@@ -217,7 +220,8 @@ class Optimizer:
 
     def clip(self, grads: np.ndarray) -> None:
         """Clip the whole flat gradient ``grads`` in place: clamp to ``[-clipvalue, clipvalue]``,
-        then scale to ``clipnorm`` (``torch.nn.utils.clip_grad_value_`` then ``clip_grad_norm_``)."""
+        then scale to ``clipnorm`` (``torch.nn.utils.clip_grad_value_`` then
+        ``clip_grad_norm_``)."""
         scale(grads, self.clip_scale(self.clip_part(grads)))
 
     def clip_part(self, grads: np.ndarray) -> float:
@@ -228,7 +232,8 @@ class Optimizer:
         return 0.0 if self.clipnorm is None else sum_of_squares(grads)
 
     def clip_scale(self, sumsq: float) -> float:
-        """The factor that clips a gradient of squared norm ``sumsq`` to ``clipnorm`` (1 without)."""
+        """The factor that clips a gradient of squared norm ``sumsq`` to ``clipnorm`` (1
+        without)."""
         return 1.0 if self.clipnorm is None else norm_scale(sumsq, self.clipnorm)
 
     def _clipped_norm(self, grad_norm: float, n: int) -> float:
@@ -245,7 +250,8 @@ class Optimizer:
         ``self.state`` and ``self.t`` are not touched."""
         raise NotImplementedError
 
-    def step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def step_bound(self, grad_norm: float, param_norm: float, n: int,
+                   carry: float) -> tuple[float, float]:
         """An upper bound on every 2-norm the next step computes -- the decayed gradient, the
         momentum buffer and the change it makes to the parameters -- given bounds on the
         gradient's and the parameters' 2-norms, for ``n`` parameters.  ``carry`` is the bound
@@ -255,13 +261,15 @@ class Optimizer:
         Clipping shrinks the gradient's bound first (to ``clipnorm``, ``clipvalue * sqrt(n)``)."""
         return self._step_bound(self._clipped_norm(grad_norm, n), param_norm, n, carry)
 
-    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int,
+                    carry: float) -> tuple[float, float]:
         """:meth:`step_bound` for the gradient once clipped (bound ``grad_norm``)."""
         return float("inf"), carry
 
     # -- state, for checkpoints and the parameter server ----------------
     def get_config(self) -> dict:
-        """The constructor's arguments (JSON-able), clipping included: ``from_config`` rebuilds it."""
+        """The constructor's arguments (JSON-able), clipping included: ``from_config`` rebuilds
+        it."""
         return {**self._config(), "clipnorm": self.clipnorm, "clipvalue": self.clipvalue}
 
     def _config(self) -> dict:
@@ -273,15 +281,18 @@ class Optimizer:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Read what :meth:`state_dict` returned (checked as :meth:`load_state_arrays` checks)."""
         t = state.get("t", 0)
-        self.t = non_negative_int(t.item() if isinstance(t, np.ndarray) and t.size == 1 else t, "optimizer state t")
+        self.t = non_negative_int(t.item() if isinstance(t, np.ndarray) and t.size == 1 else t,
+                                  "optimizer state t")
         self.state = {k: np.array(v, copy=True) for k, v in state.items() if k != "t"}
         self._check_state(self.state, "", finite=True)
         self._loaded = True
 
-    def state_layout(self, n: int, dtype: Any, prefix: str = "opt_") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    def state_layout(self, n: int, dtype: Any,
+                     prefix: str = "opt_") -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """``{name: (shape, dtype)}`` of :meth:`state_arrays` for ``n`` parameters: where a
         caller allocates resident state before :meth:`load_state_arrays` binds to it."""
-        out: dict[str, tuple[tuple[int, ...], np.dtype]] = {f"{prefix}t": ((1,), np.dtype(np.int64))}
+        out: dict[str, tuple[tuple[int, ...], np.dtype]] = {
+            f"{prefix}t": ((1,), np.dtype(np.int64))}
         for key in self.state_keys():
             out[f"{prefix}{key}"] = ((n,), np.dtype(dtype))
         return out
@@ -339,14 +350,16 @@ class Optimizer:
                 if not np.isfinite(arr).all():
                     raise ValueError(f"{what} contains NaN or infinity")
                 if key == "square_avg" and arr.size and arr.min() < 0:
-                    raise ValueError(f"{what} holds negative values; a squared-gradient average is >= 0")
+                    raise ValueError(f"{what} holds negative values; a squared-gradient average is "
+                                     ">= 0")
 
     def write_step(self, arrays: MutableMapping[str, np.ndarray], prefix: str = "opt_") -> None:
         """Store the step count into arrays bound by ``load_state_arrays(..., copy=False)``."""
         arrays[f"{prefix}t"][0] = self.t
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_config().items())})"
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
 
 
 class RMSprop(Optimizer):
@@ -384,21 +397,24 @@ class RMSprop(Optimizer):
         return tuple(need)
 
     def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
-        rmsprop(params, grads, state["square_avg"], state.get("grad_avg"), state.get("momentum_buffer"),
-                lr=self.lr, alpha=self.alpha, eps=self.eps, weight_decay=self.weight_decay,
-                momentum=self.momentum)
+        rmsprop(params, grads, state["square_avg"], state.get("grad_avg"),
+                state.get("momentum_buffer"), lr=self.lr, alpha=self.alpha, eps=self.eps,
+                weight_decay=self.weight_decay, momentum=self.momentum)
 
     def _apply_and_pack(self, params: np.ndarray, grads: np.ndarray, state: State,
                         pack: list[PackTarget]) -> bool:
         # the plain float32 step only: each weight updated and packed 32 rows at a time
-        if self.centered or self.momentum > 0 or self.weight_decay != 0 or params.dtype != np.float32:
+        if (self.centered or self.momentum > 0 or self.weight_decay != 0
+                or params.dtype != np.float32):
             return False
         _optim.rmsprop_pack(params, grads, state["square_avg"], self.lr, self.alpha, self.eps, pack)
         return True
 
-    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int,
+                    carry: float) -> tuple[float, float]:
         # g' = g + wd p; v' = alpha v + (1 - alpha) g'^2 >= (1 - alpha) g'^2, so each ratio
-        # |g'_i| / (sqrt(v'_i) + eps) <= 1 / sqrt(1 - alpha): the ratios' norm <= sqrt(n / (1 - alpha)).
+        # |g'_i| / (sqrt(v'_i) + eps) <= 1 / sqrt(1 - alpha):
+        # the ratios' norm <= sqrt(n / (1 - alpha)).
         # Centered, the denominator sqrt(v' - a'^2) has no such floor: no bound.
         if self.centered:
             return float("inf"), carry
@@ -449,7 +465,8 @@ class SGD(Optimizer):
             dampening=self.dampening, weight_decay=self.weight_decay, nesterov=self.nesterov,
             first_step=t == 1)
 
-    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int,
+                    carry: float) -> tuple[float, float]:
         decayed = grad_norm + self.weight_decay * param_norm  # g' = g + wd p
         if self.momentum == 0:
             return max(decayed, self.lr * decayed), 0.0
@@ -479,9 +496,9 @@ class Adam(Optimizer):
     name = "adam"
     _decoupled = False
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, amsgrad: bool = False, clipnorm: float | None = None,
-                 clipvalue: float | None = None) -> None:
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False,
+                 clipnorm: float | None = None, clipvalue: float | None = None) -> None:
         super().__init__(lr, clipnorm, clipvalue)
         what = type(self).__name__
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
@@ -497,14 +514,16 @@ class Adam(Optimizer):
         return (self.beta1, self.beta2)
 
     def state_keys(self) -> tuple[str, ...]:
-        return ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if self.amsgrad else ("exp_avg", "exp_avg_sq")
+        moments = ("exp_avg", "exp_avg_sq")
+        return moments + ("max_exp_avg_sq",) if self.amsgrad else moments
 
     def apply(self, params: np.ndarray, grads: np.ndarray, state: State, t: int) -> None:
         adam(params, grads, state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq"),
-             lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay,
-             decoupled=self._decoupled, step=t)
+             lr=self.lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+             weight_decay=self.weight_decay, decoupled=self._decoupled, step=t)
 
-    def _step_bound(self, grad_norm: float, param_norm: float, n: int, carry: float) -> tuple[float, float]:
+    def _step_bound(self, grad_norm: float, param_norm: float, n: int,
+                    carry: float) -> tuple[float, float]:
         # m_t = (1 - b1) sum_k b1^(t-k) g'_k and v_t = (1 - b2) sum_k b2^(t-k) g'_k^2, so by
         # Cauchy-Schwarz |m_t| <= (1 - b1) / sqrt((1 - b2) (1 - b1^2 / b2)) sqrt(v_t) when
         # b1^2 < b2; the bias corrections multiply the ratio by sqrt(1 - b2^t) / (1 - b1^t)
@@ -514,7 +533,8 @@ class Adam(Optimizer):
             return float("inf"), carry
         decayed = grad_norm + (0.0 if self._decoupled else self.weight_decay) * param_norm
         carry = b1 * carry + (1.0 - b1) * decayed  # the first moment's norm
-        ratio = (1.0 - b1) / np.sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2)) * np.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+        ratio = ((1.0 - b1) / np.sqrt((1.0 - b2) * (1.0 - b1 * b1 / b2))
+                 * np.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t))
         change = self.lr * float(ratio) * float(np.sqrt(n))
         if self._decoupled:
             change += self.lr * self.weight_decay * param_norm
@@ -542,9 +562,9 @@ class AdamW(Adam):
     name = "adamw"
     _decoupled = True
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 1e-2, amsgrad: bool = False, clipnorm: float | None = None,
-                 clipvalue: float | None = None) -> None:
+    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 1e-2, amsgrad: bool = False,
+                 clipnorm: float | None = None, clipvalue: float | None = None) -> None:
         super().__init__(lr, betas, eps, weight_decay, amsgrad, clipnorm, clipvalue)
 
 
@@ -560,8 +580,8 @@ def get(optimizer: "str | Optimizer | None") -> Optimizer:
         return optimizer
     if isinstance(optimizer, str) and optimizer.lower() in _BY_NAME:
         return _BY_NAME[optimizer.lower()]()
-    raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(map(repr, _BY_NAME))} "
-                     f"or an Optimizer instance")
+    raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
+                     f"{', '.join(map(repr, _BY_NAME))} or an Optimizer instance")
 
 
 def from_config(name: str, config: dict) -> Optimizer:

@@ -14,8 +14,10 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ImportError("plotting needs matplotlib: pip install 'sparknet[plot]' (or pip install matplotlib)") from None
-    if not os.environ.get("DISPLAY") and matplotlib.get_backend().lower() not in ("agg", "pdf", "svg"):
+        raise ImportError("plotting needs matplotlib: pip install 'sparknet[plot]' (or pip install "
+                          "matplotlib)") from None
+    if (not os.environ.get("DISPLAY")
+            and matplotlib.get_backend().lower() not in ("agg", "pdf", "svg")):
         matplotlib.use("Agg")  # no screen (a cluster's driver, CI): draw to files
     import matplotlib.pyplot as plt
     return plt
@@ -42,7 +44,8 @@ def panels(history: "History") -> list[str]:
     return out
 
 
-def plot_history(history: "History", path: str | os.PathLike[str] | None = None, title: str | None = None) -> Any:
+def plot_history(history: "History", path: str | os.PathLike[str] | None = None,
+                 title: str | None = None) -> Any:
     """Draw ``history`` (see :meth:`sparknet.history.History.plot`); returns the Figure.
 
     Raises:
@@ -68,7 +71,8 @@ def plot_history(history: "History", path: str | os.PathLike[str] | None = None,
             ax.set_xlabel("epoch")
             ax.set_ylim(bottom=0)
         else:
-            stale = [int(u["staleness"]) for u in getattr(history, "updates", []) if u.get("applied")]
+            stale = [int(u["staleness"]) for u in getattr(history, "updates", [])
+                     if u.get("applied")]
             ax.hist(stale, bins=range(0, max(stale) + 2), align="left", rwidth=0.8)
             ax.set_title(f"staleness of {len(stale)} applied deltas")
             ax.set_xlabel("staleness (updates since launch)")

@@ -98,7 +98,8 @@ class FitProgress:
     (``update(n)``, ``set_postfix(dict)``), the tqdm interface it used per epoch before.
     """
 
-    def __init__(self, epochs: int, verbose: Any = 1, unit: str = "epoch", step_unit: str = "rounds") -> None:
+    def __init__(self, epochs: int, verbose: Any = 1, unit: str = "epoch",
+                 step_unit: str = "rounds") -> None:
         self.epochs, self.verbose, self.unit = int(epochs), check_verbose(verbose), unit
         self.step_unit = step_unit
         self._bar: Any = None
@@ -119,8 +120,8 @@ class FitProgress:
             from tqdm.contrib.logging import logging_redirect_tqdm
         except ImportError:  # pragma: no cover - tqdm is a dependency
             return
-        self._bar = tqdm(total=self.epochs, unit=self.unit, file=sys.stderr, leave=True, dynamic_ncols=True,
-                         mininterval=0.2, desc=self._desc,
+        self._bar = tqdm(total=self.epochs, unit=self.unit, file=sys.stderr, leave=True,
+                         dynamic_ncols=True, mininterval=0.2, desc=self._desc,
                          bar_format="{desc} |{bar:20}| [{elapsed}<{remaining}{postfix}]")
         self._redirect = logging_redirect_tqdm(tqdm_class=tqdm)
         self._redirect.__enter__()
@@ -181,7 +182,8 @@ class FitProgress:
         self._done += int(n)
         self._show_desc()
 
-    def set_postfix(self, post: dict[str, Any] | None = None, refresh: bool = True, **kw: Any) -> None:
+    def set_postfix(self, post: dict[str, Any] | None = None, refresh: bool = True,
+                    **kw: Any) -> None:
         """The running train figures of the epoch so far (``loss``, ``accuracy``, ...)."""
         if self._bar is None:
             return
@@ -200,7 +202,8 @@ class FitProgress:
         if self.verbose:
             self.write(epoch_line(epoch, self.epochs, logs))
         if self._bar is not None:
-            merged = {**self._last, **_shown(logs)}  # the last validation stays shown until the next one
+            # the last validation stays shown until the next one
+            merged = {**self._last, **_shown(logs)}
             self._last = {label: merged[label] for _, label, _ in SHOWN if label in merged}
             self._bar.set_postfix(self._last, refresh=False)
             self._bar.update(n)

@@ -81,7 +81,8 @@ def compose(parts: Sequence[Part]) -> tuple[dict[str, np.ndarray], dict[str, Any
             if isinstance(value, np.ndarray):
                 name = part.prefix + key
                 if name in arrays:
-                    raise ValueError(f"checkpoint array {name!r} of part {part.name!r} is given twice")
+                    raise ValueError(f"checkpoint array {name!r} of part {part.name!r} is given "
+                                     "twice")
                 arrays[name] = value
             else:
                 values[key] = value

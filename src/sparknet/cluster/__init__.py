@@ -21,14 +21,17 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "get_spark": "engine.session", "check_java": "engine.session", "JavaNotFoundError": "engine.session",
+    "get_spark": "engine.session", "check_java": "engine.session",
+    "JavaNotFoundError": "engine.session",
     "Resident": "resident.driver", "Shard": "resident.driver", "ShardInfo": "resident.driver",
     "ResidentStateLost": "resident.driver",
     "DataParallelTrainer": "data_parallel.trainer", "demo": "data_parallel.demo_job",
     "ParameterServer": "data_parallel.parameter_server",
-    "RoundCostModel": "planning.cost", "SparkCosts": "planning.cost", "NetworkCosts": "planning.cost",
-    "Prediction": "planning.cost", "predict": "planning.cost", "plan": "planning.planner", "Plan": "planning.planner",
-    "ModelParallel": "model_parallel", "BlockPlan": "model_parallel.block_partition",
+    "RoundCostModel": "planning.cost", "SparkCosts": "planning.cost",
+    "NetworkCosts": "planning.cost",
+    "Prediction": "planning.cost", "predict": "planning.cost", "plan": "planning.planner",
+    "Plan": "planning.planner", "ModelParallel": "model_parallel",
+    "BlockPlan": "model_parallel.block_partition",
     "BlockStateLost": "model_parallel", "BlockMemoryError": "model_parallel",
 }
 

@@ -1,13 +1,13 @@
 """Fault injection for tests and benchmarks of data-parallel training.
 
 No production module imports this one.  It enters through the documented hook
-:func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper`: inside :func:`inject_faults`, every
-training task a driver builds is wrapped by a :class:`FaultyTask`, which is pickled by
+:func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper`: inside :func:`inject_faults`,
+every training task a driver builds is wrapped by a :class:`FaultyTask`, which is pickled by
 reference to this module, so the executors run the same code.
 
 :func:`on_round` enters through the other hook,
-:func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`: a function called after every training
-round on the driver (to interrupt a fit, or kill the driver, at a chosen round).
+:func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`: a function called after every
+training round on the driver (to interrupt a fit, or kill the driver, at a chosen round).
 
 Example::
 
@@ -84,7 +84,8 @@ class _Faults:
 @contextlib.contextmanager
 def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] | None = None,
                   fail: "dict[int, str] | list[int] | tuple[int, ...] | None" = None,
-                  hang: "list[int] | tuple[int, ...] | None" = None, hang_after: int = 0) -> Iterator[None]:
+                  hang: "list[int] | tuple[int, ...] | None" = None,
+                  hang_after: int = 0) -> Iterator[None]:
     """Inject a straggler or a failing task into data-parallel training (tests and
     benchmarks only).
 
@@ -104,9 +105,10 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
       until Spark kills their worker), from the ``hang_after + 1``-th training task
       the driver builds on (so that rounds before it are measured).
 
-    It installs a task wrapper with :func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper`
-    for the duration of the block (the previous wrapper comes back after it), so do not
-    run other fits concurrently in the process.
+    It installs a task wrapper with
+    :func:`sparknet.cluster.data_parallel.round_task.set_task_wrapper` for the duration of the block
+    (the previous wrapper comes back after it), so do not run other fits concurrently in the
+    process.
 
     Args:
         slow: partition -> slowdown factor (>= 0).
@@ -124,8 +126,8 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
     for what, d in (("slow", faults.slow), ("delay", faults.delay)):
         for k, v in d.items():
             if k < 0 or not (v >= 0 and math.isfinite(v)):
-                raise ValueError(f"{what}: partition {k} value {v} (need partition >= 0 and a finite "
-                                 f"value >= 0)")
+                raise ValueError(f"{what}: partition {k} value {v} (need partition >= 0 and a "
+                                 f"finite value >= 0)")
     for what, keys in (("fail", faults.fail), ("hang", faults.hang)):
         for k in keys:
             if k < 0:
@@ -141,7 +143,8 @@ def inject_faults(slow: dict[int, float] | None = None, delay: dict[int, float] 
 
 def _fail_messages(fail: "dict[int, str] | list[int] | tuple[int, ...] | None") -> dict[int, str]:
     if isinstance(fail, (list, tuple)):
-        return {int(p): f"injected failure in partition {int(p)} (sparknet.cluster.testing.inject_faults)"
+        return {int(p): f"injected failure in partition {int(p)} "
+                        "(sparknet.cluster.testing.inject_faults)"
                 for p in fail}
     return {int(k): str(v) for k, v in (fail or {}).items()}
 
@@ -149,10 +152,11 @@ def _fail_messages(fail: "dict[int, str] | list[int] | tuple[int, ...] | None") 
 @contextlib.contextmanager
 def on_round(hook: Callable[[fit.RoundEnd], Any]) -> Iterator[None]:
     """Call ``hook(event)`` on the driver after every training round of the data-parallel
-    fits run inside the ``with`` block (:class:`~sparknet.cluster.data_parallel.fit_context.RoundEnd`: epoch,
-    round, rounds done, the checkpoint written after it); raising ``KeyboardInterrupt``
-    from it interrupts the fit as Ctrl-C would, ``os.kill(os.getpid(), SIGKILL)`` plays
-    a driver crash.  Installed with :func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`."""
+    fits run inside the ``with`` block
+    (:class:`~sparknet.cluster.data_parallel.fit_context.RoundEnd`: epoch, round, rounds done, the
+    checkpoint written after it); raising ``KeyboardInterrupt`` from it interrupts the fit as Ctrl-C
+    would, ``os.kill(os.getpid(), SIGKILL)`` plays a driver crash.  Installed with
+    :func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`."""
     with _LOCK:
         previous = fit.set_round_hook(hook)
     try:

@@ -136,10 +136,12 @@ class Layer:
 
     def _check_built(self) -> None:
         if not self.built:
-            raise RuntimeError(f"layer {self.name!r} is not built; add it to a Sequential model first")
+            raise RuntimeError(f"layer {self.name!r} is not built; add it to a Sequential model "
+                               "first")
 
     def _shapes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """``(input_shape, output_shape)`` of the built layer (RuntimeError before :meth:`build`)."""
+        """``(input_shape, output_shape)`` of the built layer (RuntimeError before
+        :meth:`build`)."""
         self._check_built()
         assert self.input_shape is not None and self.output_shape is not None
         return self.input_shape, self.output_shape
@@ -171,8 +173,8 @@ class MaskedLayer(Protocol):
                 mask: np.ndarray | None = None) -> np.ndarray: ...
 
 
-def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any, seed: int | None,
-                 loss: Any, name: str = "sequential") -> dict[str, Any]:
+def architecture(layers: Sequence[Layer], *, input_shape: Sequence[int] | None, dtype: Any,
+                 seed: int | None, loss: Any, name: str = "sequential") -> dict[str, Any]:
     """The JSON architecture of a stack of layers: what :meth:`Sequential.get_config` returns
     and :meth:`Sequential.from_config` reads (model files, workers, model-parallel saves)."""
     return {

@@ -77,8 +77,9 @@ def _image_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int, 
     if len(input_shape) != 3:
         raise ValueError(
             f"{type(layer).__name__} {layer.name!r} needs images of per-sample shape (H, W, C) "
-            f"(channels last), got per-sample shape {tuple(input_shape)} (rank {len(input_shape)}); "
-            f"give gray-scale images a channel axis, e.g. X.reshape(-1, H, W, 1)")
+            f"(channels last), got per-sample shape {tuple(input_shape)} (rank "
+            f"{len(input_shape)}); give gray-scale images a channel axis, e.g. X.reshape(-1, H, W, "
+            "1)")
     H, W, C = input_shape
     return H, W, C
 
@@ -141,9 +142,10 @@ class Conv2D(FusedActivation, Layer):
             in :meth:`forward` for a batch of the wrong rank, channel count or size.
     """
 
-    def __init__(self, filters: int, kernel_size: IntPair, strides: IntPair = 1, padding: str = "valid",
-                 dilation: IntPair = 1, activation: str | None = None, use_bias: bool = True,
-                 kernel_initializer: str = "auto", name: str | None = None) -> None:
+    def __init__(self, filters: int, kernel_size: IntPair, strides: IntPair = 1,
+                 padding: str = "valid", dilation: IntPair = 1, activation: str | None = None,
+                 use_bias: bool = True, kernel_initializer: str = "auto",
+                 name: str | None = None) -> None:
         super().__init__(name)
         self.filters = positive_int(filters, "Conv2D filters")
         self.kernel_size = _pair(kernel_size, "Conv2D kernel_size")
@@ -230,8 +232,8 @@ class Conv2D(FusedActivation, Layer):
 class _Pool2D(Layer):
     """Shared construction and shape logic of the pooling layers."""
 
-    def __init__(self, pool_size: IntPair = 2, strides: IntPair | None = None, padding: str = "valid",
-                 name: str | None = None) -> None:
+    def __init__(self, pool_size: IntPair = 2, strides: IntPair | None = None,
+                 padding: str = "valid", name: str | None = None) -> None:
         super().__init__(name)
         kind = type(self).__name__
         self.pool_size = _pair(pool_size, f"{kind} pool_size")
@@ -243,8 +245,8 @@ class _Pool2D(Layer):
         H, W, C = _image_shape(self, input_shape)
         (ph, pw), (sh, sw) = self.pool_size, self.strides
         if self.padding == "valid" and (ph > H or pw > W):
-            raise ValueError(f"{type(self).__name__} {self.name!r}: pool window {ph}x{pw} is larger "
-                             f"than the input {H}x{W} (padding 'valid')")
+            raise ValueError(f"{type(self).__name__} {self.name!r}: pool window {ph}x{pw} is "
+                             f"larger than the input {H}x{W} (padding 'valid')")
         if H * W * C >= 2 ** 31:
             raise ValueError(f"{type(self).__name__} {self.name!r}: images of {H}x{W}x{C} values "
                              f"are too large (the pooling kernels index a sample with int32)")

@@ -36,11 +36,13 @@ class SequenceMask(Layer):
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 2 or input_shape[-1] < 2:
-            raise ValueError(f"SequenceMask {self.name!r} takes steps of (features + 1 mask value), "
-                             f"shape (T, F + 1) with F >= 1; got per-sample shape {tuple(input_shape)}")
+            raise ValueError(f"SequenceMask {self.name!r} takes steps of (features + 1 mask "
+                             "value), shape (T, F + 1) with F >= 1; got per-sample shape "
+                             f"{tuple(input_shape)}")
         return (int(input_shape[0]), int(input_shape[1]) - 1)
 
-    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(x)
         m = x[..., -1] > 0.5
         if mask is not None:

@@ -81,8 +81,9 @@ class _Recurrent(Layer):
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 2:
             raise ValueError(
-                f"{type(self).__name__} {self.name!r} takes sequences (N, T, features); got per-sample "
-                f"shape {tuple(input_shape)} (add an Embedding for token ids, or reshape to (N, T, F))")
+                f"{type(self).__name__} {self.name!r} takes sequences (N, T, features); got "
+                f"per-sample shape {tuple(input_shape)} (add an Embedding for token ids, or "
+                "reshape to (N, T, F))")
         self.in_features = int(input_shape[1])
         self.timesteps = int(input_shape[0])
         return self._out_shape(self.timesteps)
@@ -119,11 +120,12 @@ class _Recurrent(Layer):
             self._state = None
             return
         if not self.stateful:
-            raise ValueError(f"{type(self).__name__} {self.name!r} is not stateful (stateful=False): "
-                             f"it always starts from a zero state")
+            raise ValueError(f"{type(self).__name__} {self.name!r} is not stateful "
+                             f"(stateful=False): it always starts from a zero state")
         given = (states,) if isinstance(states, np.ndarray) else tuple(states)
         if len(given) != self._n_states:
-            raise ValueError(f"{type(self).__name__} has {self._n_states} state array(s), got {len(given)}")
+            raise ValueError(f"{type(self).__name__} has {self._n_states} state array(s), got "
+                             f"{len(given)}")
         out: list[np.ndarray] = []
         for s in given:
             a = np.array(s, dtype=self.dtype, order="C", copy=True)
@@ -184,19 +186,21 @@ class _Recurrent(Layer):
         """True when this call's products run in bfloat16 (inside fit(precision="bf16"))."""
         return precision.active() and self.dtype == np.float32
 
-    def _begin_backward(self, dy: np.ndarray) -> tuple[dict[str, Any], np.ndarray, np.ndarray | None]:
+    def _begin_backward(self, dy: np.ndarray) -> tuple[dict[str, Any], np.ndarray,
+                                                       np.ndarray | None]:
         """What every backward starts with: the last forward's record, ``dy`` checked against
         the output shape (C-contiguous, the layer's dtype), and room for ``dx`` (None when the
         input gradient is not needed)."""
         f = self._fwd
         if f is None:
-            raise RuntimeError(f"{type(self).__name__} {self.name!r}: backward called before forward")
+            raise RuntimeError(f"{type(self).__name__} {self.name!r}: backward called before "
+                               "forward")
         N, T = f["N"], f["T"]
         dy = np.ascontiguousarray(dy, dtype=self.dtype)
         want = (N,) + self._out_shape(T)
         if dy.shape != want:
-            raise ValueError(f"{type(self).__name__} {self.name!r}: output gradient has shape {dy.shape}, "
-                             f"expected {want}")
+            raise ValueError(f"{type(self).__name__} {self.name!r}: output gradient has shape "
+                             f"{dy.shape}, expected {want}")
         dx = np.empty((N, T, self.in_features), dtype=self.dtype) if self.need_input_grad else None
         return f, dy, dx
 
@@ -249,11 +253,13 @@ class SimpleRNN(_Recurrent):
                          recurrent_initializer, name)
         act = canonical_name(activation)
         if act == "softmax":
-            raise ValueError("SimpleRNN activation must be tanh, relu, sigmoid or identity, not softmax")
+            raise ValueError("SimpleRNN activation must be tanh, relu, sigmoid or identity, not "
+                             "softmax")
         self.activation = act
         self._act = activation_id(act)
 
-    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray:
         x, m = self._check_input(x, mask)
         N, T, F = x.shape
         H = self.units
@@ -276,8 +282,8 @@ class SimpleRNN(_Recurrent):
         need_dx = dx is not None
         g, p = self.grads, self.params
         with threads.capped():
-            _rnn.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act, b["hs"],
-                              dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
+            _rnn.rnn_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], self._act,
+                              b["hs"], dy_seq, dh_last, b["dz"], b["dh_a"], b["dh_b"],
                               b["dxt"] if need_dx else None, dx,
                               g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"])
         return dx
@@ -338,7 +344,8 @@ class LSTM(_Recurrent):
         self.return_state = check_bool(return_state, "LSTM return_state")
         if self.return_state and self.return_sequences:
             raise ValueError("LSTM return_state=True needs return_sequences=False (a layer of a "
-                             "Sequential model has one output); read layer.states after a call instead")
+                             "Sequential model has one output); read layer.states after a call "
+                             "instead")
         self.unit_forget_bias = check_bool(unit_forget_bias, "LSTM unit_forget_bias")
 
     def _out_shape(self, T: int) -> tuple[int, ...]:
@@ -351,7 +358,8 @@ class LSTM(_Recurrent):
         if self.unit_forget_bias:
             params["bias_ih"][self.units:2 * self.units] = 1
 
-    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray:
         x, m = self._check_input(x, mask)
         N, T, F = x.shape
         H = self.units
@@ -362,8 +370,8 @@ class LSTM(_Recurrent):
         y = np.empty((N, T, H), dtype=self.dtype) if self.return_sequences else None
         p = self.params
         with threads.capped():
-            _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0, c0,
-                               m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y,
+            _lstm.lstm_forward(x, p["weight_ih"], p["weight_hh"], p["bias_ih"], p["bias_hh"], h0,
+                               c0, m, b["xt"], b["gates"], b["hs"], b["cs"], b["tcs"], y,
                                bf16=self._bf16_now())
         self._end_forward((b["hs"][T], b["cs"][T]), N, T, m)
         if y is not None:
@@ -390,8 +398,8 @@ class LSTM(_Recurrent):
         need_dx = dx is not None
         g, p = self.grads, self.params
         with threads.capped():
-            _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"], b["hs"],
-                                b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
+            _lstm.lstm_backward(b["xt"], p["weight_ih"], p["weight_hh"], f["mask"], b["gates"],
+                                b["hs"], b["cs"], b["tcs"], dy_seq, dh_last, dc_last, b["dh_a"],
                                 b["dh_b"], b["dc"], b["dxt"] if need_dx else None, dx,
                                 g["weight_ih"], g["weight_hh"], g["bias_ih"], g["bias_hh"],
                                 bf16=f["bf16"])
@@ -436,7 +444,8 @@ class GRU(_Recurrent):
 
     _gate_count = 3
 
-    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray:
         x, m = self._check_input(x, mask)
         N, T, F = x.shape
         H = self.units
@@ -523,8 +532,9 @@ class Embedding(Layer):
     def _check_ids(self, x: Any) -> np.ndarray:
         ids = np.asarray(x)
         if ids.dtype == object or ids.dtype.kind not in "biuf":
-            raise ValueError(f"Embedding {self.name!r} takes integer token ids, got dtype {ids.dtype} "
-                             f"(ragged lists? pad them with sparknet.data.pad_sequences)")
+            raise ValueError(f"Embedding {self.name!r} takes integer token ids, got dtype "
+                             f"{ids.dtype} (ragged lists? pad them with "
+                             "sparknet.data.pad_sequences)")
         if ids.ndim < 2:
             raise ValueError(f"Embedding {self.name!r} takes ids of shape (N, T), got {ids.shape}")
         if ids.dtype.kind == "f":
@@ -536,8 +546,8 @@ class Embedding(Layer):
             if lo < 0 or hi >= self.vocab:
                 bad = lo if lo < 0 else hi
                 where = tuple(int(i) for i in np.argwhere(ids == bad)[0])
-                raise ValueError(f"Embedding {self.name!r}: token id {bad} at index {where} is outside "
-                                 f"[0, {self.vocab}) (vocab={self.vocab})")
+                raise ValueError(f"Embedding {self.name!r}: token id {bad} at index {where} is "
+                                 f"outside [0, {self.vocab}) (vocab={self.vocab})")
         return ids
 
     def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:

@@ -135,7 +135,8 @@ def sequence_stats(df: DataFrame, col: str) -> dict[str, Any]:
     return row.asDict()
 
 
-def check_sequences(stats: dict[str, Any], col: str, features: int | None, what: str) -> tuple[int, int]:
+def check_sequences(stats: dict[str, Any], col: str, features: int | None,
+                    what: str) -> tuple[int, int]:
     """Turn :func:`sequence_stats` into ``(longest sequence, step length)`` or a ValueError."""
     if not stats["rows"]:
         raise ValueError(f"{what} is empty: the DataFrame has no rows")
@@ -147,8 +148,8 @@ def check_sequences(stats: dict[str, Any], col: str, features: int | None, what:
     if lo == -1:
         raise ValueError(f"{what}: sequence column {col!r} has a null step")
     if lo != hi:
-        raise ValueError(f"{what}: sequence column {col!r} has steps of different lengths ({lo} and "
-                         f"{hi}); every step must hold the same number of features")
+        raise ValueError(f"{what}: sequence column {col!r} has steps of different lengths ({lo} "
+                         f"and {hi}); every step must hold the same number of features")
     if features is not None and hi != features:
         raise ValueError(f"{what}: sequence column {col!r} has {hi} features per step, the network "
                          f"expects {features}")
@@ -178,8 +179,10 @@ def null_vector_message(df: DataFrame, features_col: str, label_col: str) -> str
             if c in df.columns and isinstance(df.schema[c].dataType, VectorUDT)]
     counts = df.agg(*[F.sum(F.col(quote(c)).isNull().cast("long")).alias(role) for c, role in cols]
                     ).collect()[0].asDict()
-    named = [f"{role} column {c!r} has {counts[role]} null rows" for c, role in cols if counts[role]]
-    return "training data: " + ("; ".join(named) or f"a Vector column of {[c for c, _ in cols]} has null "
+    named = [f"{role} column {c!r} has {counts[role]} null rows"
+             for c, role in cols if counts[role]]
+    return "training data: " + ("; ".join(named) or f"a Vector column of {[c for c, _ in cols]} "
+                                                    "has null "
                                 "rows") + " (drop or fill them, e.g. df.na.drop())"
 
 

@@ -146,8 +146,9 @@ class BatchPredictor:
         vector_out: regressor with several outputs: ``pred`` is a list, not a double.
     """
 
-    def __init__(self, key: str, bc: Broadcast[ShippedNetwork] | None, column: str, classification: bool,
-                 thresholds: list[float] | None, batch_size: int, vector_out: bool = False) -> None:
+    def __init__(self, key: str, bc: Broadcast[ShippedNetwork] | None, column: str,
+                 classification: bool, thresholds: list[float] | None, batch_size: int,
+                 vector_out: bool = False) -> None:
         self.key, self.bc, self.column = key, bc, column
         self.classification, self.thresholds = classification, thresholds
         self.batch_size, self.vector_out = int(batch_size), bool(vector_out)
@@ -176,7 +177,8 @@ class BatchPredictor:
         prob = softmax(out) if len(out) else out
         scores = prob if self.thresholds is None else _threshold_scores(prob, self.thresholds)
         pred = scores.argmax(axis=1).astype(np.float64)
-        return pa.StructArray.from_arrays([dense_vectors(raw_prediction(out)), dense_vectors(prob), pa.array(pred)],
+        return pa.StructArray.from_arrays([dense_vectors(raw_prediction(out)), dense_vectors(prob),
+                                           pa.array(pred)],
                                           names=["raw", "prob", "pred"])
 
     def _worker_model(self) -> tuple[Sequential, int]:

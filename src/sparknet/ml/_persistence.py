@@ -46,7 +46,8 @@ from sparknet.model import Sequential
 
 #: Classes this reader instantiates (metadata naming anything else is refused).
 SPARKNET_CLASSES = ("sparknet.ml.SparkNetClassifier", "sparknet.ml.SparkNetRegressor",
-                    "sparknet.ml.SparkNetClassificationModel", "sparknet.ml.SparkNetRegressionModel")
+                    "sparknet.ml.SparkNetClassificationModel",
+                    "sparknet.ml.SparkNetRegressionModel")
 FORMAT_VERSION = 1
 #: age past which the hidden temporary folder of a save is taken for a killed save's, and
 #: deleted by the next save to the same path (a save of a model takes seconds)
@@ -97,7 +98,8 @@ def describe_network(config: dict[str, Any], n_params: int | None) -> str:
         layers.append(f"{layer.get('class', '?')}({'' if size is None else size})")
     shape = config.get("input_shape")
     count = "?" if n_params is None else f"{n_params}"
-    return f"input {tuple(shape) if shape else '?'}, {' -> '.join(layers) or 'no layers'}, {count} parameters"
+    return (f"input {tuple(shape) if shape else '?'}, {' -> '.join(layers) or 'no layers'}, "
+            f"{count} parameters")
 
 
 def check_params_json(instance: Params) -> None:
@@ -135,7 +137,8 @@ class _Folder:
         parent = self.target.getParent()
         if parent is None or not self.fs.exists(parent):
             return []
-        pattern = self._jvm.org.apache.hadoop.fs.Path(parent, f".{self.target.getName()}.sparknet-{kind}-*")
+        pattern = self._jvm.org.apache.hadoop.fs.Path(parent,
+                                                      f".{self.target.getName()}.sparknet-{kind}-*")
         now_ms = time.time() * 1000.0
         found = self.fs.globStatus(pattern) or []
         return [st.getPath().toString() for st in found
@@ -220,8 +223,8 @@ class SparkNetWriter(MLWriter):
         folder = _Folder(self.sparkSession, path)
         folder.remove_stale()
         if folder.exists(folder.target) and not self.shouldOverwrite:
-            raise ValueError(f"cannot save to {path!r}: it already exists; use write().overwrite().save(path) "
-                             f"to replace it")
+            raise ValueError(f"cannot save to {path!r}: it already exists; use "
+                             f"write().overwrite().save(path) to replace it")
         tmp = folder.sibling("tmp")
         try:
             self.saveImpl(tmp.toString())
@@ -230,9 +233,10 @@ class SparkNetWriter(MLWriter):
             folder.delete(tmp)
             if isinstance(exc, (ValueError, TypeError)) or not isinstance(exc, Exception):
                 raise
-            kept = "the folder there is unchanged" if folder.exists(folder.target) else "nothing was left there"
-            raise OSError(f"cannot save {type(self.instance).__name__} to {path!r}: {_first_line(exc)} "
-                          f"({kept})") from exc
+            kept = ("the folder there is unchanged" if folder.exists(folder.target)
+                    else "nothing was left there")
+            raise OSError(f"cannot save {type(self.instance).__name__} to {path!r}: "
+                          f"{_first_line(exc)} ({kept})") from exc
 
     def saveImpl(self, path: str) -> None:
         inst = self.instance
@@ -241,7 +245,8 @@ class SparkNetWriter(MLWriter):
         blob = b""
         if network is not None:
             blob = network_to_bytes(network)
-            extra.update(numParams=int(network.n_params), networkSha256=hashlib.sha256(blob).hexdigest(),
+            extra.update(numParams=int(network.n_params),
+                         networkSha256=hashlib.sha256(blob).hexdigest(),
                          architecture=network.get_config())
         history = getattr(inst, "_history", None)
         if history is not None:  # the per-epoch metrics: a few values an epoch
@@ -264,9 +269,9 @@ class SparkNetReader(MLReader[_S]):
 
     def load(self, path: str) -> _S:
         if str(path).endswith(".npz") and os.path.isfile(path):
-            raise ValueError(f"{path!r} is a sparknet model file (.npz), not a saved Spark ML stage: "
-                             f"load it with sparknet.load_model({path!r}), or wrap a network in a Model "
-                             f"by fitting an Estimator")
+            raise ValueError(f"{path!r} is a sparknet model file (.npz), not a saved Spark ML "
+                             f"stage: load it with sparknet.load_model({path!r}), or wrap a "
+                             f"network in a Model by fitting an Estimator")
         try:
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
@@ -275,17 +280,20 @@ class SparkNetReader(MLReader[_S]):
                 folder = _Folder(self.sparkSession, path)
                 old = folder.leftovers("old")
                 if old:  # killed between moving the old folder aside and renaming the new one in
-                    hint = f"; an overwrite of it was interrupted, its previous version is at {old[-1]}"
+                    hint = ("; an overwrite of it was interrupted, its previous version is at "
+                            f"{old[-1]}")
                 if folder.exists(folder.target):  # there, but unreadable: damaged
                     error = CheckpointError
             raise error(f"{path!r} holds no readable saved stage (its metadata/ folder "
                         f"{os.path.join(path, 'metadata')!r}: {_first_line(exc)}){hint}") from None
         if not isinstance(metadata, dict):
-            raise CheckpointError(f"{os.path.join(path, 'metadata')!r} is damaged: not a JSON object")
+            raise CheckpointError(f"{os.path.join(path, 'metadata')!r} is damaged: not a JSON "
+                                  "object")
         name = metadata.get("class")
         want = class_name(self.cls)
         if name not in SPARKNET_CLASSES:
-            raise ValueError(f"{path!r} holds a {name!r}, not a sparknet ML stage; refusing to load it")
+            raise ValueError(f"{path!r} holds a {name!r}, not a sparknet ML stage; refusing to "
+                             "load it")
         if name != want:
             raise ValueError(f"{path!r} holds a {name}; load it with {name.rsplit('.', 1)[1]}.load")
         version = metadata.get("sparknet_format")
@@ -302,7 +310,8 @@ class SparkNetReader(MLReader[_S]):
 
             try:
                 instance._history = History.from_json(json.dumps(metadata["history"]),
-                                                      f"{path!r}: the training history in its metadata")
+                                                      f"{path!r}: the training history in its "
+                                                      "metadata")
             except ValueError as exc:
                 raise CheckpointError(str(exc)) from None
         return instance
@@ -311,26 +320,29 @@ class SparkNetReader(MLReader[_S]):
         """The stored network, checked against what the metadata says was saved."""
         try:
             # through Arrow (not collect(), whose rows travel as pickles)
-            table = self.sparkSession.read.parquet(os.path.join(path, "data")).select("model").toArrow()
+            table = self.sparkSession.read.parquet(os.path.join(path,
+                                                                "data")).select("model").toArrow()
         except Exception as exc:  # a Py4J/Analysis error: missing, truncated or foreign Parquet
             raise CheckpointError(f"{path!r}: its stored network (data/) cannot be read: "
                                   f"{_first_line(exc)}") from None
         if table.num_rows != 1:
-            raise CheckpointError(f"{path!r}: expected one stored network in data/, found {table.num_rows}")
+            raise CheckpointError(f"{path!r}: expected one stored network in data/, found "
+                                  f"{table.num_rows}")
         blob = table.column(0)[0].as_py()
         network = network_from_bytes(blob, f"{path!r}: its stored network (data/)")
         saved = metadata.get("architecture")
         want_n = metadata.get("numParams")
         if (want_n is not None and int(want_n) != network.n_params) or \
                 (saved is not None and _layout(network.get_config()) != _layout(saved)):
-            raise CheckpointError(f"{path!r}: the weights in data/ belong to another network: the metadata "
-                                  f"describes {describe_network(saved, want_n) if saved else f'{want_n} parameters'}, "
-                                  f"data/ holds "
+            described = describe_network(saved, want_n) if saved else f"{want_n} parameters"
+            raise CheckpointError(f"{path!r}: the weights in data/ belong to another network: the "
+                                  f"metadata describes {described}, data/ holds "
                                   f"{describe_network(network.get_config(), network.n_params)}")
         digest = metadata.get("networkSha256")
         if digest is not None and hashlib.sha256(blob).hexdigest() != digest:
-            raise CheckpointError(f"{path!r}: the weights in data/ are not the ones saved with its metadata "
-                                  f"(SHA-256 differs; same architecture, other or altered values)")
+            raise CheckpointError(f"{path!r}: the weights in data/ are not the ones saved with its "
+                                  "metadata (SHA-256 differs; same architecture, other or altered "
+                                  "values)")
         return network
 
 
@@ -340,7 +352,8 @@ def _epoch_metrics(history: Any) -> Any:
     from sparknet.history import History
 
     plain = History()
-    plain.epoch, plain.history = list(history.epoch), {k: list(v) for k, v in history.history.items()}
+    plain.epoch, plain.history = list(history.epoch), {k: list(v)
+                                                       for k, v in history.history.items()}
     return plain
 
 
@@ -352,7 +365,8 @@ def _layout(config: dict[str, Any]) -> Any:
 def _first_line(exc: BaseException) -> str:
     """The first meaningful line of an error (a Py4J error's Java message, not its trace)."""
     text = str(exc).strip()
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("at ")]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()
+             and not ln.strip().startswith("at ")]
     java = [ln for ln in lines if "Exception:" in ln or "Error:" in ln or ln.startswith("[")]
     line = (java or lines or [type(exc).__name__])[0]
     return line if len(line) <= 300 else line[:297] + "..."

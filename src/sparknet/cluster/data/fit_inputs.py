@@ -37,11 +37,13 @@ def split_validation(validation_data: Any) -> tuple[Any, Any]:
         return validation_data, None
     if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
         return validation_data[0], validation_data[1]
-    raise ValueError("validation_data must be a DataFrame, an RDD of (x, y) pairs or a tuple (X_val, y_val)")
+    raise ValueError("validation_data must be a DataFrame, an RDD of (x, y) pairs or a tuple "
+                     "(X_val, y_val)")
 
 
-def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str], classification: bool,
-         num_partitions: int | None, what: str, name: str, reuse: bool = True) -> ShardedData:
+def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str],
+         classification: bool, num_partitions: int | None, what: str, name: str,
+         reuse: bool = True) -> ShardedData:
     """``data`` on the executors, checked; builds the model from the data's feature
     length when it is not built yet."""
     model = trainer.model
@@ -56,14 +58,16 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
         if not model.built:
             model.build((d.dim,))
         if classification:
-            check_label_range(d.resident.infos, n_outputs(model), what, label_desc(d.source, label_col))
+            check_label_range(d.resident.infos, n_outputs(model), what,
+                              label_desc(d.source, label_col))
     except BaseException:
         d.close()
         raise
     return d
 
 
-def _partitions(trainer: "DataParallelTrainer", data: Any, num_partitions: int | None) -> int | None:
+def _partitions(trainer: "DataParallelTrainer", data: Any,
+                num_partitions: int | None) -> int | None:
     """The training shards' count, known before they are built."""
     if num_partitions is not None:
         return int(num_partitions)
@@ -95,7 +99,8 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
         t0 = time.perf_counter()
         try:
             engine.describe("sparknet: loading validation data onto the executors")
-            side["val"] = load(trainer, vdata, vy, cols, classification, n, "validation data", f"val-{key}", reuse)
+            side["val"] = load(trainer, vdata, vy, cols, classification, n, "validation data",
+                               f"val-{key}", reuse)
         except BaseException as exc:  # re-raised by the fit's thread
             side["error"] = exc
         side["seconds"] = time.perf_counter() - t0

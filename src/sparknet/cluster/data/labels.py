@@ -17,7 +17,8 @@ def label_range(infos: list[ShardInfo]) -> tuple[float, float] | None:
 
 
 def label_desc(source: str, label_col: str) -> str:
-    return {"dataframe": f"label column {label_col!r}", "rdd": "y of the (x, y) pairs"}.get(source, "y")
+    return {"dataframe": f"label column {label_col!r}",
+            "rdd": "y of the (x, y) pairs"}.get(source, "y")
 
 
 def check_label_range(infos: list[ShardInfo], n_classes: int, what: str, ldesc: str) -> None:

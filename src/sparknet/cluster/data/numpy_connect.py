@@ -26,8 +26,8 @@ class _NumpyChunks:
             raise RuntimeError(f"partition {index} received no rows of numpy input")
         pieces = {p for p, _, _ in chunks}
         if pieces != {index}:
-            raise RuntimeError(f"numpy input: partition {index} received piece(s) {sorted(pieces)}, "
-                               f"expected piece {index} alone")
+            raise RuntimeError(f"numpy input: partition {index} received piece(s) "
+                               f"{sorted(pieces)}, expected piece {index} alone")
         parts = [pickle.loads(blob) for _, _, blob in sorted(chunks, key=lambda c: c[1])]
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
@@ -35,8 +35,8 @@ class _NumpyChunks:
                                              x_dim=int(x.shape[1]) if x.shape[0] else 0)
 
 
-def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
-               name: str) -> ConnectResident:
+def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None,
+               seed: int, name: str) -> ConnectResident:
     """The resident shards of checked numpy input under Connect: the same split as on
     Classic (:func:`~sparknet.cluster.data.numpy_input.split_indices`), piece ``i`` in
     partition ``i``.  Every piece is cut into the same number of chunks (at most
@@ -49,7 +49,8 @@ def from_numpy(engine: ConnectEngine, X: np.ndarray, Y: np.ndarray, num_partitio
     rows = []
     for p, idx in enumerate(index):
         for c, sub in enumerate(np.array_split(idx, n_chunks)):
-            rows.append((p, c, pickle.dumps((np.ascontiguousarray(X[sub]), np.ascontiguousarray(Y[sub])),
+            rows.append((p, c, pickle.dumps((np.ascontiguousarray(X[sub]),
+                                             np.ascontiguousarray(Y[sub])),
                                             protocol=pickle.HIGHEST_PROTOCOL)))
     df = engine.spark.createDataFrame(rows, "piece int, chunk int, blob binary").repartitionByRange(
         parts, "piece")

@@ -47,7 +47,8 @@ def check_numpy(data: Any, y: Any, dtype: str, classification: bool, n_classes: 
     """Numpy input checked on the driver: ``(X flattened per row, labels or targets)``."""
     refuse_pandas(data, what)
     if y is None:
-        raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, y))")
+        raise ValueError(f"{what}: numpy input needs labels y (or pass a DataFrame / an RDD of (x, "
+                         "y))")
     xname, yname = ("X", "y") if what == "training data" else ("X_val", "y_val")
     X = check_array(data, name=xname, dtype=dtype)
     if classification:
@@ -57,8 +58,9 @@ def check_numpy(data: Any, y: Any, dtype: str, classification: bool, n_classes: 
         if Y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} samples but {yname} has {Y.shape[0]}")
     if sample_shape is not None and int(np.prod(X.shape[1:])) != int(np.prod(sample_shape)):
-        raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the model "
-                         f"expects {int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
+        raise ValueError(f"{what}: {xname} has {int(np.prod(X.shape[1:]))} values per row, the "
+                         f"model expects {int(np.prod(sample_shape))} (input_shape "
+                         f"{tuple(sample_shape)})")
     return X.reshape(X.shape[0], -1), Y
 
 
@@ -75,7 +77,8 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
-def check_driver_memory(sc: SparkContext, piece_bytes: list[int], what: str = "training data") -> None:
+def check_driver_memory(sc: SparkContext, piece_bytes: list[int],
+                        what: str = "training data") -> None:
     """Raise :class:`DriverMemoryError` unless the driver JVM has free heap for the
     largest piece twice (its serialised form and its blocks) plus :data:`HEAP_MARGIN`.
 
@@ -89,12 +92,13 @@ def check_driver_memory(sc: SparkContext, piece_bytes: list[int], what: str = "t
         return
     setting = sc.getConf().get("spark.driver.memory", "1g (Spark's default)")
     raise DriverMemoryError(
-        f"numpy {what}: the largest of its {len(piece_bytes)} pieces is {_mib(largest)} and goes to the "
-        f"executors through the driver JVM, which needs about {_mib(need)} of free heap for it but has "
-        f"{_mib(free)} free of {_mib(most)} (spark.driver.memory={setting}). Give the driver more memory "
-        f"(spark.driver.memory, set before its JVM starts: get_spark(conf={{'spark.driver.memory': '4g'}}) "
-        f"or pyspark --driver-memory 4g), cut the data into more pieces (num_partitions), or pass a "
-        f"DataFrame or an RDD of (x, y) pairs, which the executors read themselves")
+        f"numpy {what}: the largest of its {len(piece_bytes)} pieces is {_mib(largest)} and goes "
+        f"to the executors through the driver JVM, which needs about {_mib(need)} of free heap for "
+        f"it but has {_mib(free)} free of {_mib(most)} (spark.driver.memory={setting}). Give the "
+        "driver more memory (spark.driver.memory, set before its JVM starts: "
+        f"get_spark(conf={{'spark.driver.memory': '4g'}}) or pyspark --driver-memory 4g), cut the "
+        "data into more pieces (num_partitions), or pass a DataFrame or an RDD of (x, y) pairs, "
+        "which the executors read themselves")
 
 
 class _Piece:
@@ -121,8 +125,8 @@ class _NumpyBuild:
                                              x_dim=int(x.shape[1]) if x.shape[0] else 0)
 
 
-def from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: int | None, seed: int,
-               name: str, what: str = "training data") -> Resident:
+def from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: int | None,
+               seed: int, name: str, what: str = "training data") -> Resident:
     """The resident shards of checked numpy input (see the module docstring).
 
     Raises:
@@ -137,7 +141,8 @@ def from_numpy(sc: SparkContext, X: np.ndarray, Y: np.ndarray, num_partitions: i
     broadcasts: list[Broadcast] = []
     try:
         for i in index:
-            broadcasts.append(sc.broadcast((np.ascontiguousarray(X[i]), np.ascontiguousarray(Y[i]))))
+            broadcasts.append(sc.broadcast((np.ascontiguousarray(X[i]),
+                                            np.ascontiguousarray(Y[i]))))
         source = sc.union([sc.parallelize([0], 1).mapPartitions(_Piece(bc)) for bc in broadcasts])
         res = Resident(source, _NumpyBuild(), name=name, on_lost="rebuild")
     except BaseException:

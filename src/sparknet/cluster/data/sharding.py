@@ -95,7 +95,8 @@ def _list_column(col: Any, what: str, found: dict[str, Any]) -> np.ndarray:
             pa.types.is_fixed_size_list(col.type):
         n = len(col)
         if col.null_count:
-            found[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            nulls = col.is_null().to_numpy(zero_copy_only=False)
+            found[f"{what}_null"] = int(np.flatnonzero(nulls)[0])
             return np.zeros((n, 0))
         if pa.types.is_fixed_size_list(col.type):
             lengths = np.full(n, col.type.list_size)
@@ -109,7 +110,8 @@ def _list_column(col: Any, what: str, found: dict[str, Any]) -> np.ndarray:
             return np.zeros((n, 0))
         d = int(lengths[0]) if n else 0
         found[f"{what}_dim"] = d
-        return np.asarray(vals, dtype=np.float64 if vals.dtype.kind != "f" else vals.dtype).reshape(n, d)
+        return np.asarray(vals, dtype=np.float64 if vals.dtype.kind != "f"
+                          else vals.dtype).reshape(n, d)
     if col.null_count:
         found[f"{what}_null"] = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
     return col.to_numpy(zero_copy_only=False).astype(np.float64)
@@ -127,7 +129,8 @@ class _ArrowBuild:
         batches = list(batches)
         found: dict[str, Any] = {}
         if not batches or sum(b.num_rows for b in batches) == 0:
-            return no_rows(self.dtype, np.int64 if self.classification else self.dtype), ShardReport()
+            return no_rows(self.dtype, np.int64 if self.classification
+                           else self.dtype), ShardReport()
         table = pa.Table.from_batches(batches)
         x = _list_column(table.column(0), "x", found)
         y = _list_column(table.column(1), "y", found)
@@ -160,7 +163,8 @@ class _PairsBuild:
         if len(shapes) > 1:
             sizes = sorted(int(np.prod(s)) for s in shapes)
             first = next(k for k, a in enumerate(xs) if a.shape != xs[0].shape)
-            return no_rows(self.dtype), ShardReport(rows=len(xs), x_lengths=(sizes[0], sizes[-1], first))
+            return no_rows(self.dtype), ShardReport(rows=len(xs),
+                                                    x_lengths=(sizes[0], sizes[-1], first))
         if xs[0].dtype.kind not in "biuf" or np.asarray(ys).dtype.kind not in "biuf":
             bad = f"{xs[0].dtype} / {np.asarray(ys).dtype}"
             return no_rows(self.dtype), ShardReport(rows=len(xs), dtype_bad=bad)
@@ -172,14 +176,16 @@ class _PairsBuild:
 def resident_from_numpy(engine: Engine, X: np.ndarray, Y: np.ndarray, num_partitions: int | None,
                         seed: int, name: str, what: str) -> Any:
     """The resident shards of checked numpy input on ``engine``'s cluster, split by
-    :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``): one broadcast a piece on
-    Classic, rows of pickled chunks under Connect
+    :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``): one
+    broadcast a piece on Classic, rows of pickled chunks under Connect
     (:mod:`sparknet.cluster.data.numpy_connect`)."""
     if engine.kind == "connect":
         from sparknet.cluster.data.numpy_connect import from_numpy as connect_from_numpy
 
-        return connect_from_numpy(engine, X, Y, num_partitions, seed, name)  # type: ignore[arg-type]
-    return from_numpy(engine.sc, X, Y, num_partitions, seed, name, what)  # type: ignore[attr-defined]
+        return connect_from_numpy(engine,  # type: ignore[arg-type]
+                                  X, Y, num_partitions, seed, name)
+    return from_numpy(engine.sc,  # type: ignore[attr-defined]
+                      X, Y, num_partitions, seed, name, what)
 
 
 # ------------------------------------------------------------------------- driver side
@@ -316,7 +322,8 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         hit = _REUSE.take(key, classic)
         if hit is not None:
             try:
-                hit.dim = _check_meta(hit.resident, what, hit.source, *_names(hit.source, features_col, label_col),
+                hit.dim = _check_meta(hit.resident, what, hit.source,
+                                      *_names(hit.source, features_col, label_col),
                                       classification, n_classes, sample_shape)
             except ValueError:
                 hit.close()
@@ -326,7 +333,8 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
     if _is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
-        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions, name, engine)
+        res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions,
+                              name, engine)
         source = "dataframe"
     elif _is_rdd(data):
         if y is not None:
@@ -339,8 +347,8 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         source = "numpy"
     t_built = time.perf_counter()
     try:
-        dim = _check_meta(res, what, source, *_names(source, features_col, label_col), classification,
-                          n_classes, sample_shape)
+        dim = _check_meta(res, what, source, *_names(source, features_col, label_col),
+                          classification, n_classes, sample_shape)
     except ValueError:
         res.close()
         raise
@@ -369,12 +377,14 @@ def _job_phases(res: Resident, plan: float) -> dict[str, float]:
     phases = {"plan (driver)": max(plan, 0.0), "worker start, imports": job.get("start", 0.0) - jvm}
     if jvm:
         phases["convert in the JVM"] = jvm
-    return {**phases, "convert to numpy": job.get("build", 0.0) - check, "checks (executors)": check,
-            "spill": job.get("spill", 0.0), "shard job: scheduling, results": job["rest"]}
+    return {**phases, "convert to numpy": job.get("build", 0.0) - check,
+            "checks (executors)": check, "spill": job.get("spill", 0.0),
+            "shard job: scheduling, results": job["rest"]}
 
 
-def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str, classification: bool,
-                    num_partitions: int | None, name: str, engine: "Engine") -> Resident:
+def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: str,
+                    classification: bool, num_partitions: int | None, name: str,
+                    engine: "Engine") -> Resident:
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
@@ -382,8 +392,10 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
                           "pip install 'sparknet[arrow]'") from exc
     df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
     # (the select is narrow: ``data``'s partitions, whose ``rdd`` a fit has usually built already)
-    if num_partitions is not None and (engine.kind != "classic" or data.rdd.getNumPartitions() != num_partitions):
-        df = df.repartition(int(num_partitions))  # (a Connect DataFrame's partitions are not known before it runs)
+    if num_partitions is not None and (engine.kind != "classic"
+                                       or data.rdd.getNumPartitions() != num_partitions):
+        # (a Connect DataFrame's partitions are not known before it runs)
+        df = df.repartition(int(num_partitions))
     if kind is not None and engine.kind == "classic":
         from sparknet.cluster.data.packed_rows import PackedBuild, packed_columns
 
@@ -392,10 +404,12 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
             return Resident.from_dataframe(packed, PackedBuild(classification, dtype), name=name,
                                            on_lost="rebuild")
     df = df.select(_arrow_features(df.schema.fields[0].dataType, dtype, df), "y")
-    return engine.resident_from_dataframe(df, _ArrowBuild(classification, dtype), name, "rebuild", None)
+    return engine.resident_from_dataframe(df, _ArrowBuild(classification, dtype), name, "rebuild",
+                                          None)
 
 
-def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | None, name: str) -> Resident:
+def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | None,
+              name: str) -> Resident:
     if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
         rdd = rdd.repartition(int(num_partitions))
     return Resident(rdd, _PairsBuild(classification, dtype), name=name, on_lost="rebuild")
@@ -404,16 +418,20 @@ def _from_rdd(rdd: RDD, dtype: str, classification: bool, num_partitions: int | 
 def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, classification: bool,
                 n_classes: int | None, sample_shape: tuple | None) -> int:
     infos = res.infos
-    fdesc = f"features column {fcol!r}" if source == "dataframe" else ("x of the (x, y) pairs" if source == "rdd" else fcol)
-    ldesc = f"label column {lcol!r}" if source == "dataframe" else ("y of the (x, y) pairs" if source == "rdd" else lcol)
+    fdesc = (f"features column {fcol!r}" if source == "dataframe"
+             else ("x of the (x, y) pairs" if source == "rdd" else fcol))
+    ldesc = (f"label column {lcol!r}" if source == "dataframe"
+             else ("y of the (x, y) pairs" if source == "rdd" else lcol))
     where = lambda info, r: f"partition {info.index}, row {r}"  # noqa: E731
     reports = [report_of(i) for i in infos]
     for info, m in zip(infos, reports):
         if m.pair_bad is not None:
             k, t = m.pair_bad
-            raise ValueError(f"{what}: the RDD must hold (x, y) pairs; found a {t} ({where(info, k)})")
+            raise ValueError(f"{what}: the RDD must hold (x, y) pairs; found a {t} "
+                             f"({where(info, k)})")
         if m.dtype_bad is not None:
-            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes {m.dtype_bad}")
+            raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes "
+                             f"{m.dtype_bad}")
         if m.x_null is not None:
             raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m.x_null)})")
         if m.x_lengths is not None:
@@ -471,11 +489,13 @@ def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col
             cached = manager.lookupCachedData(data._jdf)
             if cached.isEmpty():
                 return None
-            rdd_id = int(cached.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers().id())
-            return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype, classification,
-                    num_partitions)
+            buffers = cached.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers()
+            rdd_id = int(buffers.id())
+            return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype,
+                    classification, num_partitions)
         if y is None and _is_rdd(data) and data.is_cached:
-            return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification, num_partitions)
+            return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification,
+                    num_partitions)
     except Exception as exc:  # internals of another Spark version: no reuse
         log.debug("shards not reusable: %s", exc)
     return None
@@ -508,7 +528,8 @@ class _ShardCache:
                 return False
             self._entries[key] = d
             self._busy.add(key)
-            old = [k for k in self._entries if k not in self._busy][:max(0, len(self._entries) - MAX_REUSED)]
+            old = [k for k in self._entries
+                   if k not in self._busy][:max(0, len(self._entries) - MAX_REUSED)]
             evicted = [self._entries.pop(k) for k in old]
         for e in evicted:
             e.resident.close()
@@ -537,7 +558,8 @@ class _ShardCache:
     def release(self, keys: Iterable[tuple] | None = None) -> int:
         """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
         with self._lock:
-            chosen = list(self._entries) if keys is None else [k for k in keys if k in self._entries]
+            chosen = list(self._entries) if keys is None else [k
+                                                               for k in keys if k in self._entries]
             dropped = [self._entries.pop(k) for k in chosen]
         for d in (d for d in dropped if d.cache_key not in self._busy):
             d.resident.close()

@@ -12,8 +12,8 @@ longer wait for each other:
   tasks return at once: :meth:`ConnectResident.run_partition
   <sparknet.cluster.engine.connect.ConnectResident.run_partition>`),
   each submitted from its own driver thread (:class:`pyspark.InheritableThread`, one
-  Spark job group per partition, a session tag under Connect), so Spark itself runs them concurrently; there is no
-  HTTP or socket server of ours, only Spark's task results and broadcasts;
+  Spark job group per partition, a session tag under Connect), so Spark itself runs them
+  concurrently; there is no HTTP or socket server of ours, only Spark's task results and broadcasts;
 * a job starts from the **freshest parameters** (a ``Broadcast`` of the server's
   parameters at launch, shared by the jobs launched at the same version);
 * when a job's delta arrives, the driver **applies it at once**
@@ -171,14 +171,15 @@ class AsyncOptions:
     coalesce: float = 0.15
 
 
-def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None, stale: str = "reject",
-             on_update: Callable[[dict], Any] | None = None,
+def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None,
+             stale: str = "reject", on_update: Callable[[dict], Any] | None = None,
              delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
     if max_staleness is not None and (isinstance(max_staleness, bool) or
                                       not isinstance(max_staleness, (int, np.integer)) or
                                       max_staleness < 0):
-        raise ValueError(f"max_staleness must be a non-negative integer or None, got {max_staleness!r}")
+        raise ValueError("max_staleness must be a non-negative integer or None, got "
+                         f"{max_staleness!r}")
     if stale not in _STALE:
         raise ValueError(f"stale must be 'reject' or 'downweight', got {stale!r}")
     if on_update is not None and not callable(on_update):
@@ -195,7 +196,8 @@ def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None, 
     if trainer.sync != "average":
         raise ValueError(f"mode='async' runs local steps then pushes deltas; it needs "
                          f"sync='average', got sync={trainer.sync!r}")
-    return AsyncOptions(None if max_staleness is None else int(max_staleness), stale, on_update, w, c)
+    return AsyncOptions(None if max_staleness is None else int(max_staleness), stale, on_update, w,
+                        c)
 
 
 # ---------------------------------------------------------------------- driver side
@@ -219,7 +221,8 @@ class _AsyncRun:
         self.group = f"sparknet-async-{uuid.uuid4().hex[:8]}"
         self.version, self.dispatched = 0, 0  # updates applied so far, rows handed out (all epochs)
         self.cursor = {p: [0, 0] for p in range(self.P)}  # partition -> [pass, chunk]
-        self.est: dict[int, float | None] = dict.fromkeys(range(self.P))  # EMA of a round's wall seconds
+        # EMA of a round's wall seconds
+        self.est: dict[int, float | None] = dict.fromkeys(range(self.P))
         self._bcs: dict[int, list] = {}                  # version -> [broadcast, refs]
         self.rebuilds = 0
         self.layer_states = layer_state.LatestStates()  # each partition's newest running statistics
@@ -281,10 +284,11 @@ class _AsyncRun:
         for w in st.workers:
             limit = self._timeout(w) if w.busy is not None else None
             if w.busy is not None and limit is not None and now - w.busy.started > limit:
-                raise RoundTimeout(f"asynchronous round of partition {w.index} (pass {w.busy.epoch + 1}, "
-                                   f"chunk {w.busy.chunk + 1}/{self.rounds}) ran past round_timeout="
-                                   f"{limit:.0f} s; its jobs were cancelled. Set DataParallelTrainer("
-                                   f"round_timeout=...) to seconds, or None to wait forever")
+                raise RoundTimeout(f"asynchronous round of partition {w.index} (pass "
+                                   f"{w.busy.epoch + 1}, chunk {w.busy.chunk + 1}/{self.rounds}) "
+                                   f"ran past round_timeout={limit:.0f} s; its jobs were "
+                                   "cancelled. Set DataParallelTrainer(round_timeout=...) to "
+                                   "seconds, or None to wait forever")
 
     # -- scheduling -------------------------------------------------------
     def _chunk_rows(self, p: int, chunk: int) -> int:
@@ -314,7 +318,8 @@ class _AsyncRun:
         # past the epoch's budget: one more round only if it should end before the
         # rounds still in flight (its rows count against the next epoch)
         now = time.perf_counter()
-        ends = [x.busy.started + (self.est[x.index] or 0.0) for x in st.workers if x.busy is not None]
+        ends = [x.busy.started + (self.est[x.index] or 0.0)
+                for x in st.workers if x.busy is not None]
         mine = self.est[w.index]
         return bool(ends) and mine is not None and now + mine <= max(ends)
 
@@ -342,8 +347,8 @@ class _AsyncRun:
             self._serve(st)
         except KeyboardInterrupt:
             n = self._cancel(st.workers)
-            log.warning("sparknet async: interrupted; cancelled %d outstanding job(s); the model is "
-                        "as of update %d", n, self.version)
+            log.warning("sparknet async: interrupted; cancelled %d outstanding job(s); the model "
+                        "is as of update %d", n, self.version)
             st.log.stop = True
         except BaseException as exc:
             failure = exc
@@ -361,7 +366,8 @@ class _AsyncRun:
         while st.busy():
             wait = 0.25
             if st.held:
-                wait = max(0.0, min(min(d for d, _ in st.held.values()) - time.perf_counter(), wait))
+                wait = max(0.0, min(min(d for d, _ in st.held.values()) - time.perf_counter(),
+                                    wait))
             try:
                 p, job, out, exc = self.results.get(timeout=wait)
             except queue.Empty:
@@ -407,7 +413,8 @@ class _AsyncRun:
             self.opts.on_update(dict(rec))
         self._callbacks(st, p, job, rec)
         state = self.ctx.state
-        round_hook(RoundEnd(st.epoch, st.log.rounds - 1, 0, (state.rounds_done if state else 0) + st.log.rounds))
+        round_hook(RoundEnd(st.epoch, st.log.rounds - 1, 0, (state.rounds_done if state else 0)
+                            + st.log.rounds))
         if hold > 0:
             st.held[p] = (time.perf_counter() + hold, rec)
         else:
@@ -416,7 +423,8 @@ class _AsyncRun:
         if bar is not None:
             bar.update(1)
             w_sum = max(st.log.stats[1], 1e-12)
-            bar.set_postfix({"loss": f"{st.log.stats[0] / w_sum:.4f}", "stale": staleness}, refresh=False)
+            bar.set_postfix({"loss": f"{st.log.stats[0] / w_sum:.4f}", "stale": staleness},
+                            refresh=False)
 
     def _callbacks(self, st: _Epoch, p: int, job: Launch, rec: dict) -> None:
         """The fit's callbacks hear of the update; the rates its local steps ran at are recorded."""
@@ -424,8 +432,8 @@ class _AsyncRun:
         if cbl is None:
             return
         if schedule is not None:
-            cbl.record_steps(chunk_lrs(schedule, self.rows[p], self.ctx.batch_size, job.epoch, job.chunk,
-                                       self.rounds), partition=p)
+            cbl.record_steps(chunk_lrs(schedule, self.rows[p], self.ctx.batch_size, job.epoch,
+                                       job.chunk, self.rounds), partition=p)
         cbl.on_round_end(st.log.rounds - 1, {k: float(v) for k, v in rec.items()})
 
     def _weigh(self, st: _Epoch, staleness: int) -> tuple[float, bool]:
@@ -447,7 +455,8 @@ class _AsyncRun:
         st.log.stats += res.stats
         st.log.compute += max(res.times) if res.times else 0.0
         rows = int(res.stat("samples"))
-        loss = res.stat("loss_sum") / res.stat("weight_sum") if res.stat("weight_sum") > 0 else float("nan")
+        weight = res.stat("weight_sum")
+        loss = res.stat("loss_sum") / weight if weight > 0 else float("nan")
         where = {"lr": self.trainer.optimizer.lr, "epoch": st.epoch + 1, "round": st.log.rounds + 1,
                  "partition": p}
         guards.check_result(res, "delta", **where)

@@ -72,7 +72,8 @@ class _Epoch:
     rejected: int = 0
     downweighted: int = 0
     staleness: list[int] = field(default_factory=list)       # of the applied deltas
-    held: dict[int, tuple[float, dict]] = field(default_factory=dict)  # partition -> (deadline, record)
+    # partition -> (deadline, record)
+    held: dict[int, tuple[float, dict]] = field(default_factory=dict)
 
     def busy(self) -> bool:
         return bool(self.held) or any(w.busy is not None for w in self.workers)
@@ -103,8 +104,9 @@ class PartitionThread:
             if job is None:
                 return
             try:
-                task = make_task(run.ctx.spec, job.bc, TaskKind.AVERAGE, epoch=job.epoch, rnd=job.chunk,
-                                 rounds=run.rounds, lr=job.lr, schedule=run.ctx.schedule)
+                task = make_task(run.ctx.spec, job.bc, TaskKind.AVERAGE, epoch=job.epoch,
+                                 rnd=job.chunk, rounds=run.rounds, lr=job.lr,
+                                 schedule=run.ctx.schedule)
                 engine.describe(f"sparknet async: partition {self.index} pass {job.epoch + 1} "
                                 f"chunk {job.chunk + 1}/{run.rounds} at version {job.version}")
                 out = run.resident.run_partition(task, self.index)

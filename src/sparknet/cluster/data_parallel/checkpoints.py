@@ -94,8 +94,8 @@ log = logging.getLogger(__name__)
 #: Kind of the checkpoints a data-parallel fit writes (their ``meta["kind"]``).
 KIND = "sparknet-data-parallel"
 # ------------------------------------------------------------------ arguments
-def configure(trainer: DataParallelTrainer, checkpoint_dir: Any, checkpoint_every: Any, checkpoint_keep: Any,
-              round_timeout: Any) -> None:
+def configure(trainer: DataParallelTrainer, checkpoint_dir: Any, checkpoint_every: Any,
+              checkpoint_keep: Any, round_timeout: Any) -> None:
     """Validate the trainer's checkpoint and timeout arguments and set them on it."""
     from sparknet._validation import positive_int
 
@@ -111,10 +111,12 @@ def configure(trainer: DataParallelTrainer, checkpoint_dir: Any, checkpoint_ever
 def open_store(trainer: DataParallelTrainer, resume: bool) -> CheckpointStore | None:
     """The checkpoint store of a fit (``None`` without ``checkpoint_dir``)."""
     if resume and trainer.checkpoint_dir is None:
-        raise ValueError("fit(resume=True) needs the trainer's checkpoint_dir: the folder to resume from")
+        raise ValueError("fit(resume=True) needs the trainer's checkpoint_dir: the folder to "
+                         "resume from")
     if trainer.checkpoint_dir is None:
         return None
-    return CheckpointStore(trainer.checkpoint_dir, keep=trainer.checkpoint_keep, spark=trainer.spark)
+    return CheckpointStore(trainer.checkpoint_dir, keep=trainer.checkpoint_keep,
+                           spark=trainer.spark)
 
 
 @dataclass(frozen=True)
@@ -142,8 +144,8 @@ class CheckpointEvery:
             m = re.fullmatch(r"(\d+(?:\.\d*)?)\s*s", s)
             if m and float(m.group(1)) > 0:
                 return cls("seconds", float(m.group(1)))
-        raise ValueError(f"checkpoint_every must be 'epoch', a positive int (rounds), 'N epochs' or "
-                         f"'Ns' (seconds), got checkpoint_every={value!r}")
+        raise ValueError("checkpoint_every must be 'epoch', a positive int (rounds), 'N epochs' "
+                         f"or 'Ns' (seconds), got checkpoint_every={value!r}")
 
     def due(self, epochs: int, rounds: int, seconds: float) -> bool:
         """Whether a checkpoint is due after ``epochs`` whole epochs, ``rounds`` rounds and
@@ -256,7 +258,8 @@ class FitState:
     rounds_done: int = 0
     run: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     offset: int = 0
-    since: tuple[int, int, float] = (0, 0, 0.0)     # epochs, rounds, perf_counter at the last checkpoint
+    # epochs, rounds, perf_counter at the last checkpoint
+    since: tuple[int, int, float] = (0, 0, 0.0)
     _built: float | None = None                       # the training shards' build stamp
 
     def __post_init__(self) -> None:
@@ -302,7 +305,8 @@ class FitState:
         finally:
             bc.destroy(blocking=False)
 
-    def _from_newest(self, ctx: FitContext, partitions: list[int]) -> dict[int, dict[str, np.ndarray]] | None:
+    def _from_newest(self, ctx: FitContext,
+                     partitions: list[int]) -> dict[int, dict[str, np.ndarray]] | None:
         """The optimizer state of ``partitions`` (built anew) from this run's newest
         checkpoint, or ``None`` (logged) when there is none."""
         store = self.store
@@ -310,14 +314,16 @@ class FitState:
         if ckpt is not None and ckpt.meta.get("run") != self.run:
             ckpt = None  # another run's: its optimizer state belongs to other parameters
         if store is None or ckpt is None:
-            log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restarts from zero (no "
-                        "checkpoint of this fit to restore it from: set checkpoint_dir)", partitions)
+            log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restarts from "
+                        "zero (no checkpoint of this fit to restore it from: set checkpoint_dir)",
+                        partitions)
             return None
         want, part = array_names(partitions), PartitionStates()
         arrays = store.load(ckpt, [n for n in ckpt.arrays if n.startswith(want)])
         part.load_state_dict({n[len(ARRAY_PREFIX):]: a for n, a in arrays.items()})
         states = part.states
-        log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restored from checkpoint %s",
+        log.warning("sparknet: the optimizer state of rebuilt partition(s) %s restored from "
+                    "checkpoint %s",
                     sorted(states), ckpt.path)
         return states
 
@@ -381,7 +387,8 @@ class FitState:
         if not self.every.due(0, self.rounds_done - r0, time.perf_counter() - t0):
             return None
         pos = Position(epoch, rnd + 1, self.rounds_done,
-                       {"wall": rl.wall, "compute": rl.compute, "rounds": rl.rounds, "elapsed": elapsed},
+                       {"wall": rl.wall, "compute": rl.compute, "rounds": rl.rounds,
+                        "elapsed": elapsed},
                        np.atleast_2d(rl.stats).sum(axis=0))
         return self.write(ctx, pos)
 
@@ -424,12 +431,14 @@ def settings(tr: DataParallelTrainer, ctx: FitContext) -> dict[str, Any]:
     """The trainer's settings that a checkpoint records (and a resume compares)."""
     opts = tr.mode_options
     return {"mode": tr.mode, "sync": tr.sync, "local_steps": tr.local_steps,
-            "optimizer": [tr.optimizer.name, tr.optimizer.get_config()], "loss": ctx.model.loss.name,
-            "seed": tr.seed, "batch_size": ctx.batch_size, "epochs": ctx.epochs, "reduce": tr.reduce,
+            "optimizer": [tr.optimizer.name, tr.optimizer.get_config()],
+            "loss": ctx.model.loss.name, "seed": tr.seed, "batch_size": ctx.batch_size,
+            "epochs": ctx.epochs, "reduce": tr.reduce,
             "max_overhead": tr.max_overhead, "max_epochs_per_round": tr.max_epochs_per_round,
             "rows": [int(n) for n in ctx.train.rows], "dtype": ctx.model.dtype.name,
             "async": None if opts is None else {k: getattr(opts, k) for k in
-                                                 ("max_staleness", "stale", "delta_weight", "coalesce")}}
+                                                 ("max_staleness", "stale", "delta_weight",
+                                                  "coalesce")}}
 
 
 def _jsonable(x: Any) -> Any:
@@ -454,9 +463,10 @@ def fresh(state: FitState) -> None:
     earlier = store.checkpoints() if store is not None else []
     if store is not None and earlier:
         state.offset = max(c.step for c in earlier)
-        log.warning("sparknet: checkpoint_dir %s already holds checkpoints (up to step %d) of an earlier "
-                    "fit; this fit's follow them, and the older ones are pruned as they come (pass "
-                    "resume=True to continue that fit instead)", store.directory, state.offset)
+        log.warning("sparknet: checkpoint_dir %s already holds checkpoints (up to step %d) of an "
+                    "earlier fit; this fit's follow them, and the older ones are pruned as they "
+                    "come (pass resume=True to continue that fit instead)", store.directory,
+                    state.offset)
 
 
 def resume(state: FitState, ctx: FitContext) -> bool:
@@ -513,24 +523,26 @@ def _check_same(ckpt: Checkpoint, ctx: FitContext, tr: DataParallelTrainer) -> N
     arch = meta.get("architecture") or {}
     mine = ctx.model.get_config()
     if arch.get("layers") != mine.get("layers"):
-        raise ValueError(f"checkpoint {ckpt.path} belongs to another network (its layers differ from "
-                         f"the model's); resume with the same architecture or a new checkpoint_dir")
+        raise ValueError(f"checkpoint {ckpt.path} belongs to another network (its layers differ "
+                         "from the model's); resume with the same architecture or a new "
+                         "checkpoint_dir")
     saved, now = meta.get("settings") or {}, settings(tr, ctx)
     for k in _MUST_MATCH:
         if saved.get(k) != now[k]:
-            raise ValueError(f"checkpoint {ckpt.path} was written with {k}={saved.get(k)!r}, this fit has "
-                             f"{k}={now[k]!r}: resume with the same setting (and data), or a new checkpoint_dir")
+            raise ValueError(f"checkpoint {ckpt.path} was written with {k}={saved.get(k)!r}, this "
+                             f"fit has {k}={now[k]!r}: resume with the same setting (and data), or "
+                             "a new checkpoint_dir")
     if saved.get("optimizer", [None])[0] != now["optimizer"][0]:
-        raise ValueError(f"checkpoint {ckpt.path} holds {saved['optimizer'][0]!r} optimizer state, this "
-                         f"trainer's optimizer is {now['optimizer'][0]!r}")
+        raise ValueError(f"checkpoint {ckpt.path} holds {saved['optimizer'][0]!r} optimizer state, "
+                         f"this trainer's optimizer is {now['optimizer'][0]!r}")
     if int(meta["position"]["epoch"]) > ctx.epochs:
         raise ValueError(f"checkpoint {ckpt.path} is at epoch {meta['position']['epoch']}, past "
                          f"epochs={ctx.epochs}: epochs is the total to reach, pass a larger one")
 
 
 def epoch_carry(pos: Position, rl_factory: Callable[[], RoundLog]) -> RoundLog:
-    """The :class:`~sparknet.cluster.data_parallel.fit_context.RoundLog` of the epoch a mid-epoch checkpoint
-    was taken in, as far as it had got."""
+    """The :class:`~sparknet.cluster.data_parallel.fit_context.RoundLog` of the epoch a mid-epoch
+    checkpoint was taken in, as far as it had got."""
     rl = rl_factory()
     rl.wall = float(pos.partial.get("wall", 0.0))
     rl.compute = float(pos.partial.get("compute", 0.0))

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0, num_partitions: int = 2,
-         verbose: "int | bool" = 1) -> float:
+def demo(spark: "SparkSession | None" = None, epochs: int = 35, seed: int = 0,
+         num_partitions: int = 2, verbose: "int | bool" = 1) -> float:
     """Train a 64-128-10 MLP on scikit-learn's digits on Spark (tau-averaging rounds) and
     return its accuracy on the held-out quarter.
 

@@ -44,7 +44,8 @@ def record_epochs(ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_ti
         logs["lr"] = lrs[i]
         ctx.history.append(epoch + i, **logs)
         entries.append(logs)
-        log.debug("epoch %d/%d: %s", epoch + i + 1, ctx.epochs, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+        log.debug("epoch %d/%d: %s", epoch + i + 1, ctx.epochs,
+                  ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
         if ctx.progress is not None:
             ctx.progress.epoch_end(epoch + i + 1, logs)
         loss = logs["loss"]

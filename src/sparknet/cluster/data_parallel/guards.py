@@ -1,12 +1,12 @@
 """Divergence guards of data-parallel training: a NaN or infinite loss, gradient, delta,
-layer state (running statistics) or parameter stops the fit with :class:`sparknet.errors.TrainingDiverged` before it is
-applied, so the model keeps its last finite weights and no checkpoint of the diverged
-state is written.
+layer state (running statistics) or parameter stops the fit with
+:class:`sparknet.errors.TrainingDiverged` before it is applied, so the model keeps its last finite
+weights and no checkpoint of the diverged state is written.
 
 Each task checks its own result on the executor (:func:`scan`) and names itself in
-:attr:`~sparknet.cluster.data_parallel.parameter_server.RoundResult.nonfinite`; the driver raises from the summed
-result (:func:`check_result`) before applying it, and checks the parameters after the
-step (:func:`check_params`), putting the previous ones back if the step itself overflowed.
+:attr:`~sparknet.cluster.data_parallel.parameter_server.RoundResult.nonfinite`; the driver raises
+from the summed result (:func:`check_result`) before applying it, and checks the parameters after
+the step (:func:`check_params`), putting the previous ones back if the step itself overflowed.
 
 A vector is finite exactly when its float64 sum is (no allocation: one pass): a float64
 sum of float32 values cannot overflow, and float64 values whose sum overflows are
@@ -49,7 +49,8 @@ def check_result(res: RoundResult, vec_name: str, lr: float | None = None, **whe
     result, or the summed loss or vector is not finite (``where``: epoch, round)."""
     if res.nonfinite:
         part, what = res.nonfinite[0]
-        raise TrainingDiverged.describe(what, _value(res, what), lr=lr, **{**where, "partition": part})
+        raise TrainingDiverged.describe(what, _value(res, what), lr=lr,
+                                        **{**where, "partition": part})
     if not np.isfinite(np.asarray(res.stats)[..., STATS.index("loss_sum")]).all():
         raise TrainingDiverged.describe("loss", _value(res, "loss"), lr=lr, **where)
     if not is_finite(res.vec):
@@ -58,7 +59,8 @@ def check_result(res: RoundResult, vec_name: str, lr: float | None = None, **whe
         raise TrainingDiverged.describe("layer state", None, lr=lr, **where)
 
 
-def check_params(params: np.ndarray, before: np.ndarray, lr: float | None = None, **where: Any) -> None:
+def check_params(params: np.ndarray, before: np.ndarray, lr: float | None = None,
+                 **where: Any) -> None:
     """Driver side, after a step: when ``params`` are not finite, put ``before`` back
     into them and raise :class:`TrainingDiverged`."""
     if is_finite(params):

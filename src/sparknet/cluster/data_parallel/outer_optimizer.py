@@ -62,13 +62,15 @@ class OuterOptimizer:
 
     name = "outer"
 
-    def __init__(self, momentum: float | None = None, lr: float | None = None, nesterov: bool = True) -> None:
+    def __init__(self, momentum: float | None = None, lr: float | None = None,
+                 nesterov: bool = True) -> None:
         self.nesterov = bool(nesterov)
         self._sgd: optim_mod.SGD | None = None
         self.momentum: float | None = None if momentum is None else _real(momentum, "momentum")
         self.lr: float | None = None if lr is None else _real(lr, "lr")
         if self.momentum is not None and not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"OuterOptimizer momentum must be in [0, 1), got momentum={momentum!r}")
+            raise ValueError("OuterOptimizer momentum must be in [0, 1), "
+                             f"got momentum={momentum!r}")
         if self.lr is not None and not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"OuterOptimizer lr must be a positive finite number, got lr={lr!r}")
         if self.momentum is not None:
@@ -105,8 +107,8 @@ class OuterOptimizer:
         ``momentum`` and ``lr`` on the first step."""
         if self._sgd is None:
             if partitions is None:
-                raise ValueError("OuterOptimizer(momentum=None) is sized from the number of partitions: "
-                                 "pass partitions= to its first step, or give momentum")
+                raise ValueError("OuterOptimizer(momentum=None) is sized from the number of "
+                                 "partitions: pass partitions= to its first step, or give momentum")
             mu, lr = sized_for(partitions, self.nesterov)
             self._size(mu, self.lr if self.lr is not None else lr)
         assert self._sgd is not None
@@ -180,6 +182,6 @@ def resolve_outer(outer: "OuterOptimizer | str | None", *, mode: str, sync: str,
         raise ValueError(f"outer must be 'auto', None, 'none', 'nesterov' or an OuterOptimizer, "
                          f"got outer={outer!r}")
     if not averaged:
-        raise ValueError(f"outer={outer!r} needs mode='sync' and sync='average' (got mode={mode!r}, "
-                         f"sync={sync!r}); pass outer=None")
+        raise ValueError(f"outer={outer!r} needs mode='sync' and sync='average' (got "
+                         f"mode={mode!r}, sync={sync!r}); pass outer=None")
     return outer

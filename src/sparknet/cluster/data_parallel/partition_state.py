@@ -69,10 +69,12 @@ class PartitionStates:
     its state dict names them ``<partition:05d>_<name>`` (``part`` prefixes them in the file)."""
 
     def __init__(self, states: Mapping[int, Mapping[str, np.ndarray]] | None = None) -> None:
-        self.states: dict[int, dict[str, np.ndarray]] = {p: dict(d) for p, d in (states or {}).items()}
+        self.states: dict[int, dict[str, np.ndarray]] = {p: dict(d)
+                                                         for p, d in (states or {}).items()}
 
     def state_dict(self) -> dict[str, Any]:
-        return {f"{p:05d}_{name}": arr for p, d in sorted(self.states.items()) for name, arr in d.items()}
+        return {f"{p:05d}_{name}": arr for p, d in sorted(self.states.items())
+                for name, arr in d.items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.states = {}

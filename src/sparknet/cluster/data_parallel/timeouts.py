@@ -26,7 +26,8 @@ def check_round_timeout(value: Any) -> "float | str | None":
                      f"got round_timeout={value!r}")
 
 
-def job_timeout(setting: "float | str | None", slowest: float | None, predicted: float | None = None) -> float | None:
+def job_timeout(setting: "float | str | None", slowest: float | None,
+                predicted: float | None = None) -> float | None:
     """Seconds one job may run: ``setting`` when it is a number, ``None`` for ``None``;
     for ``"auto"`` ``max(ROUND_TIMEOUT_FLOOR, ROUND_TIMEOUT_FACTOR x slowest)`` with
     ``slowest`` the slowest job of its kind measured so far (or its ``predicted`` time

@@ -3,8 +3,8 @@
 The training data is split across Spark partitions and stays resident on the
 executors for the whole fit (:mod:`sparknet.cluster.data.sharding`,
 :mod:`sparknet.cluster.resident.driver`).  The driver is the parameter server
-(:mod:`sparknet.cluster.data_parallel.parameter_server`): each *round* broadcasts the flat parameter vector,
-every partition works on its shard, and one parameter-sized vector per partition comes
+(:mod:`sparknet.cluster.data_parallel.parameter_server`): each *round* broadcasts the flat parameter
+vector, every partition works on its shard, and one parameter-sized vector per partition comes
 back and is summed.
 
 Two synchronous flavours (``sync=``):
@@ -20,8 +20,8 @@ Two synchronous flavours (``sync=``):
     optimizer steps of ``batch_size`` rows on its own shard, and returns its weight
     delta; the driver applies the row-weighted mean delta to the parameters: added as
     it is (plain averaging), or through an outer Nesterov step on it
-    (:mod:`sparknet.cluster.data_parallel.outer_optimizer`; the default ``outer="auto"`` when the trainer sizes
-    the rounds itself, ``local_steps="auto"``).  Each
+    (:mod:`sparknet.cluster.data_parallel.outer_optimizer`; the default ``outer="auto"`` when the
+    trainer sizes the rounds itself, ``local_steps="auto"``).  Each
     partition keeps *its own* optimizer state (RMSprop's running squared-gradient
     average, momentum buffers, step count) resident next to its shard across rounds
     and epochs, so the state follows that partition's gradient statistics and is
@@ -55,7 +55,8 @@ Example::
     history["val_accuracy"][-1], history["spark_overhead"]
 
 The executor side of a round is :mod:`sparknet.cluster.data_parallel.round_task`; the driver side of
-one fit (round sizing, the synchronous rounds, evaluation) is :mod:`sparknet.cluster.data_parallel.fit_context`.
+one fit (round sizing, the synchronous rounds, evaluation) is
+:mod:`sparknet.cluster.data_parallel.fit_context`.
 """
 from __future__ import annotations
 
@@ -215,8 +216,8 @@ class DataParallelTrainer:
             see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`).
 
     Raises:
-        ValueError: unknown ``mode``/``sync``/``reduce``/``precision``/``wire``, bad ``local_steps``,
-            ``max_overhead``, ``outer`` (an outer optimizer outside synchronous
+        ValueError: unknown ``mode``/``sync``/``reduce``/``precision``/``wire``, bad
+            ``local_steps``, ``max_overhead``, ``outer`` (an outer optimizer outside synchronous
             average mode), ``checkpoint_every``, ``checkpoint_keep`` or ``round_timeout``.
     """
 
@@ -261,7 +262,8 @@ class DataParallelTrainer:
         self.seed = model.seed if seed is None else int(seed)
         self.cost: RoundCostModel | None = None
         self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
-        checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep, round_timeout)
+        checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep,
+                              round_timeout)
         self.mode_options: Any = None
         if mode in MODE_OPTIONS:
             self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
@@ -359,7 +361,8 @@ class DataParallelTrainer:
         model = self.model
         classification = _is_classifier(model)
         t_fit = time.perf_counter()
-        # numpy input: build the model from its shape before splitting (labels checked on the driver)
+        # numpy input: build the model from its shape before splitting (labels checked on the
+        # driver)
         if not model.built and isinstance(data, np.ndarray) and data.ndim >= 2:
             model.build(data.shape[1:])
         key = uuid.uuid4().hex[:12]
@@ -379,7 +382,8 @@ class DataParallelTrainer:
                                  epochs, batch_size, history=history,
                                  state=checkpoints.FitState(self, store, self.checkpoint_every))
                 assert ctx.state is not None
-                ctx.callbacks, ctx.schedule = cbl, cbl.step_schedule(math.ceil(train.total / batch_size))
+                steps = math.ceil(train.total / batch_size)
+                ctx.callbacks, ctx.schedule = cbl, cbl.step_schedule(steps)
                 if resume and checkpoints.resume(ctx.state, ctx):
                     history.setup_time = time.perf_counter() - t_fit
                 else:
@@ -401,12 +405,13 @@ class DataParallelTrainer:
         if self.num_partitions != "auto":
             return None if self.num_partitions is None else int(self.num_partitions)
         if engine_for(self.spark).kind != "classic":
-            raise NotImplementedError("num_partitions='auto' probes the executors through a SparkContext; under "
-                                      "Spark Connect pass a number of partitions (or None: the data's own)")
+            raise NotImplementedError("num_partitions='auto' probes the executors through a "
+                                      "SparkContext; under Spark Connect pass a number of "
+                                      "partitions (or None: the data's own)")
         from sparknet.cluster.planning.planner import auto_partitions
 
-        parts = auto_partitions(self.model, data, self.spark, batch_size=batch_size, mode=self.mode, sync=self.sync,
-                                local_steps=self.local_steps)
+        parts = auto_partitions(self.model, data, self.spark, batch_size=batch_size, mode=self.mode,
+                                sync=self.sync, local_steps=self.local_steps)
         log.info("sparknet: num_partitions='auto' chose %d partitions", parts)
         return parts
 
@@ -454,8 +459,8 @@ class DataParallelTrainer:
         except KeyboardInterrupt:
             ctx.engine.cancel(tag)
             ctx.history.interrupted = True
-            log.warning("sparknet: interrupted after %d epoch(s); cancelled the fit's jobs; the model is "
-                        "as of the last applied round", len(ctx.history.epoch))
+            log.warning("sparknet: interrupted after %d epoch(s); cancelled the fit's jobs; the "
+                        "model is as of the last applied round", len(ctx.history.epoch))
 
     def _epochs(self, ctx: FitContext, verbose: int) -> None:
         """The epochs of the fit (from a resumed position on), each validated, recorded in
@@ -478,7 +483,8 @@ class DataParallelTrainer:
             val_logs: dict[str, float] = {}
             if ctx.val is not None and not stop:
                 tv = time.perf_counter()
-                val_logs = ctx.evaluate(ctx.val, f"sparknet epoch {epoch + span}/{epochs} validation")
+                val_logs = ctx.evaluate(ctx.val,
+                                        f"sparknet epoch {epoch + span}/{epochs} validation")
                 val_logs["val_time"] = time.perf_counter() - tv
             loss, logs = record_epochs(ctx, epoch, span, rl, train_time, val_logs, lrs)
             for i, entry in enumerate(logs):
@@ -489,7 +495,8 @@ class DataParallelTrainer:
             if not np.isfinite(loss):
                 raise TrainingDiverged.describe("loss", loss, lr=self.optimizer.lr, epoch=epoch)
             step = state.epochs_end(ctx, epoch, rounds=0 if self.mode == "sync" else rl.rounds)
-            round_hook(RoundEnd(epoch - span, max(rl.rounds - 1, 0), ctx.rounds if self.mode == "sync" else 0,
+            round_hook(RoundEnd(epoch - span, max(rl.rounds - 1, 0),
+                                ctx.rounds if self.mode == "sync" else 0,
                                 state.rounds_done, epoch_end=True, checkpoint=step))
             if ctx.callbacks.stop_training:
                 log.info("sparknet: a callback stopped the fit after epoch %d", epoch)
@@ -510,7 +517,8 @@ class DataParallelTrainer:
         ``start`` on, ``carry`` holding the rounds before it), under a progress bar:
         synchronous rounds, or the registered mode's epoch runner."""
         epochs = ctx.epochs
-        desc = f"epoch {epoch + 1}/{epochs}" if span == 1 else f"epochs {epoch + 1}-{epoch + span}/{epochs}"
+        desc = (f"epoch {epoch + 1}/{epochs}" if span == 1
+                else f"epochs {epoch + 1}-{epoch + span}/{epochs}")
         if ctx.val is not None and self.mode == "sync":  # said above the bar, before it starts
             ctx.progress.validation_every(min(ctx.epochs_per_round, epochs))
         bar = ctx.progress.rounds(ctx.rounds, desc)

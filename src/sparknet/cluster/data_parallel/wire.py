@@ -15,8 +15,8 @@ value in place of four) instead of float32.  How it works:
   is summed (:meth:`~sparknet.cluster.data_parallel.parameter_server.RoundResult.add`); the sums,
   the parameters and the outer optimizer's state are float32.  The first level of the tree
   aggregation (the task itself) keeps its vector encoded, so the bytes that cross the network
-  are the halved ones (:attr:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer.bytes_in`
-  counts them).
+  are the halved ones
+  (:attr:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer.bytes_in` counts them).
 
 ``sync="gradient"`` (exact minibatch SGD) keeps float32 gradients: rounding them would break
 its exactness, and it has no rounds of local steps to amortise the error over.

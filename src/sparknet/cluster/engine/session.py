@@ -42,10 +42,12 @@ DEFAULT_CONF = {
 #: :data:`DEFAULT_CONF`).  Nothing here may start a thread (the daemon forks): pyarrow
 #: and pandas do, so they stay out.
 PRELOAD = ("numpy", "pyspark.worker", "sparknet", "sparknet.cluster.data_parallel.round_task",
-           "sparknet.cluster.resident.driver", "sparknet.cluster.resident.shards", "sparknet.cluster.data.sharding")
+           "sparknet.cluster.resident.driver", "sparknet.cluster.resident.shards",
+           "sparknet.cluster.data.sharding")
 
 JAVA_MISSING = ("sparknet needs Java 17 or newer for Spark, and no `java` was found on PATH "
-                "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install openjdk-17-jre-headless`)")
+                "or in JAVA_HOME: install a JDK 17+ (e.g. `apt-get install "
+                "openjdk-17-jre-headless`)")
 
 
 class JavaNotFoundError(RuntimeError):
@@ -175,7 +177,8 @@ def start_python_workers(spark: SparkSession, wait: float = 30.0) -> threading.T
                     break
                 time.sleep(0.1)
             tasks = max(sc.defaultParallelism, seen)
-            spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_noop, "id long").rdd.map(_noop).count()
+            spark.range(tasks, numPartitions=tasks).mapInArrow(_arrow_noop,
+                                                               "id long").rdd.map(_noop).count()
             warm_shard_path(spark, tasks)
         except Exception as exc:  # a stopped session: nothing to warm
             log.debug("sparknet: warming up the Python workers failed: %s", exc)
@@ -213,7 +216,8 @@ def warm_shard_path(spark: SparkSession, tasks: int) -> None:
     rows = spark.range(16 * tasks, numPartitions=tasks).select(
         array_to_vector(F.array_repeat((F.col("id") % 3).cast("double"), 8)).alias("features"),
         (F.col("id") % 2).cast("double").alias("label"))
-    shard_data(rows, sc=spark.sparkContext, num_partitions=None, name="warm-up", what="warm-up data").close()
+    shard_data(rows, sc=spark.sparkContext, num_partitions=None, name="warm-up",
+               what="warm-up data").close()
 
 
 def _arrow_noop(batches: Iterator[Any]) -> Iterator[Any]:

@@ -29,8 +29,8 @@ _LOCK = threading.Lock()
 
 _HOW = ("install the same sparknet where the executors run: start the session with "
         "PYSPARK_PYTHON pointing at a Python that has it (on one machine: {python}), ship a packed "
-        "environment with spark.archives, or pip install the wheel on every worker (see the install "
-        "guide, 'On a cluster')")
+        "environment with spark.archives, or pip install the wheel on every worker (see the "
+        "install guide, 'On a cluster')")
 
 
 def worker_version(_: object) -> list[tuple[str, str]]:
@@ -49,7 +49,8 @@ def check_workers(sc: "SparkContext | Any") -> None:
     with _LOCK:  # a fit loads its training and validation data side by side: one check
         if app in _CHECKED:
             return
-        group = sc.getLocalProperty("spark.jobGroup.id")  # the check is no job of the caller's group
+        # the check is no job of the caller's group
+        group = sc.getLocalProperty("spark.jobGroup.id")
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         try:
             version, python = sc.parallelize([0], 1).mapPartitions(worker_version).collect()[0]
@@ -60,7 +61,8 @@ def check_workers(sc: "SparkContext | Any") -> None:
             log.debug("the import check's task failed", exc_info=True)
             raise WorkerSetupError(
                 f"the executors' Python cannot import {missing.group(1)!r} (ModuleNotFoundError on "
-                f"the first task), so no fit can run there: " + _HOW.format(python=sys.executable)) from None
+                f"the first task), so no fit can run there: "
+                + _HOW.format(python=sys.executable)) from None
         finally:
             sc.setLocalProperty("spark.jobGroup.id", group)  # type: ignore[arg-type]
         if version != __version__:

@@ -1,7 +1,8 @@
 """Model parallelism by neuron blocks: the paper's distributed backpropagation.
 
 A dense layer too large for one machine is cut into ``K`` blocks of neurons (see
-:mod:`sparknet.cluster.model_parallel.block_partition`); block ``k`` of every blocked layer lives on executor
+:mod:`sparknet.cluster.model_parallel.block_partition`); block ``k`` of every blocked layer lives on
+executor
 *slot* ``k``, resident across Spark jobs (weights *and* optimizer state), and only
 activations and deltas cross the network:
 
@@ -101,7 +102,8 @@ block job that hangs (:class:`~sparknet.errors.RoundTimeout`).
 
 The package: :mod:`~.executor` (slot store, block maths), :mod:`~.files` (block files,
 manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process and Spark),
-:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class),
+:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class), :mod:`~.arguments`
+(its arguments checked), :mod:`~.inference` (output, loss, whole layers gathered),
 :mod:`~.fitting` (the fit loop, resume and replay), :mod:`~.recovery` (checkpoints),
 :mod:`~.persistence` (save, load, restore).
 
@@ -129,6 +131,6 @@ from sparknet.cluster.model_parallel.jobs import Layout
 from sparknet.cluster.model_parallel.model import DEFAULT_COMBINE_BYTES, ModelParallel
 from sparknet.cluster.model_parallel.stages import Stage
 
-__all__ = ["ModelParallel", "BlockPlan", "BlockedLayer", "BlockStateLost", "BlockMemoryError", "LocalBlocks",
-           "SparkBlocks", "Layout", "Stage", "FORMAT", "VERSION", "MEMORY_TAG", "DEFAULT_COMBINE_BYTES",
-           "_vm_size"]
+__all__ = ["ModelParallel", "BlockPlan", "BlockedLayer", "BlockStateLost", "BlockMemoryError",
+           "LocalBlocks", "SparkBlocks", "Layout", "Stage", "FORMAT", "VERSION", "MEMORY_TAG",
+           "DEFAULT_COMBINE_BYTES", "_vm_size"]

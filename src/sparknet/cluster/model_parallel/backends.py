@@ -1,7 +1,8 @@
 """Where block jobs run: in this process (:class:`LocalBlocks`) or on Spark (:class:`SparkBlocks`).
 
-Both run the same executor code, :meth:`BlockJob.run <sparknet.cluster.model_parallel.jobs.BlockJob.run>`,
-once per slot, and return the slots' results in slot order.  Errors cross back typed:
+Both run the same executor code, :meth:`BlockJob.run
+<sparknet.cluster.model_parallel.jobs.BlockJob.run>`, once per slot, and return the slots' results
+in slot order.  Errors cross back typed:
 :class:`BlockStateLost` when a block's resident state is gone or stale,
 :class:`BlockMemoryError` when a block does not fit its Python worker's memory limit.
 """
@@ -24,7 +25,8 @@ class BlockStateLost(RuntimeError):
 
 
 class BlockMemoryError(MemoryError):
-    """A weight block does not fit the executor's Python memory (``spark.executor.pyspark.memory``)."""
+    """A weight block does not fit the executor's Python memory
+    (``spark.executor.pyspark.memory``)."""
 
 
 class Backend(Protocol):
@@ -58,8 +60,9 @@ class _SlotTask:
         except MemoryError as exc:
             msg = str(exc)
             if MEMORY_TAG not in msg:
+                limit = (_mem_limit() or 0) / 2**20
                 msg = (f"{MEMORY_TAG}: slot {index} ran out of memory in {what} "
-                       f"(limit {(_mem_limit() or 0) / 2**20:.0f} MiB): {msg or type(exc).__name__}")
+                       f"(limit {limit:.0f} MiB): {msg or type(exc).__name__}")
             raise MemoryError(msg) from None
         except OSError as exc:
             if exc.errno == 12:  # ENOMEM from mmap
@@ -129,8 +132,9 @@ class LocalBlocks:
 
 
 class SparkBlocks:
-    """Block executor on Spark: one resident partition per slot (see :mod:`sparknet.cluster.resident.driver`;
-    under Spark Connect :class:`~sparknet.cluster.engine.connect.ConnectResident`).
+    """Block executor on Spark: one resident partition per slot (see
+    :mod:`sparknet.cluster.resident.driver`; under Spark Connect
+    :class:`~sparknet.cluster.engine.connect.ConnectResident`).
 
     Big inputs (layer inputs, deltas) travel as one broadcast per job, destroyed after it
     (under Connect inside the job's query, :class:`~sparknet.cluster.engine.connect.InClosure`);
@@ -140,7 +144,8 @@ class SparkBlocks:
     mapped files).
     """
 
-    def __init__(self, spark: Any, n_slots: int, name: str = "blocks", timeout: float | None = None) -> None:
+    def __init__(self, spark: Any, n_slots: int, name: str = "blocks",
+                 timeout: float | None = None) -> None:
         from sparknet.cluster.engine.base import engine_for
 
         self.engine = engine_for(spark)
@@ -176,7 +181,8 @@ class SparkBlocks:
         bc = self.engine.ship(dict(data)) if data else None
         task = _SlotTask(job, bc)
 
-        def action() -> list:      # the RDD is built inside the action: a retry runs over a new anchor
+        # the RDD is built inside the action: a retry runs over a new anchor
+        def action() -> list:
             return self.res.mapPartitions(_One(task)).collect()
         try:
             out = self.res.run_action(action, timeout=self.timeout)

@@ -89,7 +89,8 @@ class BlockedLayer:
         logits: the softmax is fused with the loss on the driver)."""
         from sparknet.activations import activation_id
 
-        return 0 if (self.emit_logits and self.activation == "softmax") else activation_id(self.activation)
+        return 0 if (self.emit_logits
+                     and self.activation == "softmax") else activation_id(self.activation)
 
     def span(self, k: int) -> tuple[int, int]:
         """``(lo, hi)``: the neurons (rows cut) or input features (cols cut) of block ``k``."""
@@ -147,20 +148,23 @@ class BlockPlan:
 
     def __post_init__(self) -> None:
         if not isinstance(self.blocks, Mapping) or not self.blocks:
-            raise ValueError(f"BlockPlan needs a non-empty mapping {{layer_index: blocks}}, got {self.blocks!r}")
+            raise ValueError(f"BlockPlan needs a non-empty mapping {{layer_index: blocks}}, got "
+                             f"{self.blocks!r}")
         clean = {}
         for idx, k in self.blocks.items():
             if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
                 raise ValueError(f"BlockPlan layer index must be an integer, got {idx!r}")
             if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-                raise ValueError(f"BlockPlan: layer {idx} needs a positive integer block count, got {k!r}")
+                raise ValueError(f"BlockPlan: layer {idx} needs a positive integer block count, "
+                                 f"got {k!r}")
             clean[int(idx)] = int(k)
         self.blocks = clean
         if not isinstance(self.pair, bool):
             pairs = []
             for p in self.pair:
                 if len(p) != 2 or int(p[1]) != int(p[0]) + 1:
-                    raise ValueError(f"BlockPlan pair {p!r} must be two consecutive layer indices (i, i + 1)")
+                    raise ValueError(f"BlockPlan pair {p!r} must be two consecutive layer indices "
+                                     "(i, i + 1)")
                 pairs.append((int(p[0]), int(p[1])))
             self.pair = pairs
 
@@ -202,14 +206,15 @@ class BlockPlan:
         for i, k in self.blocks.items():
             j = i + n if i < 0 else i
             if not 0 <= j < n:
-                raise ValueError(f"BlockPlan: layer index {i} is out of range for a model of {n} layers")
+                raise ValueError(f"BlockPlan: layer index {i} is out of range for a model of {n} "
+                                 "layers")
             if j in idx:
                 raise ValueError(f"BlockPlan: layer {j} is listed twice")
             idx[j] = k
         for j in idx:
             if type(layers[j]) is not Dense:
-                raise ValueError(f"BlockPlan: layer {j} is {type(layers[j]).__name__}; only Dense layers "
-                                 f"can be cut into neuron blocks")
+                raise ValueError(f"BlockPlan: layer {j} is {type(layers[j]).__name__}; only Dense "
+                                 f"layers can be cut into neuron blocks")
         if self.pair is True:
             pairs, j = [], 0
             while j < n:
@@ -227,8 +232,8 @@ class BlockPlan:
             if a not in idx or b not in idx:
                 raise ValueError(f"BlockPlan pair ({a}, {b}): both layers must be blocked")
             if idx[a] != idx[b]:
-                raise ValueError(f"BlockPlan pair ({a}, {b}): both layers need the same block count, "
-                                 f"got {idx[a]} and {idx[b]}")
+                raise ValueError(f"BlockPlan pair ({a}, {b}): both layers need the same block "
+                                 f"count, got {idx[a]} and {idx[b]}")
             if a in seen or b in seen:
                 raise ValueError(f"BlockPlan pair ({a}, {b}) overlaps another pair")
             seen.update((a, b))
@@ -241,9 +246,9 @@ class BlockPlan:
             head = softmax_head and j == n - 1
             act = layer.activation
             if act not in ELEMENTWISE and not head:
-                raise ValueError(f"BlockPlan: layer {j} has activation {act!r}, which needs whole rows; "
-                                 f"a blocked layer may use {', '.join(ELEMENTWISE)} (softmax only as the "
-                                 f"model's last layer)")
+                raise ValueError(f"BlockPlan: layer {j} has activation {act!r}, which needs whole "
+                                 f"rows; a blocked layer may use {', '.join(ELEMENTWISE)} (softmax "
+                                 f"only as the model's last layer)")
             init = layer.kernel_initializer
             if init == "auto":
                 init = "he_uniform" if act == "relu" else "glorot_uniform"
@@ -254,8 +259,9 @@ class BlockPlan:
             except ValueError as exc:
                 raise ValueError(f"BlockPlan: layer {j}: {exc}") from exc
             out.append(BlockedLayer(index=j, blocks=k, units=layer.units, in_features=in_f,
-                                    activation=act, use_bias=layer.use_bias, kernel_initializer=init,
-                                    cut=cut, offsets=tuple(int(o) for o in offs),
+                                    activation=act, use_bias=layer.use_bias,
+                                    kernel_initializer=init, cut=cut,
+                                    offsets=tuple(int(o) for o in offs),
                                     partner=first.get(j, second.get(j)), emit_logits=head))
         self._resolved = out
         return out
@@ -269,5 +275,7 @@ def as_plan(plan: "BlockPlan | Mapping[int, int]",
             return BlockPlan(dict(plan.blocks), pair=pair)
         return plan
     if isinstance(plan, Mapping):
-        return BlockPlan(dict(plan), pair=bool(pair) if isinstance(pair, bool) or pair is None else pair)
-    raise ValueError(f"blocks must be a BlockPlan or a {{layer_index: blocks}} mapping, got {plan!r}")
+        return BlockPlan(dict(plan), pair=bool(pair) if isinstance(pair, bool)
+                         or pair is None else pair)
+    raise ValueError(f"blocks must be a BlockPlan or a {{layer_index: blocks}} mapping, got "
+                     f"{plan!r}")

@@ -1,7 +1,8 @@
 """Executor side of model parallelism: a slot's resident store and the block maths.
 
-A slot's arrays live in a dict-like *store* (a resident :class:`~sparknet.cluster.resident.driver.Shard`,
-or a :class:`MemStore` for the in-process backend) under the names
+A slot's arrays live in a dict-like *store* (a resident
+:class:`~sparknet.cluster.resident.driver.Shard`, or a :class:`MemStore` for the in-process backend)
+under the names
 
 * ``"<layer>.kernel"``, ``"<layer>.bias"``: the block's parameters;
 * ``"<layer>.<param>.<key>"``: its optimizer state, one array per
@@ -117,9 +118,10 @@ def check_fits(slot: int, need: int, what: str) -> None:
     used = _vm_size()
     if used + need > limit:
         raise MemoryError(
-            f"{MEMORY_TAG}: slot {slot} needs {need / 2**20:.0f} MiB for {what}, but its Python worker "
-            f"may map only {limit / 2**20:.0f} MiB (spark.executor.pyspark.memory) and already uses "
-            f"{used / 2**20:.0f} MiB; cut the layer into more blocks or raise the limit")
+            f"{MEMORY_TAG}: slot {slot} needs {need / 2**20:.0f} MiB for {what}, but its Python "
+            f"worker may map only {limit / 2**20:.0f} MiB (spark.executor.pyspark.memory) and "
+            f"already uses {used / 2**20:.0f} MiB; cut the layer into more blocks or raise the "
+            "limit")
 
 
 def check_state(arrays: Arrays, slot: int, layer: BlockedLayer, gen: int, step: int,
@@ -166,7 +168,8 @@ def keeps_grad(opt: Optimizer, replicas: int) -> bool:
     return replicas > 1 or opt.clipnorm is not None
 
 
-def held_bytes(layers: Sequence[BlockedLayer], k: int, dtype: np.dtype, opt: Optimizer, replicas: int) -> int:
+def held_bytes(layers: Sequence[BlockedLayer], k: int, dtype: np.dtype, opt: Optimizer,
+               replicas: int) -> int:
     """Bytes block ``k`` of ``layers`` keeps resident: parameters, optimizer state and (with
     replicas or ``clipnorm``) the gradient."""
     copies = 1 + len(opt.state_keys()) + (1 if keeps_grad(opt, replicas) else 0)
@@ -319,7 +322,8 @@ def forward_rows(store: Store, slot: int, layer: BlockedLayer, x: np.ndarray, ge
     i = layer.index
     W = arrays[f"{i}.kernel"]
     y = np.empty((x.shape[0], W.shape[0]), dtype=W.dtype)
-    _dense.forward(x, W, arrays.get(f"{i}.bias"), y, layer.kernel_activation, None, _packed_t(W, bf16))
+    _dense.forward(x, W, arrays.get(f"{i}.bias"), y, layer.kernel_activation, None,
+                   _packed_t(W, bf16))
     if training:
         cache(store, f"cache.{i}.x", x)
         cache(store, f"cache.{i}.y", y)
@@ -414,7 +418,8 @@ def partial_rows(store: Store, key: str, r0: int, r1: int) -> np.ndarray:
     return np.array(g.reshape(g.shape[0], -1)[r0:r1])
 
 
-def apply_summed(store: Store, key: str, r0: int, r1: int, g: np.ndarray, opt: Optimizer, t: int) -> None:
+def apply_summed(store: Store, key: str, r0: int, r1: int, g: np.ndarray, opt: Optimizer,
+                 t: int) -> None:
     """Apply the replicas' summed gradient of rows ``r0:r1`` of parameter ``key``."""
     apply_rows(Arrays(store), key, r0, r1, g, opt, t)
 
@@ -457,7 +462,8 @@ def status(store: Store, layers: Sequence[BlockedLayer], k: int) -> dict[str, An
     """Each held layer's ``[generation, step, busy]`` and this Python worker's memory."""
     arrays = Arrays(store)
     out: Mapping[int, Any] = {
-        layer.index: (np.array(arrays[f"{layer.index}.state"]).tolist() if f"{layer.index}.state" in arrays
+        layer.index: (np.array(arrays[f"{layer.index}.state"]).tolist()
+                      if f"{layer.index}.state" in arrays
                       else None)
         for layer in layers if k < layer.blocks}
     return {"layers": dict(out), "vm": _vm_size(), "limit": _mem_limit(), "pid": os.getpid(),

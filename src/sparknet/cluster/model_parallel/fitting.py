@@ -33,6 +33,7 @@ import numpy as np
 from sparknet import precision as precision_mod
 from sparknet._validation import check_float, positive_int
 from sparknet.callbacks import CallbackList, FitControl
+from sparknet.cluster.model_parallel import arguments
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.recovery import FitPosition, check_resumable, data_settings
 from sparknet.cluster.model_parallel.stages import HalfStep
@@ -80,7 +81,8 @@ class BlocksControl(FitControl):
 
     def set_lr(self, lr: float) -> None:
         lr = check_float(lr, "lr", 0.0, low_open=True)
-        if lr != self.mp.job_optimizer.lr:  # a new object: a job deferred into the next step keeps its rate
+        # a new object: a job deferred into the next step keeps its rate
+        if lr != self.mp.job_optimizer.lr:
             self.mp.job_optimizer = copy.copy(self.mp.job_optimizer)
             self.mp.job_optimizer.lr = lr
         self.optimizer = self.mp.job_optimizer
@@ -93,9 +95,10 @@ class BlocksControl(FitControl):
         spark = getattr(self.mp, "_spark", None)
         master = getattr(getattr(spark, "sparkContext", spark), "master", "local")
         if spark is not None and not str(master).startswith("local"):
-            raise ValueError(f"restore_best_weights on a ModelParallel needs its weights saved where every "
-                             f"executor reads them; on master={master!r} use ModelCheckpoint(save_best_only=True) "
-                             f"with a shared folder and ModelParallel.load it instead")
+            raise ValueError("restore_best_weights on a ModelParallel needs its weights saved "
+                             f"where every executor reads them; on master={master!r} use "
+                             "ModelCheckpoint(save_best_only=True) with a shared folder and "
+                             "ModelParallel.load it instead")
         if self._root is None:
             self._root = tempfile.mkdtemp(prefix="sparknet-best-")
         self._count += 1
@@ -115,39 +118,44 @@ class BlocksControl(FitControl):
             self._root = None
 
 
-def _checked(mp: "ModelParallel", epochs: Any, batch_size: Any, checkpoint_every: Any, max_steps: Any,
-             resume: bool) -> tuple[int, int, int, int | None]:
+def _checked(mp: "ModelParallel", epochs: Any, batch_size: Any, checkpoint_every: Any,
+             max_steps: Any, resume: bool) -> tuple[int, int, int, int | None]:
     epochs, batch_size = positive_int(epochs, "epochs"), positive_int(batch_size, "batch_size")
     if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) \
             or checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be a non-negative int (steps; 0: never), got {checkpoint_every!r}")
+        raise ValueError("checkpoint_every must be a non-negative int (steps; 0: never), got "
+                         f"{checkpoint_every!r}")
     if max_steps is not None:
         max_steps = positive_int(max_steps, "max_steps")
     if (checkpoint_every or resume) and not mp.checkpoint_dir:
-        raise ValueError(f"{'checkpoint_every' if checkpoint_every else 'resume=True'} needs a checkpoint_dir")
+        raise ValueError(f"{'checkpoint_every' if checkpoint_every else 'resume=True'} needs a "
+                         "checkpoint_dir")
     return epochs, batch_size, int(checkpoint_every), max_steps
 
 
 def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int, shuffle: bool,
-            checkpoint_every: int, verbose: int, max_steps: int | None, lookahead: bool, resume: bool,
-            callbacks: Sequence[Any] = (), precision: str = "fp32") -> dict[str, Any]:
+            checkpoint_every: int, verbose: int, max_steps: int | None, lookahead: bool,
+            resume: bool, callbacks: Sequence[Any] = (), precision: str = "fp32") -> dict[str, Any]:
     """The body of :meth:`ModelParallel.fit` (its arguments checked here)."""
-    epochs, batch_size, checkpoint_every, max_steps = _checked(mp, epochs, batch_size, checkpoint_every,
-                                                               max_steps, bool(resume))
+    epochs, batch_size, checkpoint_every, max_steps = _checked(mp, epochs, batch_size,
+                                                               checkpoint_every, max_steps,
+                                                               bool(resume))
     precision = fit_precision(mp, precision)
     resume, shuffle = bool(resume), bool(shuffle)
     lo = mp.loss
-    X = mp._prepare_x(X)
-    y = mp._prepare_y(y, X.shape[0], lo)
+    X = arguments.check_inputs(X, mp.input_shape, mp.dtype)
+    y = arguments.check_outputs(y, X.shape[0], lo, mp.output_shape, mp.dtype)
     control = BlocksControl(mp)
     cbl = CallbackList(callbacks, mp, mp, control)
     try:
         with precision_mod.autocast(precision):
-            hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}, {}, {}),
+            hist = _fit(mp, X, y, lo, _Plan(epochs, batch_size, shuffle, lookahead, cbl, {}, {},
+                                            {}),
                         checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps,
                         resume=resume)
         hist["precision"] = precision
-        cbl.on_fit_end({k: v[-1] for k, v in hist.items() if isinstance(v, list) and v and k != "step_time"})
+        cbl.on_fit_end({k: v[-1] for k, v in hist.items() if isinstance(v, list) and v
+                        and k != "step_time"})
     finally:
         control.close()
     return hist
@@ -167,19 +175,22 @@ def fit_precision(mp: "ModelParallel", precision: Any) -> str:
 
 
 def _fit(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, run: _Plan, *,
-         checkpoint_every: int, verbose: int, max_steps: int | None, resume: bool) -> dict[str, Any]:
+         checkpoint_every: int, verbose: int, max_steps: int | None,
+         resume: bool) -> dict[str, Any]:
     settings = data_settings(X, y, run.batch_size, run.shuffle)
     pos = _resumed(mp, settings) if resume else None
     if pos is None:
         pos = FitPosition.start(mp.seed, settings)
         if checkpoint_every:
-            mp._write_checkpoint(pos)     # the fit's starting point: a loss before step N replays from here
+            # the fit's starting point: a loss before step N replays from here
+            mp._write_checkpoint(pos)
     last: tuple[int, int] = (-1, 0)       # (step of the checkpoint last restored, times in a row)
     assert run.callbacks is not None and run.lrs is not None
     run.callbacks.on_fit_begin()
     while True:
         try:
-            _run(mp, X, y, lo, pos, run, checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps)
+            _run(mp, X, y, lo, pos, run, checkpoint_every=checkpoint_every, verbose=verbose,
+                 max_steps=max_steps)
             break
         except BlockStateLost as exc:
             pos, last = _recover(mp, pos, exc, last)
@@ -198,7 +209,8 @@ def _resumed(mp: "ModelParallel", settings: dict[str, Any]) -> FitPosition | Non
     store = mp._checkpoint_store()
     ckpt = store.latest()
     if ckpt is None:
-        log.info("fit(resume=True): no complete checkpoint in %s; starting a fresh fit", store.directory)
+        log.info("fit(resume=True): no complete checkpoint in %s; starting a fresh fit",
+                 store.directory)
         return None
     ckpt, pos = mp._restore(ckpt)
     if pos is None:
@@ -206,8 +218,8 @@ def _resumed(mp: "ModelParallel", settings: dict[str, Any]) -> FitPosition | Non
                  "starting a fresh fit from its weights", ckpt.path)
         return None
     check_resumable(pos, settings, ckpt.path)
-    log.info("fit(resume=True): resuming from checkpoint %s (step %d, epoch %d, batch %d)", ckpt.path, ckpt.step,
-             pos.epoch + 1, pos.batch)
+    log.info("fit(resume=True): resuming from checkpoint %s (step %d, epoch %d, batch %d)",
+             ckpt.path, ckpt.step, pos.epoch + 1, pos.batch)
     return pos
 
 
@@ -217,24 +229,25 @@ def _recover(mp: "ModelParallel", pos: FitPosition, exc: BlockStateLost,
     store = mp._checkpoint_store() if mp.checkpoint_dir else None
     ckpt = store.latest() if store is not None else None
     if ckpt is None:
-        raise BlockStateLost(f"{exc}; no checkpoint to restore from (set checkpoint_dir and checkpoint_every), "
-                             f"training stopped rather than going on with missing or stale weights") from None
+        raise BlockStateLost(f"{exc}; no checkpoint to restore from (set checkpoint_dir and "
+                             "checkpoint_every), training stopped rather than going on with "
+                             "missing or stale weights") from None
     fit = ckpt.meta.get("fit") or {}
     if fit.get("fit_id") != pos.fit_id:
-        raise BlockStateLost(f"{exc}; the newest checkpoint ({ckpt.path}, step {ckpt.step}) was not written by "
-                             f"this fit, so the steps since it cannot be replayed; restore() it and fit again, "
-                             f"or pass checkpoint_every") from None
+        raise BlockStateLost(f"{exc}; the newest checkpoint ({ckpt.path}, step {ckpt.step}) was "
+                             "not written by this fit, so the steps since it cannot be replayed; "
+                             f"restore() it and fit again, or pass checkpoint_every") from None
     repeats = last[1] + 1 if last[0] == ckpt.step else 1
     if repeats > MAX_REPEATS:
-        raise BlockStateLost(f"{exc}; block state was lost {MAX_REPEATS} times in a row after restoring checkpoint "
-                             f"step {ckpt.step}: giving up") from None
+        raise BlockStateLost(f"{exc}; block state was lost {MAX_REPEATS} times in a row after "
+                             f"restoring checkpoint step {ckpt.step}: giving up") from None
     lost_at, t0 = mp.t, time.perf_counter()
     ckpt, restored = mp._restore(ckpt)
     assert restored is not None
     mp.restores += 1
-    log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) in %.1f s and replaying its "
-                "%d step(s) after it", lost_at, exc, ckpt.path, ckpt.step, time.perf_counter() - t0,
-                pos.done - restored.done)
+    log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) in %.1f s and "
+                "replaying its %d step(s) after it", lost_at, exc, ckpt.path, ckpt.step,
+                time.perf_counter() - t0, pos.done - restored.done)
     return restored, (ckpt.step, repeats)
 
 
@@ -245,22 +258,26 @@ def _back_to_finite(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss,
     error to raise."""
     ckpt = mp._store.latest() if mp._store is not None else None
     if ckpt is None or (ckpt.meta.get("fit") or {}).get("fit_id") != pos.fit_id:
-        return TrainingDiverged(f"{exc}; no checkpoint of this fit to restore the last finite weights from (pass "
-                                f"checkpoint_every): the model's weights are not finite",
+        return TrainingDiverged(f"{exc}; no checkpoint of this fit to restore the last finite "
+                                "weights from (pass checkpoint_every): the model's weights are "
+                                "not finite",
                                 epoch=exc.epoch, step=exc.step, what=exc.what)
     target = pos.done                      # the steps completed before the one that diverged
     ckpt, restored = mp._restore(ckpt)
     assert restored is not None
     replayed = target - restored.done
-    _run(mp, X, y, lo, restored, run._replace(callbacks=None), checkpoint_every=0, verbose=0, max_steps=target)
-    log.warning("training diverged at step %s; restored checkpoint %s (step %d) and replayed %d step(s): the model "
-                "holds the weights of step %d", exc.step, ckpt.path, ckpt.step, replayed, mp.t)
-    return TrainingDiverged(f"{exc}; the model holds its last finite weights (step {mp.t}: checkpoint {ckpt.step} "
-                            f"and {replayed} replayed step(s))", epoch=exc.epoch, step=exc.step, what=exc.what)
+    _run(mp, X, y, lo, restored, run._replace(callbacks=None), checkpoint_every=0, verbose=0,
+         max_steps=target)
+    log.warning("training diverged at step %s; restored checkpoint %s (step %d) and replayed %d "
+                "step(s): the model holds the weights of step %d", exc.step, ckpt.path, ckpt.step,
+                replayed, mp.t)
+    return TrainingDiverged(f"{exc}; the model holds its last finite weights (step {mp.t}: "
+                            f"checkpoint {ckpt.step} and {replayed} replayed step(s))",
+                            epoch=exc.epoch, step=exc.step, what=exc.what)
 
 
-def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition, run: _Plan, *,
-         checkpoint_every: int, verbose: int, max_steps: int | None) -> None:
+def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition, run: _Plan,
+         *, checkpoint_every: int, verbose: int, max_steps: int | None) -> None:
     """Run epochs from ``pos`` (updated step by step) to the end, or to ``max_steps``."""
     from sparknet.progress import FitProgress
 
@@ -286,8 +303,8 @@ def _run(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPo
                                       else schedule.lr(pos.epoch, 0, len(starts)))
             try:
                 _epoch(mp, X, y, lo, pos, order, starts, batch_size=run.batch_size,
-                       checkpoint_every=checkpoint_every, max_steps=max_steps, lookahead=run.lookahead, bar=bar,
-                       callbacks=cbl, schedule=schedule)
+                       checkpoint_every=checkpoint_every, max_steps=max_steps,
+                       lookahead=run.lookahead, bar=bar, callbacks=cbl, schedule=schedule)
             except _Stop:
                 if pos.batch:
                     _close_epoch(pos, lo, rng)
@@ -317,8 +334,8 @@ def _epoch_end(pos: FitPosition, lo: Loss, t0: float, run: _Plan, progress: Any)
 
 def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: FitPosition,
            order: np.ndarray, starts: list[int], *, batch_size: int, checkpoint_every: int,
-           max_steps: int | None, lookahead: bool, bar: Any = None, callbacks: CallbackList | None = None,
-           schedule: Any = None) -> None:
+           max_steps: int | None, lookahead: bool, bar: Any = None,
+           callbacks: CallbackList | None = None, schedule: Any = None) -> None:
     """The batches of one epoch from ``pos.batch`` on (``bar``: the console's, updated per step;
     ``schedule``: the per-step rate, set before each step)."""
     if pos.batch >= len(starts):
@@ -334,7 +351,8 @@ def _epoch(mp: "ModelParallel", X: np.ndarray, y: np.ndarray, lo: Loss, pos: Fit
             lr = schedule.lr(pos.epoch, bi, len(starts))
             callbacks.control.set_lr(lr)
             callbacks.record_steps((lr,))
-        s, w, c = mp._train_step(xb, y[idx], lo, following if lookahead else None, epoch=pos.epoch + 1)
+        s, w, c = mp._train_step(xb, y[idx], lo, following if lookahead else None, epoch=pos.epoch
+                                 + 1)
         xb = following
         pos.tot = [pos.tot[0] + s, pos.tot[1] + w, pos.tot[2] + c]
         pos.batch, pos.done = bi + 1, pos.done + 1

@@ -3,7 +3,8 @@
 Each kind of job is a frozen dataclass whose :meth:`BlockJob.run` runs it on one slot's
 resident store; the small fields travel with the task, the batch-sized arrays in one
 broadcast per job (the ``data`` mapping).  Layers travel as
-:class:`~sparknet.cluster.model_parallel.block_partition.BlockedLayer` objects and the optimizer as an
+:class:`~sparknet.cluster.model_parallel.block_partition.BlockedLayer` objects and the optimizer as
+an
 :class:`~sparknet.optim.Optimizer` (its hyper-parameters; blocks keep their state).
 
 Slots are laid out by :class:`Layout`: with ``D`` replicas of ``K`` blocks, slot
@@ -39,7 +40,8 @@ Data = Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Layout:
-    """Slots of ``replicas`` (D) groups of ``blocks`` (K): slot ``r * K + k`` is block ``k`` of replica ``r``."""
+    """Slots of ``replicas`` (D) groups of ``blocks`` (K): slot ``r * K + k`` is block ``k`` of
+    replica ``r``."""
 
     blocks: int
     replicas: int = 1
@@ -69,7 +71,8 @@ def shard_rows(n: int, replicas: int) -> tuple[int, ...]:
 # ------------------------------------------------------------------- pieces of gradient
 @dataclass(frozen=True)
 class Segment:
-    """Rows ``r0:r1`` of parameter ``key`` (``"<layer>.kernel"``/``"<layer>.bias"``) of block ``block``."""
+    """Rows ``r0:r1`` of parameter ``key`` (``"<layer>.kernel"``/``"<layer>.bias"``) of block
+    ``block``."""
 
     block: int
     key: str
@@ -80,7 +83,8 @@ class Segment:
 Piece = tuple[Segment, ...]
 
 
-def plan_pieces(layers: Sequence[BlockedLayer], replicas: int, itemsize: int, budget: int) -> tuple[Piece, ...]:
+def plan_pieces(layers: Sequence[BlockedLayer], replicas: int, itemsize: int,
+                budget: int) -> tuple[Piece, ...]:
     """Cut the gradients of every block of ``layers`` into pieces whose partials, gathered
     from all ``replicas``, take at most ``budget`` bytes (a single row larger than the
     budget makes a piece of its own).  Small nets get one piece holding every block."""
@@ -161,8 +165,9 @@ class InitJob(BlockJob):
         mine = [layer for layer in self.layers if self.holds(slot, layer)]
         held = ex.held_bytes(mine, k, dtype, self.opt, self.layout.replicas)
         if mine:
-            ex.check_fits(slot, held, f"its blocks of layer(s) {', '.join(str(m.index) for m in mine)} "
-                                      f"(weights and optimizer state)")
+            ex.check_fits(slot, held, "its blocks of layer(s) "
+                                      f"{', '.join(str(m.index) for m in mine)} (weights and "
+                                      "optimizer state)")
         arrays = ex.Arrays(store)
         for layer in mine:
             ex.allocate_block(store, layer, k, dtype, self.opt, self.layout.replicas)
@@ -233,10 +238,12 @@ class SaveJob(BlockJob):
         for layer, step in zip(self.layers, self.steps):
             if self.holds(slot, layer):
                 ex.check_state(arrays, slot, layer, self.generation, step)
-        bad = [name for layer in mine for name in ex.nonfinite(arrays, layer, k, self.opt.state_keys())]
+        bad = [name for layer in mine for name in ex.nonfinite(arrays, layer, k,
+                                                               self.opt.state_keys())]
         if bad:
             return SaveResult(0, tuple(bad))
-        return SaveResult(sum(save_block(arrays, layer, k, self.folder, self.opt.state_keys()) for layer in mine))
+        return SaveResult(sum(save_block(arrays, layer, k, self.folder, self.opt.state_keys())
+                              for layer in mine))
 
 
 @dataclass(frozen=True)
@@ -260,7 +267,8 @@ class _StageJob(BlockJob):
         r = self.layout.replica(slot)
         return x[self.shards[r]:self.shards[r + 1]]
 
-    def forward(self, store: ex.Store, slot: int, x: np.ndarray, step: int, training: bool) -> np.ndarray:
+    def forward(self, store: ex.Store, slot: int, x: np.ndarray, step: int,
+                training: bool) -> np.ndarray:
         if len(self.layers) == 1:
             return ex.forward_rows(store, slot, self.layers[0], x, self.generation, step, training,
                                    self.bf16)
@@ -348,11 +356,12 @@ class BackwardJob(_StageJob):
         g, step = self.generation, self.step
         if len(self.layers) == 1:
             lo, hi = self.layers[0].span(self.layout.block(slot))
-            dx = ex.backward_rows(store, slot, self.layers[0], dy[:, lo:hi], self.need_dx, g, step, sink,
-                                  done, self.bf16)
+            dx = ex.backward_rows(store, slot, self.layers[0], dy[:, lo:hi], self.need_dx, g, step,
+                                  sink, done, self.bf16)
         else:
             a, b = self.layers
-            dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done, self.bf16)
+            dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done,
+                                  self.bf16)
         ahead = self.forward(store, slot, data["x_next"], step + 1, True) if self.prefetch else None
         piece = _gather_piece(store, self.layout.block(slot), self.gather) if self.gather else None
         return BackwardResult(dx, ahead, piece, now.finite, kept.sumsq)
@@ -386,7 +395,8 @@ class ApplyJob(_StageJob):
         if not self.holds(slot):
             return None
         arrays, k = ex.Arrays(store), self.layout.block(slot)
-        records = [ex.check_state(arrays, slot, layer, self.generation, self.step, busy=1 + self.number)
+        records = [ex.check_state(arrays, slot, layer, self.generation, self.step,
+                                  busy=1 + self.number)
                    for layer in self.layers]
         for st in records:
             st[2] = -1
@@ -440,7 +450,8 @@ class ScaledApplyJob(_StageJob):
         finite = True
         for layer in self.layers:
             for pname in layer.param_shapes(k):
-                finite = ex.apply_kept(arrays, f"{layer.index}.{pname}", self.opt, self.t, self.factor) and finite
+                finite = ex.apply_kept(arrays, f"{layer.index}.{pname}", self.opt, self.t,
+                                       self.factor) and finite
         for st in records:
             st[1], st[2] = self.step + 1, 0
         ahead = self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True) \

@@ -14,13 +14,12 @@ from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
 from sparknet._validation import positive_int
 from sparknet.checkpoint import Checkpoint, CheckpointStore
-from sparknet.cluster.model_parallel import persistence, recovery, stages
+from sparknet.cluster.model_parallel import arguments, inference, persistence, recovery, stages
 from sparknet.cluster.model_parallel.backends import Backend, LocalBlocks, SparkBlocks
-from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan, as_plan
+from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan
 from sparknet.cluster.model_parallel.jobs import (
     BlockJob,
     ChainJob,
-    GatherJob,
     InitJob,
     Layout,
     Piece,
@@ -35,7 +34,6 @@ from sparknet.cluster.model_parallel.stages import (
     NonFinite,
     PairStage,
     Stage,
-    assemble,
     build_stages,
     check_finite,
     nbytes,
@@ -58,8 +56,9 @@ class ModelParallel:
     Args:
         layers: the model's layers (a list, or an *unbuilt*
             :class:`~sparknet.model.Sequential` whose layers, dtype, seed and loss are used).
-        plan: a :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan`, a ``{layer_index: K}`` dict, or ``"auto"``
-            (the planner's K and pairing for ``spark``'s cluster: :func:`~sparknet.cluster.planning.planner.auto_blocks`).
+        plan: a :class:`~sparknet.cluster.model_parallel.block_partition.BlockPlan`, a
+            ``{layer_index: K}`` dict, or ``"auto"`` (the planner's K and pairing for ``spark``'s
+            cluster: :func:`~sparknet.cluster.planning.planner.auto_blocks`).
         input_shape: per-sample input shape.
         spark: a ``SparkSession`` or ``SparkContext``; ``None`` runs the blocks in this
             process (:class:`LocalBlocks`, the reference).
@@ -91,31 +90,23 @@ class ModelParallel:
         BlockMemoryError: a block does not fit its executor's Python memory limit.
     """
 
-    def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int], spark: Any = None,
-                 dtype: Any = "float32", seed: int = 0,
+    def __init__(self, layers: Any, plan: "BlockPlan | dict", input_shape: Sequence[int],
+                 spark: Any = None, dtype: Any = "float32", seed: int = 0,
                  optimizer: "Optimizer | str | None" = None,
                  loss: "Loss | str | None" = None, checkpoint_dir: str | None = None,
-                 name: str = "blocks", replicas: int = 1, combine_bytes: int = DEFAULT_COMBINE_BYTES,
-                 checkpoint_keep: int = 3, job_timeout: float | None = None, _load: str | None = None) -> None:
-        layers, dtype, seed, loss = self._unwrap(layers, dtype, seed, loss)
-        if isinstance(plan, str) and plan == "auto":  # the planner's K and pairing for the cluster
-            from sparknet.cluster.planning.planner import auto_blocks
-            if spark is None:
-                raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the blocks for its cluster")
-            from sparknet.cluster.engine.base import is_connect
-            if is_connect(spark):
-                raise NotImplementedError("plan='auto' probes the executors through a SparkContext; under Spark "
-                                          "Connect pass a BlockPlan (the blocks per layer)")
-            plan = auto_blocks(layers, input_shape, spark, replicas=int(replicas))
-        self._set_options(layers, plan, input_shape, dtype, seed, optimizer, loss, checkpoint_dir, name,
-                          replicas, combine_bytes)
+                 name: str = "blocks", replicas: int = 1,
+                 combine_bytes: int = DEFAULT_COMBINE_BYTES,
+                 checkpoint_keep: int = 3, job_timeout: float | None = None,
+                 _load: str | None = None) -> None:
+        layers, dtype, seed, loss = arguments.unwrap_layers(layers, dtype, seed, loss)
+        self._set_options(layers, plan, input_shape, spark, dtype, seed, optimizer, loss,
+                          checkpoint_dir, name, replicas, combine_bytes)
         self.checkpoint_keep = positive_int(checkpoint_keep, "checkpoint_keep")
-        if job_timeout is not None and not (isinstance(job_timeout, (int, float)) and job_timeout > 0):
-            raise ValueError(f"job_timeout must be a positive number of seconds or None, got {job_timeout!r}")
-        self.job_timeout = job_timeout
-        self._store = None if checkpoint_dir is None else recovery.open_store(os.fspath(checkpoint_dir),
-                                                                              self.checkpoint_keep)
-        shapes = self._layer_shapes()
+        self.job_timeout = arguments.check_job_timeout(job_timeout)
+        self._store = (None if checkpoint_dir is None
+                       else recovery.open_store(os.fspath(checkpoint_dir), self.checkpoint_keep))
+        shapes, self.output_shape = arguments.layer_shapes(layers, self.plan, self.input_shape,
+                                                           self.dtype)
         self.blocked: list[BlockedLayer] = self.plan.resolve(layers, shapes, self._softmax_head)
         self.layout = Layout(self.plan.max_blocks, self.replicas)
         self.n_slots = self.layout.n_slots
@@ -130,78 +121,38 @@ class ModelParallel:
             raise
 
     # ------------------------------------------------------------------ construction steps
-    @staticmethod
-    def _unwrap(layers: Any, dtype: Any, seed: int, loss: Any) -> tuple[list[Layer], Any, int, Any]:
-        """The layer list (and a Sequential's dtype, seed and loss), checked."""
-        from sparknet.model import Sequential
-
-        if isinstance(layers, Sequential):
-            if layers.built:
-                raise ValueError("pass the layers or an unbuilt Sequential: a built model already holds "
-                                 "every weight on the driver")
-            dtype, seed = layers.dtype, layers.seed
-            loss = loss if loss is not None else layers._loss
-            layers = layers.layers
-        layers = list(layers)
-        if not layers or not all(isinstance(l, Layer) for l in layers):
-            raise ValueError("ModelParallel needs a non-empty list of Layer instances")
-        return layers, dtype, seed, loss
-
-    def _set_options(self, layers: list[Layer], plan: Any, input_shape: Sequence[int], dtype: Any, seed: int,
-                     optimizer: Any, loss: Any, checkpoint_dir: str | None, name: str, replicas: int,
-                     combine_bytes: int) -> None:
+    def _set_options(self, layers: list[Layer], plan: Any, input_shape: Sequence[int], spark: Any,
+                     dtype: Any, seed: int, optimizer: Any, loss: Any, checkpoint_dir: str | None,
+                     name: str, replicas: int, combine_bytes: int) -> None:
+        """Each argument checked (:mod:`~sparknet.cluster.model_parallel.arguments`) and kept."""
         self.layers = layers
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {dtype!r}")
+        self.dtype = arguments.check_dtype(dtype)
         self.seed = int(seed)
-        opt = optim_mod.get(optimizer)
-        if opt.name not in ("rmsprop", "sgd", "adam", "adamw"):  # elementwise steps: applied row chunk by chunk
-            raise ValueError(f"model-parallel training supports RMSprop, SGD, Adam and AdamW, got {opt!r}")
+        opt = arguments.check_optimizer(optimizer)
         self.opt_meta: dict[str, Any] = {"name": opt.name, "config": opt.get_config()}
         #: the optimizer the block jobs carry (its hyper-parameters; blocks keep their own state)
         self.job_optimizer = self.new_optimizer()
-        self.plan = as_plan(plan)
-        self.input_shape = tuple(int(d) for d in input_shape)
-        if not self.input_shape or any(d <= 0 for d in self.input_shape):
-            raise ValueError(f"input_shape must have positive sizes, got {input_shape!r}")
+        self.plan = arguments.resolve_plan(plan, layers, input_shape, spark, replicas)
+        self.input_shape = arguments.check_input_shape(input_shape)
         self.replicas = positive_int(replicas, "replicas")
         self.combine_bytes = positive_int(combine_bytes, "combine_bytes")
         self.checkpoint_dir = checkpoint_dir
         self.name = name
         self._loss = None if loss is None else losses_mod.get(loss)
-        last = layers[-1]
-        self._softmax_head = getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
-
-    def _layer_shapes(self) -> list[tuple[int, ...]]:
-        """Per-sample input shape of every layer, building the driver layers only (no blocked
-        weight is allocated here)."""
-        shapes, shape = [], self.input_shape
-        n = len(self.layers)
-        blocked_idx = {i + n if i < 0 else i for i in self.plan.blocks}
-        for i, layer in enumerate(self.layers):
-            shapes.append(shape)
-            if i in blocked_idx and hasattr(layer, "units"):
-                shape = tuple(shape[:-1]) + (int(layer.units),)
-            else:
-                try:
-                    shape = layer.build(shape, self.dtype)
-                except ValueError as exc:
-                    raise ValueError(f"layer {i} ({type(layer).__name__}): {exc}") from exc
-        self.output_shape = shape
-        return shapes
+        self._softmax_head = arguments.has_softmax_head(layers)
 
     def _reset_counters(self) -> None:
         self._steps = {s.index: 0 for s in self.blocked}
         self._pieces: dict[tuple[int, ...], tuple[Piece, ...]] = {}
         self.t = 0
         self.generation = int(np.random.default_rng().integers(1, 2**62))
-        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark jobs, and
-        #: (replicas) the gradient bytes of the combine through the driver
+        #: per step: bytes broadcast, collected, moved (broadcast x readers + collected), Spark
+        #: jobs, and (replicas) the gradient bytes of the combine through the driver
         self.last_step_bytes: dict[str, int] = {}
         self._bytes = {"broadcast": 0, "collected": 0, "moved": 0, "jobs": 0, "combined": 0}
         self._times = {"executor_read_s": 0.0, "executor_compute_s": 0.0}
-        #: per step: the critical path's broadcast reading and block compute time (slowest slot per job)
+        #: per step: the critical path's broadcast reading and block compute time (slowest slot
+        #: per job)
         self.last_step_times: dict[str, float] = {}
         self.step_times: list[float] = []
         #: how many times lost blocks were restored from a checkpoint
@@ -217,8 +168,9 @@ class ModelParallel:
         return SparkBlocks(self._spark, self.n_slots, name=self.name, timeout=self.job_timeout)
 
     def _init_blocks(self, load: str | None) -> None:
-        self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name, seed=self.seed,
-                                 opt=self.job_optimizer, generation=self.generation, load=load))
+        self.backend.run(InitJob(self.layout, tuple(self.blocked), dtype=self.dtype.name,
+                                 seed=self.seed, opt=self.job_optimizer, generation=self.generation,
+                                 load=load))
 
     # -------------------------------------------------------- what the stages use
     def new_optimizer(self) -> Optimizer:
@@ -239,7 +191,8 @@ class ModelParallel:
         """The pieces in which a stage's gradients are combined over the replicas."""
         key = tuple(layer.index for layer in layers)
         if key not in self._pieces:
-            self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize, self.combine_bytes)
+            self._pieces[key] = plan_pieces(layers, self.replicas, self.dtype.itemsize,
+                                            self.combine_bytes)
         return self._pieces[key]
 
     def run_job(self, job: BlockJob, data: dict, readers: int, defer: bool = False) -> list:
@@ -258,7 +211,8 @@ class ModelParallel:
             first, first_data, first_readers = pending
             job, data = ChainJob(self.layout, (), jobs=(first, job)), {"0": first_data, "1": data}
             sent, moved = sent + nbytes(first_data), moved + nbytes(first_data) * first_readers
-        out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"), data)
+        out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"),
+                               data)
         got = nbytes(out)
         if pending is not None:
             out = [r[1] for r in out]
@@ -288,7 +242,8 @@ class ModelParallel:
     @property
     def n_blocked_params(self) -> int:
         """Parameters held on the executors (all blocked layers, one replica)."""
-        return sum(s.n_params - (s.units if s.cut == "cols" and s.use_bias else 0) for s in self.blocked)
+        return sum(s.n_params - (s.units if s.cut == "cols" and s.use_bias else 0)
+                   for s in self.blocked)
 
     @property
     def exchanges_per_step(self) -> int:
@@ -308,18 +263,9 @@ class ModelParallel:
             x = st.forward(x, training)
         return x
 
-    def _prepare_x(self, X: Any) -> np.ndarray:
-        from sparknet._validation import check_array
-        return check_array(X, name="X", sample_shape=self.input_shape, dtype=self.dtype)
-
-    def _prepare_y(self, y: Any, n: int, lo: Loss) -> np.ndarray:
-        from sparknet._validation import check_labels, check_targets
-        if lo.is_classification:
-            return check_labels(y, n, self.output_shape[-1], name="y", lead_shape=self.output_shape[:-1])
-        return check_targets(y, n, self.output_shape, self.dtype, name="y")
-
     def _train_step(self, xb: np.ndarray, yb: np.ndarray, lo: Loss,
-                    next_x: np.ndarray | None = None, epoch: int | None = None) -> tuple[float, float, float]:
+                    next_x: np.ndarray | None = None,
+                    epoch: int | None = None) -> tuple[float, float, float]:
         """One step; raises :class:`~sparknet.errors.TrainingDiverged` (step count and
         weights as before the step) when its loss or a delta is not finite."""
         from sparknet.activations import grad as act_grad
@@ -346,15 +292,17 @@ class ModelParallel:
                     assert dx is not None
                     g = dx
         except NonFinite as exc:
-            if j == len(self.stages) - 1 and exc.what != "parameters":   # nothing updated: no step happened
+            # nothing updated: no step happened
+            if j == len(self.stages) - 1 and exc.what != "parameters":
                 self.t -= 1
                 stages.rewind_state(self.stages)
-                raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})", lr=self._lr(), epoch=epoch,
-                                                step=self.t + 1) from None
+                raise TrainingDiverged.describe(exc.what, f"non-finite ({exc.where})",
+                                                lr=self._lr(), epoch=epoch, step=self.t
+                                                + 1) from None
             lr = self._lr()
-            raise HalfStep(f"training diverged: the {exc.what} of {exc.where} became non-finite in step {self.t}, "
-                           f"after weights of that step were updated; lower the learning rate"
-                           f"{'' if lr is None else f' (now {lr:g})'}",
+            raise HalfStep(f"training diverged: the {exc.what} of {exc.where} became non-finite in "
+                           f"step {self.t}, after weights of that step were updated; lower the "
+                           f"learning rate{'' if lr is None else f' (now {lr:g})'}",
                            epoch=epoch, step=self.t, what=exc.what) from None
         self._flush()
         correct = float((out.argmax(axis=-1) == yb).sum()) if lo.is_classification else float("nan")
@@ -386,13 +334,13 @@ class ModelParallel:
         """
         lo = self.loss
         if x is not self._next_raw or self._next_checked is None:
-            x = self._prepare_x(x)
+            x = arguments.check_inputs(x, self.input_shape, self.dtype)
         else:
             x = self._next_checked
-        y = self._prepare_y(y, x.shape[0], lo)
+        y = arguments.check_outputs(y, x.shape[0], lo, self.output_shape, self.dtype)
         nx = None
         if next_x is not None:
-            nx = self._prepare_x(next_x)
+            nx = arguments.check_inputs(next_x, self.input_shape, self.dtype)
             self._next_raw, self._next_checked = next_x, nx
         s, w, c = recovery.guarded(self, lambda: self._train_step(x, y, lo, nx))
         return (s / w if w else 0.0), (c / w if w else float("nan"))
@@ -447,12 +395,8 @@ class ModelParallel:
     # ----------------------------------------------------------------- inference
     def predict_output(self, X: Any, batch_size: int = 512) -> np.ndarray:
         """Network output for ``X`` (probabilities for a softmax head)."""
-        from sparknet.activations import softmax
-        X = self._prepare_x(X)
-        outs = [np.array(self.forward(X[i:i + batch_size], training=False))
-                for i in range(0, X.shape[0], batch_size)]
-        out = np.concatenate(outs, axis=0)
-        return softmax(out) if self._softmax_head else out
+        X = arguments.check_inputs(X, self.input_shape, self.dtype)
+        return inference.batched_output(self.forward, X, batch_size, self._softmax_head)
 
     def predict(self, X: Any, batch_size: int = 512) -> np.ndarray:
         """Class ids for a classifier, raw outputs otherwise."""
@@ -461,33 +405,16 @@ class ModelParallel:
 
     def evaluate(self, X: Any, y: Any, batch_size: int = 512) -> dict[str, float]:
         """Mean loss (and accuracy for classifiers) on ``(X, y)``."""
-        from sparknet.activations import softmax
         lo = self.loss
-        X = self._prepare_x(X)
-        y = self._prepare_y(y, X.shape[0], lo)
-        tot = np.zeros(3)
-        for i in range(0, X.shape[0], batch_size):
-            out = self.forward(X[i:i + batch_size], training=False)
-            pred = softmax(out) if (self._softmax_head and not lo.is_classification) else out
-            s, w, _ = lo.value_and_grad(pred, y[i:i + batch_size], need_grad=False)
-            c = float((out.argmax(axis=-1) == y[i:i + batch_size]).sum()) if lo.is_classification else 0.0
-            tot += (s, w, c)
-        res = {"loss": tot[0] / max(tot[1], 1e-12)}
-        if lo.is_classification:
-            res["accuracy"] = tot[2] / max(tot[1], 1e-12)
-        return res
+        X = arguments.check_inputs(X, self.input_shape, self.dtype)
+        y = arguments.check_outputs(y, X.shape[0], lo, self.output_shape, self.dtype)
+        return inference.mean_loss(self.forward, lo, self._softmax_head, X, y, batch_size)
 
     def get_layer_weights(self, index: int, replica: int = 0) -> dict[str, np.ndarray]:
         """The whole ``kernel``/``bias`` of layer ``index``, gathered from its blocks (of one
         replica).  This assembles a blocked layer on the driver: meant for small models,
         checks and export."""
-        return self._gather_layers([index], replica)[index]
-
-    def _gather_layers(self, indices: Sequence[int], replica: int = 0) -> dict[int, dict[str, np.ndarray]]:
-        by_idx = {s.index: s for s in self.blocked}
-        wanted = tuple(by_idx[i] for i in indices if i in by_idx)
-        parts_all = (self.backend.run(GatherJob(self.layout, wanted, replica=replica)) if wanted else [])
-        return {i: assemble(self, i, by_idx, parts_all, replica) for i in indices}
+        return inference.gather_layers(self, [index], replica)[index]
 
     def status(self) -> list[dict]:
         """Per slot: each layer's ``[generation, step, busy]`` record, and the address space
@@ -496,20 +423,13 @@ class ModelParallel:
 
     def _architecture(self) -> dict:
         from sparknet.layers.base import architecture
-        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
-                            loss=self._loss)
+        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype,
+                            seed=self.seed, loss=self._loss)
 
     def to_sequential(self) -> Any:
-        """A single-process :class:`~sparknet.model.Sequential` with these weights (small models only)."""
-        from sparknet.model import Sequential
-
-        model = Sequential.from_config(self._architecture())
-        weights = self._gather_layers([i for i, sl in enumerate(model.param_slices()) if sl])
-        for i, sl in enumerate(model.param_slices()):
-            for k, (a, b, _shape) in sl.items():
-                model.params[a:b] = weights[i][k].reshape(-1)
-        stages.state_into(self.stages, model)  # the driver stages' running statistics
-        return model
+        """A single-process :class:`~sparknet.model.Sequential` with these weights (small models
+        only)."""
+        return inference.to_sequential(self, self._architecture())
 
     # ----------------------------------------------------------- files and checkpoints
     def save(self, folder: str) -> str:
@@ -539,11 +459,13 @@ class ModelParallel:
         ``replicas`` replicas, each streaming the same block files); each executor streams
         its blocks from the files."""
         return persistence.load(cls, folder, spark=spark, checkpoint_dir=checkpoint_dir, name=name,
-                                replicas=replicas, combine_bytes=combine_bytes, checkpoint_keep=checkpoint_keep)
+                                replicas=replicas, combine_bytes=combine_bytes,
+                                checkpoint_keep=checkpoint_keep)
 
     def _checkpoint_store(self) -> CheckpointStore:
         if self._store is None:
-            raise ValueError("checkpoints need a checkpoint_dir (ModelParallel(..., checkpoint_dir=...))")
+            raise ValueError("checkpoints need a checkpoint_dir (ModelParallel(..., "
+                             "checkpoint_dir=...))")
         return self._store
 
     def _write_checkpoint(self, position: "recovery.FitPosition | None") -> Checkpoint:
@@ -573,7 +495,8 @@ class ModelParallel:
         """
         persistence.restore(self, folder)
 
-    def _restore(self, ckpt: "str | Checkpoint") -> "tuple[Checkpoint, recovery.FitPosition | None]":
+    def _restore(self,
+                 ckpt: "str | Checkpoint") -> "tuple[Checkpoint, recovery.FitPosition | None]":
         return recovery.restore(self, ckpt)
 
     def close(self) -> None:

@@ -27,8 +27,9 @@ def save(mp: "ModelParallel", folder: str) -> str:
     with files.staged_folder(folder) as (final, staging):
         recovery.save_blocks(mp, staging)
         files.write_driver(staging, driver_arrays(mp.stages))
-        files.write_manifest(staging, {"architecture": mp._architecture(), "plan": mp.plan.to_dict(),
-                                       "optimizer": mp.opt_meta, "t": mp.t,
+        files.write_manifest(staging, {"architecture": mp._architecture(),
+                                       "plan": mp.plan.to_dict(), "optimizer": mp.opt_meta,
+                                       "t": mp.t,
                                        "steps": {str(k): v for k, v in mp._steps.items()}})
     return final
 
@@ -55,10 +56,11 @@ def load(cls: "type[ModelParallel]", folder: str, **options: Any) -> "ModelParal
         arch = m["architecture"]
         opt = optim_mod.from_config(m["optimizer"]["name"], m["optimizer"]["config"])
         layers, plan = layers_from_config(arch["layers"]), BlockPlan.from_dict(m["plan"])
-        shape, kw = arch["input_shape"], {"dtype": arch["dtype"], "seed": arch["seed"], "loss": arch.get("loss")}
+        shape, kw = arch["input_shape"], {"dtype": arch["dtype"], "seed": arch["seed"],
+                                          "loss": arch.get("loss")}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{folder!r}: its manifest describes no network this sparknet can build "
-                              f"({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{folder!r}: its manifest describes no network this sparknet can "
+                              f"build ({type(exc).__name__}: {exc})") from None
     mp = cls(layers, plan, shape, optimizer=opt, _load=folder, **kw, **options)
     try:
         if driver is None:

@@ -94,7 +94,8 @@ class FitPosition:
         return cls(**d)
 
     def history(self) -> dict[str, Any]:
-        return {"loss": list(self.loss), "accuracy": list(self.accuracy), "step_time": list(self.step_time)}
+        return {"loss": list(self.loss), "accuracy": list(self.accuracy),
+                "step_time": list(self.step_time)}
 
 
 def data_settings(X: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool) -> dict[str, Any]:
@@ -102,18 +103,20 @@ def data_settings(X: np.ndarray, y: np.ndarray, batch_size: int, shuffle: bool) 
     count, batch size, shuffling, and a fingerprint of the labels and of up to 1024 rows."""
     h = hashlib.sha256(np.ascontiguousarray(y).tobytes())
     h.update(np.ascontiguousarray(X[::max(1, X.shape[0] // 1024)]).tobytes())
-    return {"n": int(X.shape[0]), "batch_size": int(batch_size), "shuffle": bool(shuffle), "data": h.hexdigest()}
+    return {"n": int(X.shape[0]), "batch_size": int(batch_size), "shuffle": bool(shuffle),
+            "data": h.hexdigest()}
 
 
 def check_resumable(pos: FitPosition, settings: dict[str, Any], path: str) -> None:
     """Refuse to resume ``pos`` with other data or batches (a ``ValueError`` naming them)."""
     old = pos.settings
-    for key, arg in (("n", "X"), ("batch_size", "batch_size"), ("shuffle", "shuffle"), ("data", "X/y")):
+    for key, arg in (("n", "X"), ("batch_size", "batch_size"), ("shuffle", "shuffle"),
+                     ("data", "X/y")):
         if old.get(key) != settings.get(key):
             what = "the data" if key == "data" else f"{key}={old.get(key)!r}"
-            raise ValueError(f"fit(resume=True): checkpoint {path} was written by a fit with {what}, this call "
-                             f"has {arg}={settings.get(key)!r}; resume with the same data and arguments, or "
-                             f"pass resume=False")
+            raise ValueError(f"fit(resume=True): checkpoint {path} was written by a fit with "
+                             f"{what}, this call has {arg}={settings.get(key)!r}; resume with the "
+                             f"same data and arguments, or pass resume=False")
 
 
 # --------------------------------------------------------------------------- the store
@@ -121,9 +124,10 @@ def open_store(directory: str, keep: int) -> CheckpointStore:
     """The checkpoint store of ``directory`` (a local or shared folder: the executors write
     their block files into it themselves)."""
     if _is_uri(directory):
-        raise ValueError(f"checkpoint_dir={directory!r}: model-parallel checkpoints are written by the executors "
-                         "themselves, so checkpoint_dir must be a folder path that every executor and the driver "
-                         "reach (local or a shared filesystem mount), not a Hadoop URI")
+        raise ValueError(f"checkpoint_dir={directory!r}: model-parallel checkpoints are written by "
+                         "the executors themselves, so checkpoint_dir must be a folder path that "
+                         "every executor and the driver reach (local or a shared filesystem "
+                         "mount), not a Hadoop URI")
     return CheckpointStore(directory, keep=keep)
 
 
@@ -151,20 +155,23 @@ def save_blocks(mp: "ModelParallel", folder: str) -> int:
                                  generation=mp.generation, steps=steps))
     results = [r for r in out if isinstance(r, SaveResult)]
     bad = [name for r in results for name in r.nonfinite]
-    bad += [f"driver {name}" for name, arr in driver_arrays(mp.stages).items() if not np.isfinite(arr).all()]
+    bad += [f"driver {name}" for name, arr in driver_arrays(mp.stages).items()
+            if not np.isfinite(arr).all()]
     if bad:
         lr = _lr(mp)
         more = ", ..." if len(bad) > 4 else ""
         raise TrainingDiverged(
-            f"training diverged: the parameters are not finite at step {mp.t} ({', '.join(bad[:4])}{more}); "
-            f"nothing was written; lower the learning rate{'' if lr is None else f' (now {lr:g})'}",
+            f"training diverged: the parameters are not finite at step {mp.t} "
+            f"({', '.join(bad[:4])}{more}); nothing was written; lower the learning "
+            f"rate{'' if lr is None else f' (now {lr:g})'}",
             step=mp.t, what="parameters")
     return sum(r.nbytes for r in results)
 
 
 def write(mp: "ModelParallel", store: CheckpointStore, position: FitPosition | None) -> Checkpoint:
     """Write checkpoint ``mp.t`` (blocks by the executors, driver arrays, meta) atomically."""
-    meta = {"kind": KIND, "model": _model_meta(mp), "fit": None if position is None else position.to_json()}
+    meta = {"kind": KIND, "model": _model_meta(mp), "fit": None if position is None
+            else position.to_json()}
     with store.writing(mp.t, meta) as folder:
         save_blocks(mp, folder)
         for name, arr in driver_arrays(mp.stages).items():
@@ -174,7 +181,8 @@ def write(mp: "ModelParallel", store: CheckpointStore, position: FitPosition | N
                 os.fsync(fh.fileno())
     ckpt = store.get(mp.t)
     if ckpt is None:  # pragma: no cover - the store just published it
-        raise CheckpointError(f"checkpoint {mp.t} was written to {store.directory} but cannot be read back")
+        raise CheckpointError(f"checkpoint {mp.t} was written to {store.directory} but cannot be "
+                              "read back")
     return ckpt
 
 
@@ -201,7 +209,8 @@ def open_checkpoint(path: "str | Checkpoint") -> tuple[CheckpointStore, Checkpoi
     name = os.path.basename(folder)
     ckpt = next((c for c in store.checkpoints() if os.path.basename(c.path) == name), None)
     if ckpt is None:
-        raise CheckpointError(f"{folder!r} is not a complete checkpoint (no readable manifest.json)")
+        raise CheckpointError(f"{folder!r} is not a complete checkpoint "
+                              "(no readable manifest.json)")
     if ckpt.meta.get("kind") != KIND:
         raise CheckpointError(f"checkpoint {folder!r} was not written by ModelParallel (kind "
                               f"{ckpt.meta.get('kind')!r})")
@@ -217,8 +226,8 @@ def _check_same_network(mp: "ModelParallel", model: dict[str, Any], path: str) -
     for key, mine in (("architecture", mp._architecture()), ("plan", mp.plan.to_dict()),
                       ("optimizer", mp.opt_meta)):
         if norm(model.get(key)) != norm(mine):
-            raise CheckpointError(f"checkpoint {path} holds another network: its {key} is {norm(model.get(key))}, "
-                                  f"this model's is {norm(mine)}")
+            raise CheckpointError(f"checkpoint {path} holds another network: its {key} is "
+                                  f"{norm(model.get(key))}, this model's is {norm(mine)}")
 
 
 def set_driver_state(mp: "ModelParallel", arrays: dict[str, np.ndarray], t: int) -> None:
@@ -279,7 +288,8 @@ def guarded(mp: "ModelParallel", fn: Callable[[], Any]) -> Any:
         lost_at = mp.t
         mp._restore(ckpt)
         mp.restores += 1
-        log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and redoing this step; "
-                    "train_on_batch cannot replay the %d step(s) between them (fit() does)", lost_at, exc,
+        log.warning("block state lost at step %d (%s); restored checkpoint %s (step %d) and "
+                    "redoing this step; train_on_batch cannot replay the %d step(s) between them "
+                    "(fit() does)", lost_at, exc,
                     ckpt.path, ckpt.step, max(lost_at - 1 - ckpt.step, 0))
         return fn()

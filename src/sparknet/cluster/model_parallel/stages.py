@@ -49,7 +49,8 @@ class Stage(Protocol):
         """The stage's output for ``x``; with ``training`` it keeps what backward needs."""
         ...
 
-    def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
+    def backward(self, g: np.ndarray, need_dx: bool,
+                 next_x: np.ndarray | None = None) -> np.ndarray | None:
         """Backpropagate the output delta ``g``, update the stage's weights, and return the
         input delta (``None`` unless ``need_dx``).  A blocked stage may run the forward of
         ``next_x`` in the same job (lookahead)."""
@@ -132,17 +133,21 @@ class NormClip:
             ahead = stage is first and next_x is not None
             shards = None
             if ahead and first is not None and next_x is not None:
-                x2 = np.ascontiguousarray(next_x.reshape(-1, first.layers[0].in_features), dtype=o.dtype)
+                x2 = np.ascontiguousarray(next_x.reshape(-1, first.layers[0].in_features),
+                                          dtype=o.dtype)
                 data[str(len(jobs))], shards, at = {"x_next": x2}, o.shards(x2.shape[0]), len(jobs)
-            jobs.append(ScaledApplyJob(o.layout, stage.layers, generation=o.generation, step=step, shards=shards,
-                                       opt=o.job_optimizer, t=o.t, factor=factor, busy=busy, prefetch=ahead))
+            jobs.append(ScaledApplyJob(o.layout, stage.layers, generation=o.generation, step=step,
+                                       shards=shards, opt=o.job_optimizer, t=o.t, factor=factor,
+                                       busy=busy, prefetch=ahead))
         self.reset()
         if not jobs:
             return []
-        out = o.run_job(ChainJob(o.layout, (), jobs=tuple(jobs)), data, o.n_slots)   # per slot, per job
+        # per slot, per job
+        out = o.run_job(ChainJob(o.layout, (), jobs=tuple(jobs)), data, o.n_slots)
         if not all(r is None or r.finite for per_job in out for r in per_job):
             raise NonFinite("parameters", "blocked layers (clipped step)")
-        return [None if per_job[at] is None else per_job[at].ahead for per_job in out] if at >= 0 else []
+        return [None if per_job[at] is None else per_job[at].ahead
+                for per_job in out] if at >= 0 else []
 
 
 def _starts_step(stage: Any) -> None:
@@ -168,11 +173,13 @@ class DriverStage:
     #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
     clip: NormClip | None = None
 
-    def __init__(self, owner: "ModelParallel", first: int, layers: list[Layer], in_shape: Sequence[int]) -> None:
+    def __init__(self, owner: "ModelParallel", first: int, layers: list[Layer],
+                 in_shape: Sequence[int]) -> None:
         from sparknet.model import Sequential
 
         self.owner, self.first = owner, first
-        self.seq = Sequential(layers, input_shape=tuple(in_shape), dtype=owner.dtype, seed=owner.seed)
+        self.seq = Sequential(layers, input_shape=tuple(in_shape), dtype=owner.dtype,
+                              seed=owner.seed)
         self.is_head = first + len(layers) == len(owner.layers)
         last = layers[-1]
         if not self.is_head and hasattr(last, "emit_logits"):
@@ -192,11 +199,13 @@ class DriverStage:
             self.state_before = self.seq.state.copy()
         return self.seq.forward(x, training=training)
 
-    def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
+    def backward(self, g: np.ndarray, need_dx: bool,
+                 next_x: np.ndarray | None = None) -> np.ndarray | None:
         _starts_step(self)
         dx = self.seq.backward(g, input_grad=need_dx)
         if self.seq.n_params:
-            check_finite(self.seq.grads, "gradient", f"driver layers {self.first}..{self.first + len(self.seq.layers) - 1}")
+            check_finite(self.seq.grads, "gradient",
+                         f"driver layers {self.first}..{self.first + len(self.seq.layers) - 1}")
             if self.clip is not None:
                 self.clip.add_driver(self.opt, self.seq.params, self.seq.grads)
             else:
@@ -255,9 +264,9 @@ def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int,
         ahead = nxt is None and x_next is not None
         if ahead and x_next is not None:
             data["x_next"], shards = x_next, o.shards(x_next.shape[0])
-        job = ApplyJob(o.layout, layers, generation=o.generation, step=step, shards=shards, opt=o.job_optimizer,
-                       t=o.t, piece=piece, number=n, last=nxt is None, gather=nxt, prefetch=ahead,
-                       store=clip is not None)
+        job = ApplyJob(o.layout, layers, generation=o.generation, step=step, shards=shards,
+                       opt=o.job_optimizer, t=o.t, piece=piece, number=n, last=nxt is None,
+                       gather=nxt, prefetch=ahead, store=clip is not None)
         o.count_combined(nbytes(summed))
         out = o.run_job(job, data, readers, defer=nxt is None and not ahead)
         del summed
@@ -290,11 +299,13 @@ class _Blocked:
 
     def _forward_job(self, x2: np.ndarray, training: bool) -> list:
         o = self.owner
-        job = ForwardJob(o.layout, self.layers, generation=o.generation, step=o.step_of(self.layers[0]),
+        job = ForwardJob(o.layout, self.layers, generation=o.generation,
+                         step=o.step_of(self.layers[0]),
                          shards=o.shards(x2.shape[0]), training=bool(training))
         return o.run_job(job, {"x": x2}, self.blocks * o.layout.replicas)
 
-    def _backward_job(self, dy: np.ndarray, need_dx: bool, next_x: np.ndarray | None) -> tuple[list, list]:
+    def _backward_job(self, dy: np.ndarray, need_dx: bool,
+                      next_x: np.ndarray | None) -> tuple[list, list]:
         """Run the backward job (and, with replicas, the combine); returns the slots'
         input-delta shares and, for ``next_x``, their forward outputs of it (lookahead: in
         the backward job with one replica, in the combine's last job with replicas)."""
@@ -303,14 +314,16 @@ class _Blocked:
         hybrid = o.layout.replicas > 1
         clip = self.clip
         x_next = (None if next_x is None or clip is not None else
-                  np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features), dtype=o.dtype))
+                  np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features),
+                                       dtype=o.dtype))
         data = {"dy": dy}
         if x_next is not None and not hybrid:
             data["x_next"] = x_next
         job = BackwardJob(o.layout, self.layers, generation=o.generation, step=step,
-                          shards=o.shards(dy.shape[0]), need_dx=bool(need_dx), opt=o.job_optimizer, t=o.t,
-                          prefetch=x_next is not None and not hybrid,
-                          gather=o.pieces(self.layers)[0] if hybrid else None, keep=clip is not None and not hybrid)
+                          shards=o.shards(dy.shape[0]), need_dx=bool(need_dx), opt=o.job_optimizer,
+                          t=o.t, prefetch=x_next is not None and not hybrid,
+                          gather=o.pieces(self.layers)[0] if hybrid else None, keep=clip is not None
+                          and not hybrid)
         out = o.run_job(job, data, self.blocks * o.layout.replicas)
         dxs = [None if r is None else r.dx for r in out]
         finite = all(r is None or r.finite for r in out)
@@ -320,12 +333,14 @@ class _Blocked:
             gathered = [None if r is None else r.piece for r in out]
             del out
             ahead = combine(o, self.layers, step, gathered, x_next, clip)
-        if clip is not None:    # the blocks wait for the factor, busy 1 (1 + pieces after a combine)
+        # the blocks wait for the factor, busy 1 (1 + pieces after a combine)
+        if clip is not None:
             clip.add_blocked(self, step, 1 + (len(o.pieces(self.layers)) if hybrid else 0), sumsq)
         for layer in self.layers:
             o.advance(layer)
         if not finite:
-            raise NonFinite("parameters", f"blocked layer(s) {', '.join(str(s.index) for s in self.layers)}")
+            raise NonFinite("parameters",
+                            f"blocked layer(s) {', '.join(str(s.index) for s in self.layers)}")
         return dxs, ahead or []
 
     def _end_backward(self, next_x: np.ndarray | None, ahead: list) -> list:
@@ -362,7 +377,8 @@ class BlockStage(_Blocked):
         y = _per_replica(self.owner, self._forward_job(x2, training), s.blocks, _concat)
         return y.reshape(lead + (s.units,))
 
-    def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
+    def backward(self, g: np.ndarray, need_dx: bool,
+                 next_x: np.ndarray | None = None) -> np.ndarray | None:
         s = self.spec
         lead = g.shape[:-1]
         _starts_step(self)
@@ -403,7 +419,8 @@ class PairStage(_Blocked):
         self._y = z
         return z.reshape(lead + (b.units,))
 
-    def backward(self, g: np.ndarray, need_dx: bool, next_x: np.ndarray | None = None) -> np.ndarray | None:
+    def backward(self, g: np.ndarray, need_dx: bool,
+                 next_x: np.ndarray | None = None) -> np.ndarray | None:
         b = self.b
         lead = g.shape[:-1]
         _starts_step(self)
@@ -510,8 +527,8 @@ def state_into(stages: Sequence[Stage], model: Any) -> None:
                     model.state[c:d] = st.seq.state[a:b]
 
 
-def assemble(owner: "ModelParallel", index: int, by_idx: Mapping[int, BlockedLayer], parts_all: list,
-             replica: int) -> dict[str, np.ndarray]:
+def assemble(owner: "ModelParallel", index: int, by_idx: Mapping[int, BlockedLayer],
+             parts_all: list, replica: int) -> dict[str, np.ndarray]:
     """The whole ``kernel``/``bias`` of layer ``index``: concatenated from its blocks'
     copies (``parts_all``: per slot, what a gather job returned) or read from its driver
     stage."""

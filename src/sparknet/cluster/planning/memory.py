@@ -9,8 +9,8 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sparknet.cluster.planning.candidates import DenseLayout
     from sparknet.cluster.planning.cost import NetworkCosts, SparkCosts
-    from sparknet.cluster.planning.planner import DenseLayout
 
 #: the data-parallel modes: every task holds the whole model
 DATA_PARALLEL = ("gradient", "average", "async")
@@ -25,7 +25,8 @@ def memory_need(mode: str, net: "NetworkCosts", settings: dict, samples: int, sa
     shard and a minibatch's activations; per block slot its weights and optimizer state
     and the batch's activations at its layers.  Tasks spread evenly over the executors."""
     state = 2 + _STATE_SLOTS
-    acts = net.batch_size * float(sum(net.activation_bytes)) * 2  # kept for backward, and the deltas
+    # kept for backward, and the deltas
+    acts = net.batch_size * float(sum(net.activation_bytes)) * 2
     executors = max(1, min(sc.executors, sc.hosts) if sc.hosts > 1 else sc.executors)
     if mode in DATA_PARALLEL:
         P = int(settings["partitions"])
@@ -46,9 +47,12 @@ def memory_per_executor(spark: Any) -> float | None:
     conf, local = sc.getConf(), str(sc.master).startswith("local")
     py = conf.get("spark.executor.pyspark.memory", None)
     if py:
-        return _bytes(py) * max(1, int(sc.defaultParallelism) if local else int(conf.get("spark.executor.cores", "1")))
+        return _bytes(py) * max(1, int(sc.defaultParallelism) if local
+                                else int(conf.get("spark.executor.cores", "1")))
     if local:
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) if hasattr(os, "sysconf") else None
+        if not hasattr(os, "sysconf"):
+            return None
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     mem = _bytes(conf.get("spark.executor.memory", "1g"))
     return mem + max(384 << 20, 0.1 * mem)
 

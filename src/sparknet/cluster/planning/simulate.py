@@ -34,8 +34,8 @@ Example::
     from sparknet.cluster.planning.simulate import Stragglers, simulate
     here = SparkCosts.measure(spark)
     paper = SparkCosts.assumed(hosts=5, cores_per_host=18, bandwidth_gbit=1.0, like=here)
-    p = simulate("average", NetworkCosts.measure(model, 128), paper, 5_000_000, partitions=88, tau=64,
-                 stragglers=Stragglers(sigma=0.1))
+    p = simulate("average", NetworkCosts.measure(model, 128), paper, 5_000_000, partitions=88,
+                 tau=64, stragglers=Stragglers(sigma=0.1))
     p.speedup, p.breakdown
 """
 from __future__ import annotations
@@ -79,7 +79,8 @@ class Stragglers:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"Stragglers fraction must be in [0, 1], got {self.fraction!r}")
         if not self.slowdown >= 1.0:
-            raise ValueError(f"Stragglers slowdown must be >= 1 (times slower), got {self.slowdown!r}")
+            raise ValueError("Stragglers slowdown must be >= 1 (times slower), got "
+                             f"{self.slowdown!r}")
 
     @property
     def none(self) -> bool:
@@ -118,8 +119,8 @@ def hosts_used(spark: "SparkCosts", tasks: int, threads: int = 1) -> int:
     per_host = spark.cores_per_host // int(threads)
     if per_host < 1 or tasks > spark.hosts * per_host:
         raise ValueError(f"{tasks} tasks of {threads} BLAS threads need {tasks * threads} cores "
-                         f"({threads} per task on one host); the cluster has {spark.hosts} host(s) x "
-                         f"{spark.cores_per_host} cores")
+                         f"({threads} per task on one host); the cluster has {spark.hosts} host(s) "
+                         f"x {spark.cores_per_host} cores")
     return min(spark.hosts, int(tasks))
 
 
@@ -153,7 +154,8 @@ def _mean_of(mode: str, make: Any, partitions: int, stragglers: Stragglers, seed
     settings = {k: v for k, v in first.settings.items() if k != "speeds"}
     settings.update(extra, stragglers=stragglers.describe())
     step = None if first.step_s is None else sum(p.step_s or 0.0 for p in preds) / n
-    return cost.Prediction(mode, settings, sum(p.round_s for p in preds) / n, sum(p.epoch_s for p in preds) / n,
+    return cost.Prediction(mode, settings, sum(p.round_s for p in preds) / n,
+                           sum(p.epoch_s for p in preds) / n,
                            step, breakdown, first.one_process_epoch_s)
 
 
@@ -164,18 +166,20 @@ def simulate_sync_gradient(net: "NetworkCosts", spark: "SparkCosts", samples: in
     """``sync="gradient"``: one round per global minibatch, each partition computing the
     gradient of its slice; every round waits for its slowest task."""
     sc, h = _costs(spark, partitions, threads)
-    return _mean_of("gradient", lambda sp: cost.predict_sync_gradient(net, sc, samples, partitions, speeds=sp),
+    return _mean_of("gradient", lambda sp: cost.predict_sync_gradient(net, sc, samples, partitions,
+                                                                      speeds=sp),
                     partitions, stragglers, seed, {"hosts": h})
 
 
-def simulate_sync_average(net: "NetworkCosts", spark: "SparkCosts", samples: int, partitions: int, tau: int,
-                          threads: int = 1, stragglers: Stragglers = NO_STRAGGLERS,
+def simulate_sync_average(net: "NetworkCosts", spark: "SparkCosts", samples: int, partitions: int,
+                          tau: int, threads: int = 1, stragglers: Stragglers = NO_STRAGGLERS,
                           seed: int = 0) -> "Prediction":
     """``sync="average"``: rounds of ``tau`` local steps on every partition, then the mean
     delta; every round waits for its slowest task."""
     sc, h = _costs(spark, partitions, threads)
     return _mean_of("average",
-                    lambda sp: cost.predict_sync_average(net, sc, samples, partitions, tau, speeds=sp),
+                    lambda sp: cost.predict_sync_average(net, sc, samples, partitions, tau,
+                                                         speeds=sp),
                     partitions, stragglers, seed, {"hosts": h})
 
 
@@ -188,17 +192,20 @@ def _async_terms(net: "NetworkCosts", sc: "SparkCosts", samples: int, partitions
     rows = n_p / max(1, math.ceil(max(1, math.ceil(n_p / net.batch_size)) / int(tau)))
     work = net.local_steps_s(rows) / (sc.task_speed * sc.thread_speedup)
     mib = net.param_mib
-    delta = sc.driver_delta_s_per_mib if sc.driver_delta_s_per_mib is not None else sc.driver_update_s_per_mib
+    delta = (sc.driver_delta_s_per_mib if sc.driver_delta_s_per_mib is not None
+             else sc.driver_update_s_per_mib)
     serve = sc.task_s + mib * (delta + sc.broadcast_s_per_mib + sc.result_s_per_mib)
     launch = sc.single_job_s if sc.single_job_s is not None else sc.job_s
-    if sc.hosts > 1 and not sc.network_measured:  # the delta in and the parameters out on the driver's link
+    # the delta in and the parameters out on the driver's link
+    if sc.hosts > 1 and not sc.network_measured:
         serve += 2 * net.param_bytes / sc.bandwidth_bytes_s
         launch += 2 * sc.latency_s
     return rows, work, launch, serve
 
 
-def simulate_async(net: "NetworkCosts", spark: "SparkCosts", samples: int, partitions: int, tau: int,
-                   threads: int = 1, stragglers: Stragglers = NO_STRAGGLERS, seed: int = 0) -> "Prediction":
+def simulate_async(net: "NetworkCosts", spark: "SparkCosts", samples: int, partitions: int,
+                   tau: int, threads: int = 1, stragglers: Stragglers = NO_STRAGGLERS,
+                   seed: int = 0) -> "Prediction":
     """Asynchronous rounds, as an event simulation of one epoch (a budget of ``samples``
     rows): each partition's round at a freshly drawn speed, then its delta queued at the
     driver and served one at a time, then the partition's relaunch.  A round is at most one
@@ -206,7 +213,8 @@ def simulate_async(net: "NetworkCosts", spark: "SparkCosts", samples: int, parti
     sc, h = _costs(spark, partitions, threads)
     rows, work, launch, serve = _async_terms(net, sc, samples, partitions, tau)
     rng = np.random.default_rng(seed)
-    events = [(launch + work / s, p, work / s) for p, s in enumerate(stragglers.speeds(rng, partitions))]
+    events = [(launch + work / s, p, work / s)
+              for p, s in enumerate(stragglers.speeds(rng, partitions))]
     heapq.heapify(events)
     driver_free, done, deltas, computed = 0.0, 0.0, 0, 0.0
     while done < samples - 1e-9:
@@ -240,21 +248,25 @@ def simulate_model_parallel(net: "NetworkCosts", spark: "SparkCosts", samples: i
     ``layer_sizes``, ``blocked``, ``lookahead``...) with every job waiting for the slowest
     of its ``K * D`` slots."""
     sc, h = _costs(spark, int(blocks) * int(replicas), threads)
-    p = cost.predict_model_parallel(net, sc, samples, blocks, paired=paired, replicas=replicas, **layout)
+    p = cost.predict_model_parallel(net, sc, samples, blocks, paired=paired, replicas=replicas,
+                                    **layout)
     slow = slowest(stragglers, int(blocks) * int(replicas), ROUNDS, seed)
     extra = p.breakdown.get("compute", 0.0) * (slow - 1.0)
     breakdown = dict(p.breakdown, stragglers=extra)
     steps = p.epoch_s / p.round_s if p.round_s > 0 else 1.0
     settings = dict(p.settings, threads=int(threads), hosts=h, stragglers=stragglers.describe())
     return cost.Prediction(p.mode, settings, p.round_s + extra / steps, p.epoch_s + extra,
-                           (p.step_s or p.round_s) + extra / steps, breakdown, p.one_process_epoch_s)
+                           (p.step_s or p.round_s) + extra / steps, breakdown,
+                           p.one_process_epoch_s)
 
 
-_SIMULATORS = {"gradient": simulate_sync_gradient, "average": simulate_sync_average, "async": simulate_async,
-               "model_parallel": simulate_model_parallel, "hybrid": simulate_model_parallel}
+_SIMULATORS = {"gradient": simulate_sync_gradient, "average": simulate_sync_average,
+               "async": simulate_async, "model_parallel": simulate_model_parallel,
+               "hybrid": simulate_model_parallel}
 
 
-def simulate(mode: str, net: "NetworkCosts", spark: "SparkCosts", samples: int, **settings: Any) -> "Prediction":
+def simulate(mode: str, net: "NetworkCosts", spark: "SparkCosts", samples: int,
+             **settings: Any) -> "Prediction":
     """Simulate ``mode`` (``"gradient"``, ``"average"``, ``"async"``, ``"model_parallel"``,
     ``"hybrid"``) with its settings: ``partitions`` (and ``tau``) for the data-parallel
     modes; ``blocks``/``K``, ``paired``, ``replicas``/``D``, ``layer_sizes`` (and the cost
@@ -273,10 +285,12 @@ def simulate(mode: str, net: "NetworkCosts", spark: "SparkCosts", samples: int, 
     if "D" in kw:
         kw["replicas"] = kw.pop("D")
     if mode == "model_parallel" and int(kw.get("replicas", 1)) != 1:
-        raise ValueError(f"mode='model_parallel' has one replica; use mode='hybrid' for D={kw['replicas']}")
+        raise ValueError("mode='model_parallel' has one replica; use mode='hybrid' for "
+                         f"D={kw['replicas']}")
     if mode == "hybrid" and int(kw.get("replicas", 1)) < 2:
         raise ValueError(f"mode='hybrid' needs replicas (D) >= 2, got {kw.get('replicas', 1)!r}")
     try:
-        return _SIMULATORS[mode](net, spark, samples, **kw)  # type: ignore[operator]  # one signature per mode
+        # one signature per mode
+        return _SIMULATORS[mode](net, spark, samples, **kw)  # type: ignore[operator]
     except TypeError as exc:
         raise ValueError(f"simulate({mode!r}): {exc}") from exc

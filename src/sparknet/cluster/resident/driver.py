@@ -31,13 +31,13 @@ How it works
   ``on_lost="rebuild"``, rebuild (right for data shards, whose source is the truth)
   and retry the job once.
 * **Every job guarded.**  :meth:`Resident.run_action` runs its job with its own job
-  tag (the caller's job group stays on it), watched by :class:`~sparknet.cluster.resident.executors.JobGuard`: cancelled past its
-  ``timeout`` (:class:`~sparknet.errors.RoundTimeout`), when every executor has been
-  gone for a while (:class:`NoExecutorsLeft`), and, with ``on_lost="rebuild"``, as soon
-  as an executor holding a shard is lost: waiting would cost
-  ``spark.locality.wait.process`` and end in lost state anyway.  :meth:`Resident.rebuild`
-  then builds the lost shards from the source on the live executors and re-attaches
-  the others with their state, and logs one line saying which.  An executor that joins
+  tag (the caller's job group stays on it), watched by
+  :class:`~sparknet.cluster.resident.executors.JobGuard`: cancelled past its ``timeout``
+  (:class:`~sparknet.errors.RoundTimeout`), when every executor has been gone for a while
+  (:class:`NoExecutorsLeft`), and, with ``on_lost="rebuild"``, as soon as an executor holding a
+  shard is lost: waiting would cost ``spark.locality.wait.process`` and end in lost state anyway.
+  :meth:`Resident.rebuild` then builds the lost shards from the source on the live executors and
+  re-attaches the others with their state, and logs one line saying which.  An executor that joins
   while another holds several shards gets some of them the same way.
 * **Nothing left behind.**  :meth:`Resident.close` deletes the state's folder on every
   host; folders that killed drivers left are swept by the next Resident on that host
@@ -185,8 +185,8 @@ class Resident:
         recoveries: the line logged for each rebuild (what was lost, what was rebuilt).
     """
 
-    def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state", on_lost: str = "raise",
-                 spill_dir: str | None = None, cut_lineage: bool = True,
+    def __init__(self, rdd: "RDD | None", build: Callable, name: str = "state",
+                 on_lost: str = "raise", spill_dir: str | None = None, cut_lineage: bool = True,
                  _arrow_df: "DataFrame | None" = None) -> None:
         if rdd is not None:
             self.sc = rdd.context
@@ -194,8 +194,10 @@ class Resident:
             self.sc = _arrow_df.sparkSession.sparkContext
         else:
             raise ValueError("Resident needs a source: an RDD (or from_dataframe's DataFrame)")
-        self._start(build, name, on_lost, spill_dir, str(self.sc.applicationId), rdd, _arrow_df, cut_lineage)
-        _files.sweep_stale(self.owner.app_id, spill_dir, force=True)  # what killed drivers left here
+        self._start(build, name, on_lost, spill_dir, str(self.sc.applicationId), rdd, _arrow_df,
+                    cut_lineage)
+        # what killed drivers left here
+        _files.sweep_stale(self.owner.app_id, spill_dir, force=True)
         self._materialise()
         _OPEN.add(self)
 
@@ -211,17 +213,19 @@ class Resident:
         self.infos: list[ShardInfo] = []
         self.homes: dict[int, str] = {}
         self.recoveries: list[str] = []
-        #: called by :meth:`close` after the files are deleted (e.g. destroying the source's broadcasts)
+        # : called by :meth:`close` after the files are deleted (e.g. destroying the source's
+        # broadcasts)
         self.on_close: list[Callable[[], None]] = []
         self._placed_on: set[str] = set()  # the live executors the shards were last placed among
-        self._joined: dict[str, list] = {}  # executor -> [first seen (monotonic s), re-placements tried]
+        # executor -> [first seen (monotonic s), re-placements tried]
+        self._joined: dict[str, list] = {}
         #: ``time.time()`` when the last build job was submitted, and its wall seconds.
         self.build_started, self.build_seconds = 0.0, 0.0
         self.owner = _files.Owner.this_driver(app_id)
 
     @classmethod
-    def from_dataframe(cls, df: "DataFrame", build: Callable, name: str = "state", on_lost: str = "raise",
-                       spill_dir: str | None = None) -> "Resident":
+    def from_dataframe(cls, df: "DataFrame", build: Callable, name: str = "state",
+                       on_lost: str = "raise", spill_dir: str | None = None) -> "Resident":
         """Build the shards from a DataFrame's partitions through Arrow (``mapInArrow``):
         ``build(index, batches)`` receives an iterator of ``pyarrow.RecordBatch``."""
         return cls(None, build, name=name, on_lost=on_lost, spill_dir=spill_dir, _arrow_df=df)
@@ -255,7 +259,8 @@ class Resident:
                 except Exception:
                     anchor.unpersist()
                     if guard.reason == "no executors":
-                        raise NoExecutorsLeft(self._no_executors(f"building resident state {self.key}")) from None
+                        raise NoExecutorsLeft(self._no_executors("building resident state "
+                                                                 f"{self.key}")) from None
                     raise
         except NoExecutorsLeft:
             _drop_local(self.key, self.spill_dir)
@@ -274,10 +279,12 @@ class Resident:
         """After a failed build: delete the shards its finished tasks wrote, on the hosts
         one task per partition reaches and on this one."""
         try:
-            with JobGuard(self.sc, f"deleting partial resident state {self.key}", timeout=CLEANUP_TIMEOUT):
+            with JobGuard(self.sc, f"deleting partial resident state {self.key}",
+                          timeout=CLEANUP_TIMEOUT):
                 self.sc.parallelize(range(parts), max(1, parts)).mapPartitions(
                     _Dropper(self.key, self.spill_dir)).collect()
-        except Exception as exc:  # executors gone meanwhile: the owner files let a later sweep do it
+        # executors gone meanwhile: the owner files let a later sweep do it
+        except Exception as exc:
             log.debug("resident %s: cleanup after a failed build failed: %s", self.key, exc)
         _drop_local(self.key, self.spill_dir)
 
@@ -292,12 +299,14 @@ class Resident:
         timed = [i for i in self.infos if i.timing]
         if not timed:
             return {"rest": self.build_seconds}
-        tm = max(timed, key=lambda i: i.timing["start"] + i.timing["build"] + i.timing["spill"]).timing
+        tm = max(timed, key=lambda i: i.timing["start"] + i.timing["build"]
+                 + i.timing["spill"]).timing
         start = min(max(tm["start"] - self.build_started, 0.0), self.build_seconds)
         rest = max(self.build_seconds - start - tm["build"] - tm["spill"], 0.0)
         return {"start": start, "build": tm["build"], "spill": tm["spill"], "rest": rest}
 
-    def rebuild(self, lost: Iterable[str] = (), reason: str | None = None, joined: Iterable[str] = ()) -> str:
+    def rebuild(self, lost: Iterable[str] = (), reason: str | None = None,
+                joined: Iterable[str] = ()) -> str:
         """Build the shards again on the live executors: a shard whose executor lives and
         whose files are on the host its new task runs on is re-attached as it is (its
         in-place state, optimizer state included, kept); every other one is built from
@@ -311,7 +320,8 @@ class Resident:
         """
         lost, joined = sorted(set(lost)), sorted(set(joined))
         live = live_executors(self.sc)
-        gone = {p for p, e in self.homes.items() if e in lost or (live is not None and e not in live)}
+        gone = {p for p, e in self.homes.items() if e in lost
+                or (live is not None and e not in live)}
         lost = sorted(set(lost) | {self.homes[p] for p in gone})
         keep = {i.index: i for i in self.infos if i.index not in gone}
         old, t0 = self.anchor, time.perf_counter()
@@ -331,11 +341,13 @@ class Resident:
         built anew and which re-attached, where, and in how long since ``t0``."""
         fresh = [i.index for i in self.infos if not i.reattached]
         kept = [i.index for i in self.infos if i.reattached]
-        where = f" on executor(s) {', '.join(sorted(set(self.homes.values())))}" if self.homes else ""
-        rebuilt = (f"rebuilt partition(s) {fresh} from the source (their optimizer state restarts)" if fresh
+        homes = ", ".join(sorted(set(self.homes.values())))
+        where = f" on executor(s) {homes}" if self.homes else ""
+        rebuilt = (f"rebuilt partition(s) {fresh} from the source (their optimizer state restarts)"
+                   if fresh
                    else "nothing rebuilt")
-        line = (f"sparknet: resident state {self.key}: {cause}: {rebuilt}, re-attached {kept or 'none'} with "
-                f"their state{where} in {time.perf_counter() - t0:.1f} s")
+        line = (f"sparknet: resident state {self.key}: {cause}: {rebuilt}, re-attached "
+                f"{kept or 'none'} with their state{where} in {time.perf_counter() - t0:.1f} s")
         log.warning(line)
         self.recoveries.append(line)
         return line
@@ -413,7 +425,8 @@ class Resident:
             raise RuntimeError(f"resident state {self.key} is closed")
         return self.anchor
 
-    def run_action(self, action: Callable[[], Any], retry: bool = True, timeout: float | None = None) -> Any:
+    def run_action(self, action: Callable[[], Any], retry: bool = True,
+                   timeout: float | None = None) -> Any:
         """Run ``action()`` (a Spark action over :meth:`mapPartitions` RDDs, built inside
         it) with its own Spark job tag, and make every way it can fail clear.
 
@@ -430,7 +443,8 @@ class Resident:
           seconds, :class:`NoExecutorsLeft`.
         """
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ValueError("timeout must be a positive number of seconds or None, got "
+                             f"{timeout!r}")
         self._check_placement()
         watch = set(self.homes.values()) if self.on_lost == "rebuild" else None
         error: Exception | None = None
@@ -444,10 +458,10 @@ class Resident:
             what = self.sc.getLocalProperty("spark.job.description") or guard.description
             what = "a Spark job" if what == guard.description else repr(what)
         if guard.reason == "timeout":
-            raise RoundTimeout(f"{what} (resident state {self.key}) ran longer than {timeout:g} s and was "
-                               f"cancelled: a task that never returns, or a round slower than the timeout "
-                               f"allows; pass a larger timeout (a trainer's round_timeout=..., or None to "
-                               f"wait without limit)") from None
+            raise RoundTimeout(f"{what} (resident state {self.key}) ran longer than {timeout:g} s "
+                               "and was cancelled: a task that never returns, or a round slower "
+                               "than the timeout allows; pass a larger timeout (a trainer's "
+                               f"round_timeout=..., or None to wait without limit)") from None
         if guard.reason == "no executors":
             raise NoExecutorsLeft(self._no_executors(what)) from None
         reason = (f"executor {', '.join(sorted(guard.lost))} lost" if guard.reason == "lost"
@@ -471,7 +485,8 @@ class Resident:
         if lost:
             self.rebuild(lost=lost)
             return
-        now, crowded = time.monotonic(), max(list(self.homes.values()).count(e) for e in self.homes.values()) > 1
+        now, crowded = time.monotonic(), max(list(self.homes.values()).count(e)
+                                             for e in self.homes.values()) > 1
         for e in live - self._placed_on:
             self._joined.setdefault(e, [now, 0])
         # an executor is given shards once it has been up for JOIN_SETTLE seconds, at most twice
@@ -484,12 +499,14 @@ class Resident:
         for e in joined:
             self._joined[e][1] += 1
         self.rebuild(joined=joined)
-        self._placed_on -= {e for e in joined if e not in self.homes.values()}  # got none: once more later
+        # got none: once more later
+        self._placed_on -= {e for e in joined if e not in self.homes.values()}
 
     def _no_executors(self, what: str) -> str:
-        return (f"no executor left: every executor of application {self.sc.applicationId} is gone and none "
-                f"registered within {_executors.NO_EXECUTOR_WAIT:.0f} s, so {what} cannot run; start workers again "
-                f"(or check the cluster manager) and fit again (resume=True continues from a checkpoint)")
+        return (f"no executor left: every executor of application {self.sc.applicationId} is gone "
+                f"and none registered within {_executors.NO_EXECUTOR_WAIT:.0f} s, so {what} cannot "
+                "run; start workers again (or check the cluster manager) and fit again "
+                "(resume=True continues from a checkpoint)")
 
     def run_partition(self, fn: Callable[[int, Shard], Iterable], index: int) -> list:
         """Run ``fn(index, shard) -> iterable`` on partition ``index`` alone, as one job

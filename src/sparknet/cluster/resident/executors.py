@@ -52,7 +52,8 @@ def live_executors(sc: SparkContext) -> set[str] | None:
     return {str(ids.apply(i)) for i in range(ids.size())}
 
 
-def block_homes(sc: SparkContext, rdd_id: int, partitions: int, wait: float = 3.0) -> dict[int, str]:
+def block_homes(sc: SparkContext, rdd_id: int, partitions: int,
+                wait: float = 3.0) -> dict[int, str]:
     """Partition -> id of the executor holding the persisted block of RDD ``rdd_id``
     (from the application's status store, which the listener bus fills a moment after
     the job ends: waits up to ``wait`` seconds for all ``partitions``).  Partitions
@@ -96,7 +97,8 @@ class JobGuard:
     def __init__(self, sc: SparkContext, what: str, timeout: float | None = None,
                  watch: set[str] | None = None) -> None:
         if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ValueError("timeout must be a positive number of seconds or None, got "
+                             f"{timeout!r}")
         self.sc, self.what, self.timeout = sc, what, timeout
         self.watch = set(watch or ())
         self.group = f"sparknet-{next(_ids)}-{what.split()[-1]}".replace(",", "_")

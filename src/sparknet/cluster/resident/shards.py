@@ -236,7 +236,8 @@ class _Builder:
             pass
         arrays, meta = (out if isinstance(out, tuple) else (out, {}))
         if not isinstance(arrays, dict):
-            raise TypeError(f"build must return a dict of arrays (or (dict, meta)), got {type(arrays).__name__}")
+            raise TypeError("build must return a dict of arrays (or (dict, meta)), got "
+                            f"{type(arrays).__name__}")
         nbytes = sum(int(np.asarray(a).nbytes) for a in arrays.values())
         base = self.base or _files.spill_base(nbytes)
         folder = os.path.join(base, _files.PREFIX + self.key)
@@ -247,8 +248,8 @@ class _Builder:
         spilled = {name: _spill(directory, name, np.asarray(a)) for name, a in arrays.items()}
         shapes = {n: (tuple(a.shape), a.dtype.str) for n, a in spilled.items()}
         timing = {"start": start, "build": t1 - t0, "spill": time.perf_counter() - t1}
-        info = ShardInfo(self.key, index, socket.gethostname(), directory, shapes, _own(meta), timing,
-                         uuid.uuid4().hex[:12])
+        info = ShardInfo(self.key, index, socket.gethostname(), directory, shapes, _own(meta),
+                         timing, uuid.uuid4().hex[:12])
         with _STORE_LOCK:
             _register((self.key, index), spilled, info)
         return info
@@ -305,7 +306,8 @@ class _Task:
     def __call__(self, index: int, iterator: Iterable[ShardInfo]) -> Iterable:
         infos = [_as_info(item) for item in iterator]
         if len(infos) != 1:
-            raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, expected 1")
+            raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, "
+                               "expected 1")
         shard = attach(infos[0])
         out = self.fn(index, shard)
         if self.per_partition:
