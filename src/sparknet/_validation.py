@@ -101,21 +101,6 @@ def refuse_pandas(value: Any, where: str, spark_only: bool = False) -> None:
                     f"(df[feature_columns].to_numpy(), df[label_column].to_numpy())")
 
 
-def check_callbacks(callbacks: Any) -> list[Any]:
-    """``callbacks`` as a list of :class:`sparknet.callbacks.Callback` objects and plain
-    callables ``f(epoch, logs)`` (checked before training starts)."""
-    from sparknet.callbacks import Callback
-
-    if callable(callbacks) or isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
-        raise ValueError(f"callbacks must be a list of callables f(epoch, logs) or Callback objects, "
-                         f"got {callbacks!r}")
-    for i, cb in enumerate(callbacks):
-        if not (callable(cb) or isinstance(cb, Callback)):
-            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r} (pass a "
-                             f"sparknet.callbacks.Callback or a function f(epoch, logs))")
-    return list(callbacks)
-
-
 def check_sample_weight(sample_weight: Any, n: int, dtype: DTypeLike) -> np.ndarray:
     """``(n,)`` finite, non-negative per-sample weights that do not all vanish."""
     sw = check_array(sample_weight, "sample_weight", dtype=dtype)

@@ -183,6 +183,20 @@ class _FunctionCallback(Callback):
             self.stop_training = True
 
 
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """``callbacks`` as a list of :class:`Callback` objects and plain callables
+    ``f(epoch, logs)`` (checked before training starts)."""
+    if (callable(callbacks) or isinstance(callbacks, Callback)
+            or not isinstance(callbacks, (list, tuple))):
+        raise ValueError(f"callbacks must be a list of callables f(epoch, logs) or Callback "
+                         f"objects, got {callbacks!r}")
+    for i, cb in enumerate(callbacks):
+        if not (callable(cb) or isinstance(cb, Callback)):
+            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r} (pass a "
+                             f"sparknet.callbacks.Callback or a function f(epoch, logs))")
+    return list(callbacks)
+
+
 class CallbackList:
     """The callbacks of one fit, called in order; what every trainer uses.
 
@@ -194,8 +208,6 @@ class CallbackList:
     """
 
     def __init__(self, callbacks: Iterable[Any], model: Any, trainer: Any, control: FitControl) -> None:
-        from sparknet._validation import check_callbacks
-
         self.callbacks: list[Callback] = [cb if isinstance(cb, Callback) else _FunctionCallback(cb)
                                           for cb in check_callbacks(callbacks)]
         self.control = control

@@ -12,7 +12,6 @@ from sparknet import precision as precision_mod
 from sparknet._validation import (
     check_array,
     check_bool,
-    check_callbacks,
     check_labels,
     check_mask,
     check_name,
@@ -24,7 +23,7 @@ from sparknet._validation import (
 )
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
-from sparknet.callbacks import CallbackList, FitControl
+from sparknet.callbacks import CallbackList, FitControl, check_callbacks
 from sparknet.divergence import StepGuard
 from sparknet.epochs import run_epochs
 from sparknet.history import History

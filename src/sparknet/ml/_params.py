@@ -360,7 +360,7 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
         """The callbacks of the next ``fit`` (:mod:`sparknet.callbacks`; ``callbacks`` of
         :meth:`DataParallelTrainer.fit <sparknet.cluster.DataParallelTrainer.fit>`).  Not a
         Param: copies of the Estimator share them, saved Estimators and Models leave them out."""
-        from sparknet._validation import check_callbacks
+        from sparknet.callbacks import check_callbacks
 
         self._callbacks = check_callbacks(value)
         return self

@@ -37,7 +37,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
@@ -48,9 +48,10 @@ from sparknet.errors import RoundTimeout
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparknet.cluster.data_parallel.parameter_server import RoundResult
-
 log = logging.getLogger(__name__)
+
+#: what a round's tasks send back (summed by :meth:`ConnectEngine.gather`)
+T = TypeVar("T")
 
 #: Bytes a query's function may carry (parameters, optimizer state): under the default
 #: 128 MiB gRPC message limit of a Connect server, with room for the rest of the plan.
@@ -200,12 +201,11 @@ class ConnectEngine:
             return InClosure(value)
         return InRows(self.spark, value)
 
-    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        from sparknet.cluster.data_parallel.parameter_server import RoundResult
-
-        out = RoundResult()
+    def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
+               depth: int) -> T:
+        out = zero()
         for r in job.collect():
-            out.add(r)
+            out = add(out, r)
         return out
 
     def add_tag(self, tag: str) -> None:
