@@ -98,19 +98,11 @@ def test_production_code_does_not_import_test_machinery():
 KNOWN_CIRCLES: list[set[str]] = []
 
 #: Circles still to break once imports inside functions count too.
-KNOWN_DEFERRED_CIRCLES: list[set[str]] = [
-    {"sparknet.cluster.data_parallel.fit_context", "sparknet.cluster.data_parallel.round_task",
-     "sparknet.cluster.planning.cost", "sparknet.cluster.planning.probes", "sparknet.epochs",
-     "sparknet.history", "sparknet.io", "sparknet.model"},
-    {"sparknet.ml._estimators", "sparknet.ml._scoring", "sparknet.ml._training", "sparknet.onnx._spark"},
-    {"sparknet._validation", "sparknet.callbacks", "sparknet.schedules"},
-    {"sparknet.cluster.data_parallel.parameter_server", "sparknet.cluster.engine.base",
-     "sparknet.cluster.engine.connect"},
-]
+KNOWN_DEFERRED_CIRCLES: list[set[str]] = []
 
 #: Imports across the layers (importer, imported), deferred into functions, still to remove.
-KNOWN_CLUSTER_TO_ML = {("sparknet.cluster.data.packed_rows", "sparknet.ml._jvm")}
-KNOWN_CORE_TO_CLUSTER = {("sparknet.history", "sparknet.cluster.data_parallel.fit_context")}
+KNOWN_CLUSTER_TO_ML: set[tuple[str, str]] = set()
+KNOWN_CORE_TO_CLUSTER: set[tuple[str, str]] = set()
 
 
 def _module_paths() -> dict[str, str]:

@@ -9,6 +9,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
+from sparknet._model_file import read_model_file, save_model
 from sparknet._validation import (
     check_array,
     check_bool,
@@ -564,14 +565,12 @@ class Sequential:
     def save(self, path: str | os.PathLike[str], optimizer: "Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
-        from sparknet.io import save_model
         save_model(self, path, optimizer=optimizer)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Sequential":
         """Read a model written by :meth:`save` (no code is run: no pickle)."""
-        from sparknet.io import load_model
-        return load_model(path)
+        return cast("Sequential", read_model_file(path, cls.from_config))
 
     def summary(self) -> str:
         """A table of layers, output shapes and parameter counts."""

@@ -31,7 +31,8 @@ from sparknet.cluster.planning.rounds import (  # noqa: F401 - the sizing's cons
     nominal_cost,
     size_rounds,
 )
-from sparknet.model import History, Sequential
+from sparknet.history import FitHistory
+from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
@@ -61,55 +62,6 @@ FIXED_WINDOW = 16
 def _count(n: int, noun: str) -> str:
     """``"1 round"``, ``"4 rounds"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-class FitHistory(History):
-    """The :class:`~sparknet.model.History` of a data-parallel fit.
-
-    Attributes:
-        setup_time: seconds from the call of ``fit`` to its first training round
-            (loading the data onto the executors, checks, calibration).
-        setup_breakdown: where ``setup_time`` went, in seconds per step, in order (they
-            add up to ``setup_time``): for the training data ``plan (driver)`` (column
-            checks, the query), ``worker start, imports`` (the shard job until the
-            executors' Python workers ran the builder), ``convert to numpy`` (Arrow
-            batches or rows to one array), ``checks (executors)`` (NaN, lengths,
-            labels), ``spill`` (writing the shard files), ``shard job: scheduling,
-            results`` (the rest of that job, from its last task), ``checks (driver)``;
-            or ``reuse lookup`` when the shards of an earlier fit were reused; then
-            ``validation data`` (all of its steps; loaded beside the training data, only
-            the wait past them), ``calibration`` (sizing the first rounds: a local step
-            timed on the driver) and ``other``.
-        reused_shards: whether the training shards were reused from an earlier fit on
-            the same cached data (no job built them).
-        updates: one record per arriving delta (``mode="async"``; empty otherwise).
-        checkpoints: ``{"step", "seconds", "collect", "job", "bytes"}`` of every
-            checkpoint this fit wrote (``checkpoint_dir``): its seconds in all, those
-            spent collecting the partitions' optimizer state, whether that took a job of
-            its own (not when it came back with a round's results), its arrays' bytes.  A
-            checkpoint at an epoch's end is written after the epoch's ``time`` was taken.
-        resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
-        interrupted: whether the fit ended on ``KeyboardInterrupt``.
-        precision: what the training tasks' products ran in: ``"bf16"``, or ``"fp32"`` (asked
-            for, or some executor had no bfloat16 kernel).
-        bytes_out, bytes_in: bytes of the parameters broadcast, of the vectors the training
-            tasks sent back (:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer`).
-    """
-
-    extra_fields = ("setup_time", "setup_breakdown", "reused_shards", "updates", "checkpoints",
-                    "resumed_from", "interrupted", "precision", "bytes_out", "bytes_in")
-    state_fields = ("updates",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setup_time = 0.0
-        self.setup_breakdown: dict[str, float] = {}
-        self.reused_shards = False
-        self.updates: list[dict[str, Any]] = []
-        self.checkpoints: list[dict[str, Any]] = []
-        self.resumed_from: str | None = None
-        self.interrupted = False
-        self.precision, self.bytes_out, self.bytes_in = "fp32", 0, 0
 
 
 @dataclass(frozen=True)

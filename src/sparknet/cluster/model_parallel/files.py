@@ -32,10 +32,10 @@ from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
+from sparknet._model_file import ZIP_ERRORS, ModelFile, atomic_savez, atomic_write
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.executor import Arrays
 from sparknet.errors import CheckpointError
-from sparknet.io import _ZIP_ERRORS, _atomic_savez, _ModelFile, atomic_write
 
 FORMAT = "sparknet-model-parallel"
 #: 2: driver optimizer state in the one serialised form (``stage<j>.opt_<key>``); 1 is still read
@@ -111,7 +111,7 @@ def load_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str, state_k
                     _read_into(zf, f"{pname}.{s}", arrays[f"{i}.{pname}.{s}"], path)
     except CheckpointError:
         raise
-    except _ZIP_ERRORS as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"block file {path!r} (layer {i}, block {k}) is damaged "
                               f"({type(exc).__name__}: {exc})") from None
 
@@ -139,13 +139,13 @@ def check_block_file(path: str) -> None:
                                           f"refused (nothing read may run code)")
     except CheckpointError:
         raise
-    except _ZIP_ERRORS as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"block file {path!r} is damaged ({type(exc).__name__}: {exc})") from None
 
 
 # -------------------------------------------------------------- driver arrays, manifest
 def write_driver(folder: str, arrays: dict[str, np.ndarray]) -> None:
-    _atomic_savez(os.path.join(folder, "driver.npz"), arrays)
+    atomic_savez(os.path.join(folder, "driver.npz"), arrays)
 
 
 def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
@@ -159,7 +159,7 @@ def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
     path = os.path.join(folder, "driver.npz")
     if not os.path.isfile(path):
         raise CheckpointError(f"{path!r} is missing: {folder!r} is not a complete model-parallel model")
-    data = _ModelFile(path)  # every member's header checked against its size; object arrays refused
+    data = ModelFile(path)  # every member's header checked against its size; object arrays refused
     try:
         out = {k: data.read(k, large=True) for k in data.layouts}
     finally:
