@@ -98,8 +98,9 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
         raise ValueError("cannot save a model that is not built (fit it or call build first)")
     count, first = _first_bad(model.params)
     if count:
-        raise ValueError(f"cannot save {path!r}: the model's params hold NaN or infinity ({count} value(s), "
-                         f"first at index {first}); such a file could not be loaded")
+        raise ValueError(f"cannot save {path!r}: the model's params hold NaN or infinity "
+                         f"({count} value(s), first at index {first}); such a file could not "
+                         f"be loaded")
     arrays: dict[str, np.ndarray] = {
         "format": np.array(FORMAT),
         "version": np.array(VERSION, dtype=np.int64),
@@ -109,8 +110,8 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
     if model.n_state:
         count, first = _first_bad(model.state)
         if count:
-            raise ValueError(f"cannot save {path!r}: the model's state (running statistics) holds NaN "
-                             f"or infinity ({count} value(s), first at index {first})")
+            raise ValueError(f"cannot save {path!r}: the model's state (running statistics) "
+                             f"holds NaN or infinity ({count} value(s), first at index {first})")
         arrays["state"] = np.ascontiguousarray(model.state)
     if optimizer is not None:
         arrays["optimizer"] = np.array(json.dumps(
@@ -120,7 +121,8 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
         try:
             arrays["extra"] = np.array(json.dumps(extra))
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"cannot save {path!r}: extra is not JSON-serialisable ({exc})") from None
+            raise ValueError(f"cannot save {path!r}: extra is not JSON-serialisable "
+                             f"({exc})") from None
     atomic_savez(path, arrays)
 
 
@@ -128,6 +130,7 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
 #: what zipfile and numpy's .npy reader raise for a damaged archive or member (a flipped
 #: byte can name an unknown compression method, a zip version or encryption)
 ZIP_ERRORS = (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError)
+
 
 class ModelFile:
     """An opened model file: its members' ``.npy`` layouts, checked against their sizes,
@@ -141,7 +144,8 @@ class ModelFile:
             with open(path, "rb") as fh:
                 head = fh.read(4)
             if head == b"PK\x03\x04":
-                raise self.error("is truncated or damaged (a zip archive without its directory)") from None
+                raise self.error("is truncated or damaged (a zip archive without its "
+                                 "directory)") from None
             raise self.error("is not a sparknet model file (not an npz archive)") from None
         self.size = os.path.getsize(path)
         self.layouts: dict[str, tuple[tuple[int, ...], bool, np.dtype, zipfile.ZipInfo]] = {}
@@ -156,12 +160,14 @@ class ModelFile:
     def error(self, what: str) -> CheckpointError:
         return CheckpointError(f"{self.path!r} {what}")
 
-    def _layout(self, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], bool, np.dtype, zipfile.ZipInfo]:
-        """The member's declared shape and dtype, checked against its size (before reading data)."""
+    def _layout(self, info: zipfile.ZipInfo
+                ) -> tuple[tuple[int, ...], bool, np.dtype, zipfile.ZipInfo]:
+        """The member's declared shape and dtype, checked against its size (before reading
+        data)."""
         key = info.filename[:-4]
         if info.header_offset + info.compress_size > self.size:
-            raise self.error(f"is truncated: member {info.filename} declares {info.compress_size:,} bytes "
-                             f"beyond the end of the file")
+            raise self.error(f"is truncated: member {info.filename} declares "
+                             f"{info.compress_size:,} bytes beyond the end of the file")
         try:
             with self.zip.open(info) as fh:
                 version = np.lib.format.read_magic(fh)
@@ -170,14 +176,16 @@ class ModelFile:
                 shape, fortran, dtype = reader(fh)
                 offset = fh.tell()
         except ZIP_ERRORS as exc:
-            raise self.error(f"is damaged: member {info.filename} is not a valid .npy array ({exc})") from None
+            raise self.error(f"is damaged: member {info.filename} is not a valid .npy array "
+                             f"({exc})") from None
         if dtype.hasobject:
-            raise self.error(f"is refused: entry {key!r} holds an object array; refusing to load it "
-                             f"(model files must not need pickle)")
+            raise self.error(f"is refused: entry {key!r} holds an object array; refusing to "
+                             f"load it (model files must not need pickle)")
         declared = math.prod(int(d) for d in shape) * dtype.itemsize
         if declared != info.file_size - offset:
-            raise self.error(f"is refused: {info.filename} declares shape {tuple(shape)} of {dtype} "
-                             f"({declared:,} bytes) but holds {info.file_size - offset:,} bytes of data")
+            raise self.error(f"is refused: {info.filename} declares shape {tuple(shape)} of "
+                             f"{dtype} ({declared:,} bytes) but holds "
+                             f"{info.file_size - offset:,} bytes of data")
         return tuple(int(d) for d in shape), bool(fortran), dtype, info
 
     def __contains__(self, key: str) -> bool:
@@ -199,7 +207,8 @@ class ModelFile:
                 fh.seek(info.file_size - math.prod(shape) * dtype.itemsize)
                 data = fh.read()
         except ZIP_ERRORS as exc:
-            raise self.error(f"is damaged: member {info.filename} failed its CRC check ({exc})") from None
+            raise self.error(f"is damaged: member {info.filename} failed its CRC check "
+                             f"({exc})") from None
         return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
     def text(self, key: str) -> str:
@@ -227,7 +236,8 @@ def _check_header(f: ModelFile) -> None:
 
 
 def _declared_params(f: ModelFile, config: Any) -> int:
-    """The parameter count the architecture declares, from layer shapes alone (nothing allocated)."""
+    """The parameter count the architecture declares, from layer shapes alone (nothing
+    allocated)."""
     from sparknet._validation import check_shape
     from sparknet.layers.base import layers_from_config
 
@@ -259,13 +269,15 @@ def _read_model(f: ModelFile, build: Callable[[dict[str, Any]], Sequential]) -> 
     if len(shape) != 1:
         raise f.error(f"is refused: params must be 1-D, got shape {shape}")
     if shape[0] != need:
-        raise f.error(f"is refused: {shape[0]:,} parameters stored, the architecture declares {need:,} "
-                      f"(checked before building it: a file of another network, or a damaged one)")
+        raise f.error(f"is refused: {shape[0]:,} parameters stored, the architecture declares "
+                      f"{need:,} (checked before building it: a file of another network, or a "
+                      f"damaged one)")
     params = f.read("params", large=True)
     count, first = _first_bad(params)
     if count:
-        raise f.error(f"is refused: params holds {count} NaN or infinite value{'s' if count > 1 else ''} "
-                      f"(first at index {first}); a model with them cannot predict")
+        raise f.error(f"is refused: params holds {count} NaN or infinite "
+                      f"value{'s' if count > 1 else ''} (first at index {first}); a model with "
+                      f"them cannot predict")
     try:
         model = build(config)
     except (KeyError, TypeError, ValueError) as exc:
@@ -289,8 +301,8 @@ def _read_state(f: ModelFile, model: Sequential) -> None:
     state = f.read("state", large=True)
     count, first = _first_bad(state)
     if count:
-        raise f.error(f"is refused: state holds {count} NaN or infinite value{'s' if count > 1 else ''} "
-                      f"(first at index {first})")
+        raise f.error(f"is refused: state holds {count} NaN or infinite "
+                      f"value{'s' if count > 1 else ''} (first at index {first})")
     model.state[...] = state
 
 
@@ -301,7 +313,8 @@ def _read_optimizer(f: ModelFile, model: Sequential) -> Optimizer | None:
         return None
     meta = f.json("optimizer")
     if not isinstance(meta, dict) or "name" not in meta or not isinstance(meta.get("config"), dict):
-        raise f.error(f"holds a malformed optimizer entry (expected {{'name', 'config', 't'}}, got {meta!r})")
+        raise f.error(f"holds a malformed optimizer entry (expected {{'name', 'config', 't'}}, "
+                      f"got {meta!r})")
     try:
         opt = optim.from_config(meta["name"], meta["config"])
         state: dict[str, np.ndarray] = {}
@@ -313,8 +326,9 @@ def _read_optimizer(f: ModelFile, model: Sequential) -> Optimizer | None:
             if dtype.kind != "f":
                 raise ValueError(f"optimizer state {key} has dtype {dtype}, expected floats")
             if shape != (model.n_params,):
-                raise ValueError(f"optimizer state {key} has {shape[0] if len(shape) == 1 else shape} entries, "
-                                 f"the model has {model.n_params} parameters")
+                n = shape[0] if len(shape) == 1 else shape
+                raise ValueError(f"optimizer state {key} has {n} entries, the model has "
+                                 f"{model.n_params} parameters")
             state[name] = f.read(name, large=True)
         state["opt_t"] = f.read("opt_t") if "opt_t" in f else np.array([meta.get("t", 0)])
         opt.load_state_arrays(state, "opt_")
@@ -351,11 +365,13 @@ def read_model_file(path: PathLike, build: Callable[[dict[str, Any]], Sequential
 def _folder_hint(path: str) -> str:
     """What a folder given to :func:`load_model` probably holds, and what loads it."""
     if os.path.isfile(os.path.join(path, "manifest.json")):
-        return "It holds a model-parallel model: load it with sparknet.cluster.ModelParallel.load(folder)."
+        return ("It holds a model-parallel model: load it with "
+                "sparknet.cluster.ModelParallel.load(folder).")
     if os.path.isdir(os.path.join(path, "metadata")):
         return ("It holds a saved Spark ML stage: load it with its class, e.g. "
                 "sparknet.ml.SparkNetClassificationModel.load(folder).")
     found = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
     if found:
-        return f"It holds {len(found)} .npz file(s), e.g. {os.path.join(path, found[-1])!r}: pass one of them."
+        return (f"It holds {len(found)} .npz file(s), e.g. {os.path.join(path, found[-1])!r}: "
+                f"pass one of them.")
     return "It holds no model file."

@@ -72,7 +72,8 @@ class History:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`state_dict` gave: a resumed fit goes on with this history."""
         self.epoch = [int(e) for e in state.get("epoch", [])]
-        self.history = {k: [float(v) for v in vals] for k, vals in (state.get("history") or {}).items()}
+        saved = state.get("history") or {}
+        self.history = {k: [float(v) for v in vals] for k, vals in saved.items()}
         for name in self.state_fields:
             if name in state:
                 setattr(self, name, copy.deepcopy(state[name]))
@@ -84,8 +85,8 @@ class History:
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> str:
         """The history as a JSON document (``NaN`` and infinities as ``null``)."""
-        doc = {"format": FORMAT, "version": VERSION, "kind": type(self).__name__, "epoch": list(self.epoch),
-               "history": self.to_dict(),
+        doc = {"format": FORMAT, "version": VERSION, "kind": type(self).__name__,
+               "epoch": list(self.epoch), "history": self.to_dict(),
                "extra": {name: getattr(self, name) for name in self.extra_fields}}
         return json.dumps(_finite_or_none(doc), allow_nan=False, default=float)
 
@@ -110,8 +111,8 @@ class History:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise ValueError(f"{source} is not a sparknet history (no \"format\": {FORMAT!r})")
         if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
-            raise ValueError(f"{source} is history version {doc.get('version')!r}; this sparknet reads "
-                             f"version {VERSION} and older")
+            raise ValueError(f"{source} is history version {doc.get('version')!r}; this "
+                             f"sparknet reads version {VERSION} and older")
         epochs, metrics = doc.get("epoch"), doc.get("history")
         if not isinstance(epochs, list) or not all(isinstance(e, int) for e in epochs):
             raise ValueError(f"{source}: \"epoch\" must be a list of integers")
@@ -122,9 +123,10 @@ class History:
         out.epoch = list(epochs)
         for name, values in metrics.items():
             if not isinstance(values, list) or len(values) != len(epochs) or not all(
-                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
-                raise ValueError(f"{source}: metric {name!r} must be a list of {len(epochs)} numbers "
-                                 f"(one per epoch; null for undefined)")
+                    v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                    for v in values):
+                raise ValueError(f"{source}: metric {name!r} must be a list of {len(epochs)} "
+                                 f"numbers (one per epoch; null for undefined)")
             out.history[str(name)] = [math.nan if v is None else float(v) for v in values]
         extra = doc.get("extra") or {}
         if not isinstance(extra, dict):

@@ -82,7 +82,8 @@ def plan(network: Sequential) -> Plan:
         elif isinstance(layer, Activation):
             ops.append(f"a{layer._kernel_act}")
         elif isinstance(layer, (Dropout, Flatten)):
-            if isinstance(layer, Flatten) and (layer.input_shape is None or len(layer.input_shape) != 1):
+            if isinstance(layer, Flatten) and (layer.input_shape is None
+                                               or len(layer.input_shape) != 1):
                 raise Unsupported(f"layer {layer.name!r} flattens {layer.input_shape}-shaped rows")
             continue                       # identity at inference on flat rows
         else:
@@ -126,11 +127,13 @@ def score(dataset: DataFrame, network: Sequential, column: str, mode: int,
     thr = "" if thresholds is None else ":".join(repr(float(t)) for t in thresholds)
     fields = ",".join(field for _, field, _ in specs)
     index = dataset.columns.index(column)
-    scorer = jar.new_instance(spark, SCORER_CLASS).configure(net, f"{index};{mode};{thr};{fields};{column}")
+    scorer = jar.new_instance(spark, SCORER_CLASS).configure(
+        net, f"{index};{mode};{thr};{fields};{column}")
     out_fields = list(dataset.schema.fields)
     for name, field, meta in specs:
         scalar = field == "pred" and mode != 2
-        out_fields.append(T.StructField(name, T.DoubleType() if scalar else VectorUDT(), True, meta))
+        kind = T.DoubleType() if scalar else VectorUDT()
+        out_fields.append(T.StructField(name, kind, True, meta))
     schema = T.StructType(out_fields)
     jss = spark._jsparkSession
     rdd = dataset._jdf.queryExecution().toRdd().toJavaRDD().mapPartitions(scorer).rdd()

@@ -40,10 +40,12 @@ _KINDS = {"vector": 0, "double": 1, "float": 2}
 
 def enabled() -> bool:
     """False when ``SPARKNET_PACK_ROWS`` is ``0`` (the plain Arrow path, for comparison)."""
-    return os.environ.get("SPARKNET_PACK_ROWS", "1").strip().lower() not in ("0", "false", "no", "off")
+    switch = os.environ.get("SPARKNET_PACK_ROWS", "1").strip().lower()
+    return switch not in ("0", "false", "no", "off")
 
 
-def packed_columns(df: DataFrame, features_kind: str, dtype: str, folder: str = "") -> DataFrame | None:
+def packed_columns(df: DataFrame, features_kind: str, dtype: str,
+                   folder: str = "") -> DataFrame | None:
     """``df`` (columns: features, label as double) as one row a partition naming the
     file its rows went to, or None where the JVM path is off or unavailable (why is
     logged at debug level).  ``folder``: where the files go (default: ``/dev/shm`` where
@@ -59,7 +61,8 @@ def packed_columns(df: DataFrame, features_kind: str, dtype: str, folder: str = 
         log.debug("rows not handed over by the JVM (%s): Arrow reads the columns", why)
         return None
     width = 4 if dtype == "float32" else 8
-    packer = jar.new_instance(spark, PACKER_CLASS).configure(f"{_KINDS[features_kind]};{width};{folder}")
+    packer = jar.new_instance(spark, PACKER_CLASS).configure(
+        f"{_KINDS[features_kind]};{width};{folder}")
     schema = T.StructType([T.StructField("path", T.StringType()),
                            T.StructField("rows", T.IntegerType(), False),
                            T.StructField("dim", T.IntegerType(), False),
@@ -106,4 +109,5 @@ class PackedBuild:
                 ShardReport(jvm_seconds=jvm)
         x, y = parts[0] if len(parts) == 1 else (np.concatenate([p[0] for p in parts]),
                                                  np.concatenate([p[1] for p in parts]))
-        return finish(x, y, self.classification, self.dtype, {"jvm_seconds": jvm, "x_dim": int(x.shape[1])})
+        return finish(x, y, self.classification, self.dtype,
+                      {"jvm_seconds": jvm, "x_dim": int(x.shape[1])})

@@ -56,8 +56,9 @@ class RoundResult:
         states: partition -> its resident optimizer state after the round (``{name:
             array}``), when the round was asked for it (a checkpoint follows it).
         state: the row-weighted mean of the training tasks' layer states after the round
-            (BatchNormalization's running statistics; :mod:`sparknet.cluster.data_parallel.layer_state`),
-            or ``None`` when the model keeps none.
+            (BatchNormalization's running statistics;
+            :mod:`sparknet.cluster.data_parallel.layer_state`), or ``None`` when the model
+            keeps none.
         state_rows: the rows that mean is weighted by.
         wire_bytes: bytes of the vectors the training tasks sent back (halved with
             ``wire="bf16"``: :mod:`sparknet.cluster.data_parallel.wire`).
@@ -94,7 +95,8 @@ class RoundResult:
         self.nonfinite = self.nonfinite + list(other.nonfinite)
         if other.states:
             self.states = {**self.states, **other.states}
-        self.state, self.state_rows = merge(self.state, self.state_rows, other.state, other.state_rows)
+        self.state, self.state_rows = merge(self.state, self.state_rows, other.state,
+                                            other.state_rows)
         self.step_time = max(self.step_time, other.step_time)
         return self
 
@@ -176,7 +178,8 @@ class ParameterServer:
         res.vec = None if res.vec is None else decode(res.vec)
         with self._lock:
             self.bytes_in += int(res.wire_bytes)
-            warn, self.fell_back = res.fallback and not self.fell_back, self.fell_back or res.fallback
+            warn = res.fallback and not self.fell_back
+            self.fell_back = self.fell_back or res.fallback
         if warn:
             precision_mod.warn_executor_fallback()
         return res

@@ -131,7 +131,8 @@ def arrow_udf_for(df: Any, fn: Callable, return_type: Any) -> Any:
     a Connect DataFrame gets the Connect form of the same UDF."""
     from pyspark.sql.functions import arrow_udf
 
-    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]  # the stubs want a functionType, which pyspark deprecates
+    # the stubs want a functionType, which pyspark deprecates
+    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]
     if not is_connect(df):
         return udf
     from pyspark.sql.connect.udf import _create_udf
@@ -179,7 +180,8 @@ class ClassicEngine:
         return self.sc.getConf().get(key, default)
 
     def describe(self, text: str | None) -> None:
-        self.sc.setJobDescription(text)  # type: ignore[arg-type]  # None clears it; the stub says str
+        # None clears it; the stub says str
+        self.sc.setJobDescription(text)  # type: ignore[arg-type]
 
     def ship(self, value: Any) -> Shipped:
         return self.sc.broadcast(value)

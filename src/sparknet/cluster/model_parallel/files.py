@@ -48,7 +48,8 @@ def block_file(folder: str, layer: int, k: int) -> str:
     return os.path.join(folder, f"layer{layer:03d}_block{k:03d}.npz")
 
 
-def save_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str, state_keys: Sequence[str]) -> int:
+def save_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str,
+               state_keys: Sequence[str]) -> int:
     """Write block ``k`` of a layer (params + optimizer state) as one ``.npz``, atomically;
     returns the bytes written."""
     i = layer.index
@@ -91,7 +92,8 @@ def _read_into(zf: zipfile.ZipFile, name: str, out: np.ndarray, path: str) -> No
             pos += got
 
 
-def load_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str, state_keys: Sequence[str]) -> None:
+def load_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str,
+               state_keys: Sequence[str]) -> None:
     """Stream block ``k`` of a layer from its file into the slot's allocated arrays (the
     zip CRC of each member checked as it is read).
 
@@ -127,7 +129,8 @@ def check_block_file(path: str) -> None:
         with zipfile.ZipFile(path) as zf:
             bad = zf.testzip()
             if bad is not None:
-                raise CheckpointError(f"block file {path!r} is damaged: member {bad} fails its CRC check")
+                raise CheckpointError(f"block file {path!r} is damaged: member {bad} fails its "
+                                      f"CRC check")
             for info in zf.infolist():
                 with zf.open(info) as fh:
                     version = np.lib.format.read_magic(fh)
@@ -135,12 +138,13 @@ def check_block_file(path: str) -> None:
                         np.lib.format.read_array_header_2_0
                     dtype = read(fh)[2]
                 if dtype.hasobject:
-                    raise CheckpointError(f"block file {path!r}: {info.filename} holds an object array; "
-                                          f"refused (nothing read may run code)")
+                    raise CheckpointError(f"block file {path!r}: {info.filename} holds an object "
+                                          f"array; refused (nothing read may run code)")
     except CheckpointError:
         raise
     except ZIP_ERRORS as exc:
-        raise CheckpointError(f"block file {path!r} is damaged ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"block file {path!r} is damaged ({type(exc).__name__}: "
+                              f"{exc})") from None
 
 
 # -------------------------------------------------------------- driver arrays, manifest
@@ -158,7 +162,8 @@ def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
     """
     path = os.path.join(folder, "driver.npz")
     if not os.path.isfile(path):
-        raise CheckpointError(f"{path!r} is missing: {folder!r} is not a complete model-parallel model")
+        raise CheckpointError(f"{path!r} is missing: {folder!r} is not a complete model-parallel "
+                              f"model")
     data = ModelFile(path)  # every member's header checked against its size; object arrays refused
     try:
         out = {k: data.read(k, large=True) for k in data.layouts}
@@ -220,7 +225,8 @@ def read_manifest(folder: str) -> dict[str, Any]:
     """
     man = os.path.join(folder, "manifest.json")
     if not os.path.isfile(man):
-        raise FileNotFoundError(f"{folder!r} holds no complete model-parallel model (no manifest.json)")
+        raise FileNotFoundError(f"{folder!r} holds no complete model-parallel model (no "
+                                f"manifest.json)")
     try:
         with open(man, encoding="utf-8") as fh:
             m = json.load(fh)
@@ -237,9 +243,10 @@ def read_manifest(folder: str) -> dict[str, Any]:
                                   f"JSON {'object' if kind is dict else 'integer'}")
     files = m.get("files")
     if files is not None and not (isinstance(files, dict) and all(
-            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get("sha256"), str)
-            for v in files.values())):
-        raise CheckpointError(f"{man!r} is damaged: its 'files' entry is not a list of sizes and checksums")
+            isinstance(v, dict) and isinstance(v.get("bytes"), int)
+            and isinstance(v.get("sha256"), str) for v in files.values())):
+        raise CheckpointError(f"{man!r} is damaged: its 'files' entry is not a list of sizes and "
+                              f"checksums")
     return m
 
 
@@ -265,8 +272,8 @@ def verify_folder(folder: str, manifest: dict[str, Any]) -> None:
             raise CheckpointError(f"{path!r} is missing: the manifest of {folder!r} lists it")
         size, digest = sha256_file(path)
         if size != want["bytes"]:
-            raise CheckpointError(f"{path!r} is damaged: {size:,} bytes, the manifest says {want['bytes']:,} "
-                                  f"(truncated or padded)")
+            raise CheckpointError(f"{path!r} is damaged: {size:,} bytes, the manifest says "
+                                  f"{want['bytes']:,} (truncated or padded)")
         if digest != want["sha256"]:
             raise CheckpointError(f"{path!r} is damaged: its SHA-256 differs from the manifest's "
                                   f"(altered bytes)")
