@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from sparknet.optim import Optimizer
 
 __all__ = ["PathLike", "FORMAT", "VERSION", "MAX_META_BYTES", "ZIP_ERRORS", "ModelFile",
-           "atomic_write", "atomic_savez", "check_path", "save_model", "read_model_file"]
+           "atomic_write", "atomic_savez", "check_path", "write_model", "read_model_file"]
 
 #: a file path: a string or an ``os.PathLike``
 PathLike = Union[str, "os.PathLike[str]"]
@@ -86,13 +86,10 @@ def _first_bad(a: np.ndarray) -> tuple[int, int]:
     return count, (int(np.argmax(bad)) if count else -1)
 
 
-def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
-               extra: dict[str, Any] | None = None) -> None:
-    """Write ``model`` (built) and optionally ``optimizer`` state to ``path`` atomically.
-
-    Raises ``ValueError`` (and leaves any existing file untouched) for a model that is not
-    built or whose parameters are not finite, a folder or a missing folder as ``path``, or
-    an ``extra`` that is not JSON."""
+def write_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
+                extra: dict[str, Any] | None = None) -> None:
+    """:func:`sparknet.io.save_model`: ``model`` (and ``optimizer``'s state, and ``extra``)
+    written to ``path`` atomically, after its checks."""
     path = check_path(path)
     if not model.built:
         raise ValueError("cannot save a model that is not built (fit it or call build first)")

@@ -23,19 +23,33 @@ from __future__ import annotations
 
 from typing import Any, Literal, overload
 
+from sparknet import _model_file
 from sparknet._model_file import (
     FORMAT,
     MAX_META_BYTES,
     VERSION,
-    PathLike,
     atomic_write,
     read_model_file,
-    save_model,
+    write_model,
 )
 from sparknet.model import Sequential
+from sparknet.optim import Optimizer
 
 __all__ = ["PathLike", "FORMAT", "VERSION", "MAX_META_BYTES", "atomic_write", "save_model",
            "load_model"]
+
+#: a file path: a string or an ``os.PathLike``
+PathLike = _model_file.PathLike
+
+
+def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
+               extra: dict[str, Any] | None = None) -> None:
+    """Write ``model`` (built) and optionally ``optimizer`` state to ``path`` atomically.
+
+    Raises ``ValueError`` (and leaves any existing file untouched) for a model that is not
+    built or whose parameters are not finite, a folder or a missing folder as ``path``, or
+    an ``extra`` that is not JSON."""
+    write_model(model, path, optimizer, extra)
 
 
 @overload

@@ -9,7 +9,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
-from sparknet._model_file import read_model_file, save_model
+from sparknet._model_file import read_model_file, write_model
 from sparknet._validation import (
     check_array,
     check_bool,
@@ -561,7 +561,7 @@ class Sequential:
     def save(self, path: str | os.PathLike[str], optimizer: "Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
-        save_model(self, path, optimizer=optimizer)
+        write_model(self, path, optimizer=optimizer)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Sequential":

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: what a round's tasks send back (summed by :meth:`ConnectEngine.gather`)
+#: what a round's tasks send back (summed by the engine's ``gather``)
 T = TypeVar("T")
 
 #: Bytes a query's function may carry (parameters, optimizer state): under the default
