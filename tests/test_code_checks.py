@@ -31,7 +31,8 @@ MAX_LINES = 600
 
 def _tool(module: str) -> list[str]:
     if importlib.util.find_spec(module) is None:
-        pytest.fail(f"{module} is not installed; install the test extras: python -m pip install '.[test]'")
+        pytest.fail(f"{module} is not installed; install the test extras: "
+                    f"python -m pip install '.[test]'")
     return [sys.executable, "-m", module]
 
 
@@ -54,7 +55,8 @@ def test_ruff_is_clean():
 def test_mypy_is_clean():
     # mypy's cache outside the checkout: a fresh clone then re-checks only what changed (the
     # cache keeps each module's source hash, so a stale entry is re-checked, never trusted)
-    cache = os.environ.get("MYPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "sparknet-mypy")
+    cache = os.environ.get("MYPY_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache",
+                                                             "sparknet-mypy")
     res = _run(_tool("mypy") + ["--cache-dir", cache])
     assert res.returncode == 0, f"mypy found problems:\n{res.stdout}{res.stderr}"
 
@@ -85,7 +87,8 @@ def test_production_code_does_not_import_test_machinery():
             if any(n == "sparknet.cluster.testing" or n.endswith(".testing") and "sparknet" in n
                    for n in names):
                 offenders.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
-    assert not offenders, "production modules import sparknet.cluster.testing:\n" + "\n".join(offenders)
+    assert not offenders, ("production modules import sparknet.cluster.testing:\n"
+                           + "\n".join(offenders))
 
 
 # ----------------------------------------------------------------- the import graph
@@ -98,19 +101,11 @@ def test_production_code_does_not_import_test_machinery():
 KNOWN_CIRCLES: list[set[str]] = []
 
 #: Circles still to break once imports inside functions count too.
-KNOWN_DEFERRED_CIRCLES: list[set[str]] = [
-    {"sparknet.cluster.data_parallel.fit_context", "sparknet.cluster.data_parallel.round_task",
-     "sparknet.cluster.planning.cost", "sparknet.cluster.planning.probes", "sparknet.epochs",
-     "sparknet.history", "sparknet.io", "sparknet.model"},
-    {"sparknet.ml._estimators", "sparknet.ml._scoring", "sparknet.ml._training", "sparknet.onnx._spark"},
-    {"sparknet._validation", "sparknet.callbacks", "sparknet.schedules"},
-    {"sparknet.cluster.data_parallel.parameter_server", "sparknet.cluster.engine.base",
-     "sparknet.cluster.engine.connect"},
-]
+KNOWN_DEFERRED_CIRCLES: list[set[str]] = []
 
 #: Imports across the layers (importer, imported), deferred into functions, still to remove.
-KNOWN_CLUSTER_TO_ML = {("sparknet.cluster.data.packed_rows", "sparknet.ml._jvm")}
-KNOWN_CORE_TO_CLUSTER = {("sparknet.history", "sparknet.cluster.data_parallel.fit_context")}
+KNOWN_CLUSTER_TO_ML: set[tuple[str, str]] = set()
+KNOWN_CORE_TO_CLUSTER: set[tuple[str, str]] = set()
 
 
 def _module_paths() -> dict[str, str]:
@@ -221,7 +216,8 @@ def _check_circles(circles: list[set[str]], known: list[set[str]], what: str) ->
     assert not new, (f"new import circles ({what}); break them (move the shared piece down to the "
                      "lower module):\n" + "\n".join(" <-> ".join(c) for c in new))
     assert sum(map(len, circles)) <= sum(map(len, known)), (
-        f"more modules in import circles ({what}) than the known debt: {sorted(map(sorted, circles))}")
+        f"more modules in import circles ({what}) than the known debt: "
+        f"{sorted(map(sorted, circles))}")
 
 
 def test_import_graph_has_no_new_circles():
@@ -253,7 +249,8 @@ def _crossings(importer: str, imported: str, deferred: bool) -> set[tuple[str, s
 
 def test_cluster_does_not_import_ml():
     assert not _crossings("sparknet.cluster", "sparknet.ml", deferred=False), \
-        "sparknet.cluster imports sparknet.ml at module level: the trainers must not need the Estimators"
+        ("sparknet.cluster imports sparknet.ml at module level: the trainers must not need the "
+         "Estimators")
     extra = _crossings("sparknet.cluster", "sparknet.ml", deferred=True) - KNOWN_CLUSTER_TO_ML
     assert not extra, f"new imports of sparknet.ml from sparknet.cluster: {sorted(extra)}"
 
@@ -301,7 +298,8 @@ def _touches_sys_path(node: ast.AST) -> bool:
 def _two_dense_softmax(fn: ast.FunctionDef) -> bool:
     """Whether ``fn`` only returns ``Sequential([Dense(.., relu), Dense(.., softmax)], ..)``:
     a copy of :func:`helpers.models.mlp` under another name."""
-    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    body = [s for s in fn.body
+            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
     if len(body) != 1 or not isinstance(body[0], ast.Return):
         return False
     call = body[0].value

@@ -19,12 +19,12 @@ from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from sparknet import Dense, Sequential  # noqa: E402
-from sparknet.cluster.engine import task_errors  # noqa: E402
+from sparknet.cluster.engine import jar, task_errors  # noqa: E402
 from sparknet.errors import DataError, TrainingDiverged  # noqa: E402
-from sparknet.ml import SparkNetClassificationModel, _jvm  # noqa: E402
+from sparknet.ml import SparkNetClassificationModel  # noqa: E402
 
 HERE = Path(__file__).parent
-HAS_JAVAC = _jvm._javac() is not None
+HAS_JAVAC = jar.javac() is not None
 ENGINES = ["jvm", "arrow"] if HAS_JAVAC else ["arrow"]
 ROW_63 = (r"features column 'features' (has (a row|rows) of 63 values|holds rows of different "
           r"lengths \(63 and 64\)); the network expects 64")

@@ -1,4 +1,4 @@
-"""The JVM inference engine (sparknet/ml/jvm/DenseForward.java) against the Arrow engine,
+"""The JVM inference engine (sparknet/jvm/DenseForward.java) against the Arrow engine,
 on real local Spark and scikit-learn's digits."""
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pyspark.ml.linalg import Vectors, VectorUDT  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from sparknet import Activation, Dense, Dropout, Sequential  # noqa: E402
+from sparknet.cluster.engine import jar as engine_jar  # noqa: E402
 from sparknet.datasets import load_digits  # noqa: E402
 from sparknet.layers import Conv2D, Flatten  # noqa: E402
 from sparknet.ml import SparkNetClassificationModel, SparkNetRegressionModel, _jvm  # noqa: E402
 
-if _jvm._javac() is None:
+if engine_jar.javac() is None:
     pytest.skip("no javac on this machine: the JVM engine is compiled on first use, so only "
                 "the Arrow engine runs here", allow_module_level=True)
 
@@ -192,19 +193,19 @@ def test_jar_is_cached_and_complete(tmp_path, monkeypatch):
     """The jar is built once per source and Spark version, atomically, into the cache
     folder; without javac the build says so."""
     monkeypatch.setenv("SPARKNET_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_jvm, "_JARS", {})
-    monkeypatch.setattr(_jvm, "_FAILED", {})
+    monkeypatch.setattr(engine_jar, "_JARS", {})
+    monkeypatch.setattr(engine_jar, "_FAILED", {})
     jar = _jvm.build_jar()
     assert jar.is_relative_to(tmp_path) and jar.name == "sparknet-jvm.jar"
     with zipfile.ZipFile(jar) as z:
         assert "sparknet/jvm/DenseForward.class" in z.namelist()
     assert not list(tmp_path.rglob("*.part"))
     mtime = jar.stat().st_mtime_ns
-    monkeypatch.setattr(_jvm, "_JARS", {})          # a new process finds it on disk
+    monkeypatch.setattr(engine_jar, "_JARS", {})          # a new process finds it on disk
     assert _jvm.build_jar() == jar and jar.stat().st_mtime_ns == mtime
 
     monkeypatch.setenv("SPARKNET_CACHE_DIR", str(tmp_path / "empty"))
-    monkeypatch.setattr(_jvm, "_JARS", {})
+    monkeypatch.setattr(engine_jar, "_JARS", {})
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     with pytest.raises(RuntimeError, match="no javac found"):
@@ -219,7 +220,7 @@ def test_auto_falls_back_to_arrow_without_javac(spark, digits_frames, tmp_path, 
     ref = _rows(model.copy({model.inferenceEngine: "arrow"}).transform(vec), ["prediction"])[0]
     monkeypatch.setenv("SPARKNET_CACHE_DIR", str(tmp_path))
     for name in ("_JARS", "_FAILED", "_ADDED"):
-        monkeypatch.setattr(_jvm, name, {})
+        monkeypatch.setattr(engine_jar, name, {})
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
     np.testing.assert_array_equal(_rows(model.transform(vec), ["prediction"])[0], ref)

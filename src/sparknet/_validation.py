@@ -8,7 +8,8 @@ from numpy.typing import DTypeLike
 
 
 @overload
-def positive_int(value: Any, what: str, *, allow_none: Literal[False] = ..., extra: str = "") -> int: ...
+def positive_int(value: Any, what: str, *, allow_none: Literal[False] = ...,
+                 extra: str = "") -> int: ...
 @overload
 def positive_int(value: Any, what: str, *, allow_none: bool, extra: str = "") -> int | None: ...
 
@@ -35,7 +36,8 @@ def non_negative_int(value: Any, what: str) -> int:
 
 def check_bool(value: Any, what: str) -> bool:
     """``value`` as a ``bool`` when it is one (or a numpy bool, or the int 0 or 1)."""
-    if isinstance(value, (bool, np.bool_)) or (isinstance(value, (int, np.integer)) and value in (0, 1)):
+    if isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
     raise ValueError(f"{what} must be True or False, got {value!r}")
 
@@ -101,19 +103,21 @@ def refuse_pandas(value: Any, where: str, spark_only: bool = False) -> None:
                     f"(df[feature_columns].to_numpy(), df[label_column].to_numpy())")
 
 
-def check_callbacks(callbacks: Any) -> list[Any]:
-    """``callbacks`` as a list of :class:`sparknet.callbacks.Callback` objects and plain
-    callables ``f(epoch, logs)`` (checked before training starts)."""
-    from sparknet.callbacks import Callback
-
-    if callable(callbacks) or isinstance(callbacks, Callback) or not isinstance(callbacks, (list, tuple)):
-        raise ValueError(f"callbacks must be a list of callables f(epoch, logs) or Callback objects, "
-                         f"got {callbacks!r}")
-    for i, cb in enumerate(callbacks):
-        if not (callable(cb) or isinstance(cb, Callback)):
-            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r} (pass a "
-                             f"sparknet.callbacks.Callback or a function f(epoch, logs))")
-    return list(callbacks)
+def check_not_class_labels(y: Any, last: Any) -> None:
+    """Refuse class labels that would silently train as regression: no loss was given and the
+    model's last layer ``last`` does not end in softmax, so the default is mean squared error."""
+    labels = np.asarray(y)
+    if labels.dtype.kind not in "iub" or labels.size == 0:
+        return
+    classes = np.unique(labels)
+    if classes.size <= 2:
+        return
+    raise ValueError(
+        f"y holds {classes.size} distinct integer labels ({classes[0]}..{classes[-1]}) but the "
+        f"model ends in {type(last).__name__} {last.name!r} without a softmax and no loss was "
+        f"given, so it would train as mean squared error on the label values: for "
+        f"classification end with Dense({classes.size}, activation='softmax'); for regression "
+        f"on integer targets pass loss='mse'")
 
 
 def check_sample_weight(sample_weight: Any, n: int, dtype: DTypeLike) -> np.ndarray:
@@ -123,8 +127,8 @@ def check_sample_weight(sample_weight: Any, n: int, dtype: DTypeLike) -> np.ndar
         raise ValueError(f"sample_weight has shape {sw.shape}, expected ({n},)")
     neg = np.flatnonzero(sw < 0)
     if neg.size:
-        raise ValueError(f"sample_weight holds a negative weight {float(sw[neg[0]])!r} at index {int(neg[0])}; "
-                         f"weights must be >= 0")
+        raise ValueError(f"sample_weight holds a negative weight {float(sw[neg[0]])!r} at index "
+                         f"{int(neg[0])}; weights must be >= 0")
     if not sw.any():
         raise ValueError("sample_weight is all zero: no sample would count")
     return sw
@@ -155,7 +159,8 @@ def check_array(X: Any, name: str = "X", sample_shape: Sequence[int] | None = No
     if sample_shape is not None and tuple(arr.shape[1:]) != tuple(sample_shape):
         got, want = tuple(arr.shape[1:]), tuple(sample_shape)
         if len(got) == 1 and len(want) == 1:
-            raise ValueError(f"{name} has {got[0]} features per sample, the model expects {want[0]}")
+            raise ValueError(f"{name} has {got[0]} features per sample, the model expects "
+                             f"{want[0]}")
         raise ValueError(f"{name} has per-sample shape {got}, the model expects {want}")
     if allow_int and arr.dtype.kind in "biu":
         return np.ascontiguousarray(arr, dtype=np.int64)
@@ -163,14 +168,16 @@ def check_array(X: Any, name: str = "X", sample_shape: Sequence[int] | None = No
         bad = ~np.isfinite(arr)
         if bad.any():
             first = np.argwhere(bad)[0]
-            raise ValueError(f"{name} contains NaN or infinity (first at index {tuple(int(i) for i in first)})")
+            raise ValueError(f"{name} contains NaN or infinity (first at index "
+                             f"{tuple(int(i) for i in first)})")
     target = np.dtype(dtype)
     if arr.dtype.kind == "f" and target.kind == "f" and target.itemsize < arr.dtype.itemsize:
         big = np.abs(arr) > np.finfo(target).max
         if big.any():
             first = np.argwhere(big)[0]
             raise ValueError(f"{name} holds values too large for {target.name} (first at index "
-                             f"{tuple(int(i) for i in first)}: {float(arr[tuple(first)])!r}); rescale it")
+                             f"{tuple(int(i) for i in first)}: {float(arr[tuple(first)])!r}); "
+                             f"rescale it")
     return np.ascontiguousarray(arr, dtype=dtype)
 
 
@@ -203,7 +210,8 @@ def check_labels(y: Any, n: int, n_classes: int | None, name: str = "y",
     return np.ascontiguousarray(labels)
 
 
-def check_targets(y: Any, n: int, out_shape: Sequence[int], dtype: DTypeLike, name: str = "y") -> np.ndarray:
+def check_targets(y: Any, n: int, out_shape: Sequence[int], dtype: DTypeLike,
+                  name: str = "y") -> np.ndarray:
     """Regression targets: same per-sample shape as the model output."""
     arr = check_array(y, name=name, dtype=dtype)
     if arr.shape[0] != n:
@@ -226,5 +234,6 @@ def check_mask(mask: Any, x_shape: Sequence[int], name: str = "mask") -> np.ndar
     if len(x_shape) < 2 or m.shape != tuple(x_shape[:2]):
         raise ValueError(f"{name} has shape {m.shape}; it must be (N, T) = {tuple(x_shape[:2])}")
     if m.dtype.kind == "f" and not np.isfinite(m).all():
-        raise ValueError(f"{name} contains NaN or infinity; a mask holds 0 (padding) or 1 (a real step)")
+        raise ValueError(f"{name} contains NaN or infinity; a mask holds 0 (padding) or 1 "
+                         f"(a real step)")
     return np.ascontiguousarray(m != 0)

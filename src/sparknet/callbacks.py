@@ -47,8 +47,8 @@ from sparknet.schedules import ScheduledLR
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Callback", "CallbackList", "FitControl", "LambdaCallback", "EarlyStopping", "ModelCheckpoint",
-           "LearningRateScheduler", "ReduceLROnPlateau"]
+__all__ = ["Callback", "CallbackList", "FitControl", "LambdaCallback", "EarlyStopping",
+           "ModelCheckpoint", "LearningRateScheduler", "ReduceLROnPlateau"]
 
 Logs = dict[str, float]
 
@@ -156,7 +156,8 @@ class LambdaCallback(Callback):
         LambdaCallback(on_epoch_end=lambda epoch, logs: print(epoch, logs["loss"]))
     """
 
-    _HOOKS = ("on_fit_begin", "on_epoch_begin", "on_epoch_end", "on_batch_end", "on_round_end", "on_fit_end")
+    _HOOKS = ("on_fit_begin", "on_epoch_begin", "on_epoch_end", "on_batch_end", "on_round_end",
+              "on_fit_end")
 
     def __init__(self, on_fit_begin: Callable | None = None, on_epoch_begin: Callable | None = None,
                  on_epoch_end: Callable | None = None, on_batch_end: Callable | None = None,
@@ -183,6 +184,20 @@ class _FunctionCallback(Callback):
             self.stop_training = True
 
 
+def check_callbacks(callbacks: Any) -> list[Any]:
+    """``callbacks`` as a list of :class:`Callback` objects and plain callables
+    ``f(epoch, logs)`` (checked before training starts)."""
+    if (callable(callbacks) or isinstance(callbacks, Callback)
+            or not isinstance(callbacks, (list, tuple))):
+        raise ValueError(f"callbacks must be a list of callables f(epoch, logs) or Callback "
+                         f"objects, got {callbacks!r}")
+    for i, cb in enumerate(callbacks):
+        if not (callable(cb) or isinstance(cb, Callback)):
+            raise ValueError(f"callbacks must be a list of callables; item {i} is {cb!r} (pass a "
+                             f"sparknet.callbacks.Callback or a function f(epoch, logs))")
+    return list(callbacks)
+
+
 class CallbackList:
     """The callbacks of one fit, called in order; what every trainer uses.
 
@@ -193,16 +208,16 @@ class CallbackList:
         control: the learning rate and weights of the fit (:class:`FitControl`).
     """
 
-    def __init__(self, callbacks: Iterable[Any], model: Any, trainer: Any, control: FitControl) -> None:
-        from sparknet._validation import check_callbacks
-
+    def __init__(self, callbacks: Iterable[Any], model: Any, trainer: Any,
+                 control: FitControl) -> None:
         self.callbacks: list[Callback] = [cb if isinstance(cb, Callback) else _FunctionCallback(cb)
                                           for cb in check_callbacks(callbacks)]
         self.control = control
-        steppers = [cb for cb in self.callbacks if isinstance(cb, LearningRateScheduler) and cb.per == "step"]
+        steppers = [cb for cb in self.callbacks
+                    if isinstance(cb, LearningRateScheduler) and cb.per == "step"]
         if len(steppers) > 1:
-            raise ValueError("callbacks hold several LearningRateScheduler(per='step'); one sets the rate of "
-                             "every step, keep one")
+            raise ValueError("callbacks hold several LearningRateScheduler(per='step'); one sets "
+                             "the rate of every step, keep one")
         self._stepper = steppers[0] if steppers else None
         for cb in self.callbacks:
             cb.set_context(model, trainer)
@@ -263,7 +278,8 @@ class _Monitor:
 
     def __init__(self, owner: str, monitor: Any, mode: Any, min_delta: Any) -> None:
         if not isinstance(monitor, str) or not monitor:
-            raise ValueError(f"{owner} monitor must be a metric name such as 'val_loss', got {monitor!r}")
+            raise ValueError(f"{owner} monitor must be a metric name such as 'val_loss', "
+                             f"got {monitor!r}")
         mode = _check_mode(mode, owner)
         if mode == "auto":
             mode = "max" if ("acc" in monitor or monitor.endswith("auc")) else "min"
@@ -278,9 +294,9 @@ class _Monitor:
         """The monitored value (``None`` when undefined this epoch: ``NaN``, e.g. inside a
         round of several epochs).  A metric the logs never hold raises ``ValueError``."""
         if self.monitor not in logs:
+            hint = " or pass validation data" if self.monitor.startswith("val_") else ""
             raise ValueError(f"{self.owner} monitor={self.monitor!r} is not in the epoch's logs "
-                             f"({', '.join(sorted(logs))}); monitor one of them"
-                             + (" or pass validation data" if self.monitor.startswith("val_") else ""))
+                             f"({', '.join(sorted(logs))}); monitor one of them{hint}")
         v = float(logs[self.monitor])
         return None if math.isnan(v) else v
 
@@ -315,7 +331,8 @@ class EarlyStopping(Callback):
         self._mon = _Monitor("EarlyStopping", monitor, mode, min_delta)
         self.monitor, self.mode = self._mon.monitor, self._mon.mode
         self.patience = non_negative_int(patience, "EarlyStopping patience")
-        self.restore_best_weights = check_bool(restore_best_weights, "EarlyStopping restore_best_weights")
+        self.restore_best_weights = check_bool(restore_best_weights,
+                                               "EarlyStopping restore_best_weights")
         self._reset()
 
     def _reset(self) -> None:
@@ -347,11 +364,13 @@ class EarlyStopping(Callback):
         if self.wait >= max(self.patience, 1):
             self.stop_training = True
             self.stopped_epoch = epoch
-            log.info("EarlyStopping: %s did not improve on %.6g (epoch %d) for %d epoch(s); stopping after "
-                     "epoch %d", self.monitor, self.best, (self.best_epoch or 0) + 1, self.wait, epoch + 1)
+            log.info("EarlyStopping: %s did not improve on %.6g (epoch %d) for %d epoch(s); "
+                     "stopping after epoch %d", self.monitor, self.best,
+                     (self.best_epoch or 0) + 1, self.wait, epoch + 1)
 
     def on_fit_end(self, logs: Logs) -> None:
-        if self.restore_best_weights and self.best_weights is not None and self.best_epoch != self._last_epoch:
+        if (self.restore_best_weights and self.best_weights is not None
+                and self.best_epoch != self._last_epoch):
             self.set_weights(self.best_weights)
             log.info("EarlyStopping: restored the weights of epoch %d", (self.best_epoch or 0) + 1)
 
@@ -371,16 +390,18 @@ class ModelCheckpoint(Callback):
         saved: the paths written, in order.
     """
 
-    def __init__(self, path: "str | os.PathLike[str]", monitor: str = "val_loss", save_best_only: bool = False,
-                 mode: str = "auto") -> None:
+    def __init__(self, path: "str | os.PathLike[str]", monitor: str = "val_loss",
+                 save_best_only: bool = False, mode: str = "auto") -> None:
         super().__init__()
         if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
             raise ValueError(f"ModelCheckpoint path must be a file path, got {path!r}")
         self.path = os.fspath(path)
         try:
-            self._fields = {f for _, f, _, _ in string.Formatter().parse(self.path) if f is not None}
+            self._fields = {f for _, f, _, _ in string.Formatter().parse(self.path)
+                            if f is not None}
         except ValueError as exc:
-            raise ValueError(f"ModelCheckpoint path={self.path!r} is not a valid format string: {exc}") from None
+            raise ValueError(f"ModelCheckpoint path={self.path!r} is not a valid format string: "
+                             f"{exc}") from None
         self.save_best_only = check_bool(save_best_only, "ModelCheckpoint save_best_only")
         self._mon = _Monitor("ModelCheckpoint", monitor, mode, 0.0)
         self.monitor = self._mon.monitor
@@ -398,8 +419,8 @@ class ModelCheckpoint(Callback):
         try:
             target = self.path.format(epoch=epoch + 1, **logs)
         except (KeyError, IndexError) as exc:
-            raise ValueError(f"ModelCheckpoint path={self.path!r} names {exc} that the epoch's logs do not hold "
-                             f"({', '.join(sorted(logs))}, and epoch)") from None
+            raise ValueError(f"ModelCheckpoint path={self.path!r} names {exc} that the epoch's "
+                             f"logs do not hold ({', '.join(sorted(logs))}, and epoch)") from None
         folder = os.path.dirname(target)
         if folder:
             os.makedirs(folder, exist_ok=True)
@@ -430,7 +451,8 @@ class LearningRateScheduler(Callback):
     def __init__(self, schedule: Callable[[float], float], per: str = "step") -> None:
         super().__init__()
         if not callable(schedule):
-            raise ValueError(f"LearningRateScheduler schedule must be callable, schedule(step) -> lr, got {schedule!r}")
+            raise ValueError(f"LearningRateScheduler schedule must be callable, schedule(step) "
+                             f"-> lr, got {schedule!r}")
         if per not in ("step", "epoch"):
             raise ValueError(f"LearningRateScheduler per must be 'step' or 'epoch', got {per!r}")
         self.schedule, self.per = schedule, per
@@ -470,12 +492,14 @@ class ReduceLROnPlateau(Callback):
         reductions: ``(epoch, new lr)`` of every reduction.
     """
 
-    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10, min_lr: float = 0.0,
-                 cooldown: int = 0, min_delta: float = 1e-4, mode: str = "auto") -> None:
+    def __init__(self, monitor: str = "val_loss", factor: float = 0.1, patience: int = 10,
+                 min_lr: float = 0.0, cooldown: int = 0, min_delta: float = 1e-4,
+                 mode: str = "auto") -> None:
         super().__init__()
         self._mon = _Monitor("ReduceLROnPlateau", monitor, mode, min_delta)
         self.monitor = self._mon.monitor
-        self.factor = check_float(factor, "ReduceLROnPlateau factor", 0.0, 1.0, low_open=True, high_open=True)
+        self.factor = check_float(factor, "ReduceLROnPlateau factor", 0.0, 1.0, low_open=True,
+                                  high_open=True)
         self.patience = non_negative_int(patience, "ReduceLROnPlateau patience")
         self.min_lr = check_float(min_lr, "ReduceLROnPlateau min_lr", 0.0)
         self.cooldown = non_negative_int(cooldown, "ReduceLROnPlateau cooldown")
@@ -506,8 +530,8 @@ class ReduceLROnPlateau(Callback):
             if new < old and new > 0:
                 self.set_lr(new)
                 self.reductions.append((epoch, new))
-                log.info("ReduceLROnPlateau: %s stalled at %.6g; lr %.3g -> %.3g after epoch %d", self.monitor,
-                         self.best, old, new, epoch + 1)
+                log.info("ReduceLROnPlateau: %s stalled at %.6g; lr %.3g -> %.3g after epoch %d",
+                         self.monitor, self.best, old, new, epoch + 1)
             self.cooldown_counter, self.wait = self.cooldown, 0
 
     @property

@@ -21,78 +21,25 @@ that fails raises :class:`~sparknet.errors.CheckpointError` naming the file and 
 """
 from __future__ import annotations
 
-import contextlib
-import json
-import math
-import os
-import tempfile
-import zipfile
-from typing import IO, TYPE_CHECKING, Any, Iterator, Literal, Union, overload
+from typing import Any, Literal, overload
 
-import numpy as np
+from sparknet import _model_file
+from sparknet._model_file import (
+    FORMAT,
+    MAX_META_BYTES,
+    VERSION,
+    atomic_write,
+    read_model_file,
+    write_model,
+)
+from sparknet.model import Sequential
+from sparknet.optim import Optimizer
 
-from sparknet.errors import CheckpointError
-
-if TYPE_CHECKING:
-    from sparknet.model import Sequential
-    from sparknet.optim import Optimizer
+__all__ = ["PathLike", "FORMAT", "VERSION", "MAX_META_BYTES", "atomic_write", "save_model",
+           "load_model"]
 
 #: a file path: a string or an ``os.PathLike``
-PathLike = Union[str, "os.PathLike[str]"]
-
-FORMAT = "sparknet-model"
-VERSION = 1
-#: members other than ``params`` and the optimizer state (JSON text, markers, the step
-#: count) are small; larger ones are refused before they are read
-MAX_META_BYTES = 64 * 2 ** 20
-
-
-@contextlib.contextmanager
-def atomic_write(path: str, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file beside ``path`` for writing; on success it is flushed, synced
-    and renamed over ``path``; on any error it is deleted and ``path`` is left as it was."""
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(folder):
-        raise ValueError(f"cannot save to {path!r}: folder {folder!r} does not exist")
-    if os.path.isdir(path):
-        raise ValueError(f"cannot save to {path!r}: it is a folder; give a file name such as "
-                         f"{os.path.join(path, 'model.npz')!r}")
-    fd, tmp = tempfile.mkstemp(prefix=".sparknet-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, mode) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _fspath(path: Any) -> str:
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a string or os.PathLike, got {path!r}")
-    out = os.fspath(path)
-    if not isinstance(out, str):
-        raise TypeError(f"path must be a string or os.PathLike of str, got {path!r}")
-    return out
-
-
-def _atomic_savez(path: str, arrays: dict[str, np.ndarray]) -> None:
-    # typed loosely: numpy's stubs would read a key named "allow_pickle" as that flag
-    entries: dict[str, Any] = arrays
-    with atomic_write(path) as fh:
-        np.savez(fh, **entries)
-
-
-def _first_bad(a: np.ndarray) -> tuple[int, int]:
-    """``(number of non-finite entries, flat index of the first)`` of a float array."""
-    bad = ~np.isfinite(a.reshape(-1))
-    count = int(bad.sum())
-    return count, (int(np.argmax(bad)) if count else -1)
+PathLike = _model_file.PathLike
 
 
 def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
@@ -102,240 +49,12 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
     Raises ``ValueError`` (and leaves any existing file untouched) for a model that is not
     built or whose parameters are not finite, a folder or a missing folder as ``path``, or
     an ``extra`` that is not JSON."""
-    path = _fspath(path)
-    if not model.built:
-        raise ValueError("cannot save a model that is not built (fit it or call build first)")
-    count, first = _first_bad(model.params)
-    if count:
-        raise ValueError(f"cannot save {path!r}: the model's params hold NaN or infinity ({count} value(s), "
-                         f"first at index {first}); such a file could not be loaded")
-    arrays: dict[str, np.ndarray] = {
-        "format": np.array(FORMAT),
-        "version": np.array(VERSION, dtype=np.int64),
-        "architecture": np.array(json.dumps(model.get_config())),
-        "params": np.ascontiguousarray(model.params),
-    }
-    if model.n_state:
-        count, first = _first_bad(model.state)
-        if count:
-            raise ValueError(f"cannot save {path!r}: the model's state (running statistics) holds NaN "
-                             f"or infinity ({count} value(s), first at index {first})")
-        arrays["state"] = np.ascontiguousarray(model.state)
-    if optimizer is not None:
-        arrays["optimizer"] = np.array(json.dumps(
-            {"name": optimizer.name, "config": optimizer.get_config(), "t": int(optimizer.t)}))
-        arrays.update(optimizer.state_arrays("opt_"))
-    if extra is not None:
-        try:
-            arrays["extra"] = np.array(json.dumps(extra))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"cannot save {path!r}: extra is not JSON-serialisable ({exc})") from None
-    _atomic_savez(path, arrays)
-
-
-# --------------------------------------------------------------------------- reading
-#: what zipfile and numpy's .npy reader raise for a damaged archive or member (a flipped
-#: byte can name an unknown compression method, a zip version or encryption)
-_ZIP_ERRORS = (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError, RuntimeError)
-
-class _ModelFile:
-    """An opened model file: its members' ``.npy`` layouts, checked against their sizes,
-    read one at a time on request."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self.zip = zipfile.ZipFile(path)
-        except _ZIP_ERRORS:
-            with open(path, "rb") as fh:
-                head = fh.read(4)
-            if head == b"PK\x03\x04":
-                raise self.error("is truncated or damaged (a zip archive without its directory)") from None
-            raise self.error("is not a sparknet model file (not an npz archive)") from None
-        self.size = os.path.getsize(path)
-        self.layouts: dict[str, tuple[tuple[int, ...], bool, np.dtype, zipfile.ZipInfo]] = {}
-        try:
-            for info in self.zip.infolist():
-                if info.filename.endswith(".npy"):
-                    self.layouts[info.filename[:-4]] = self._layout(info)
-        except BaseException:
-            self.zip.close()
-            raise
-
-    def error(self, what: str) -> CheckpointError:
-        return CheckpointError(f"{self.path!r} {what}")
-
-    def _layout(self, info: zipfile.ZipInfo) -> tuple[tuple[int, ...], bool, np.dtype, zipfile.ZipInfo]:
-        """The member's declared shape and dtype, checked against its size (before reading data)."""
-        key = info.filename[:-4]
-        if info.header_offset + info.compress_size > self.size:
-            raise self.error(f"is truncated: member {info.filename} declares {info.compress_size:,} bytes "
-                             f"beyond the end of the file")
-        try:
-            with self.zip.open(info) as fh:
-                version = np.lib.format.read_magic(fh)
-                reader = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                    np.lib.format.read_array_header_2_0
-                shape, fortran, dtype = reader(fh)
-                offset = fh.tell()
-        except _ZIP_ERRORS as exc:
-            raise self.error(f"is damaged: member {info.filename} is not a valid .npy array ({exc})") from None
-        if dtype.hasobject:
-            raise self.error(f"is refused: entry {key!r} holds an object array; refusing to load it "
-                             f"(model files must not need pickle)")
-        declared = math.prod(int(d) for d in shape) * dtype.itemsize
-        if declared != info.file_size - offset:
-            raise self.error(f"is refused: {info.filename} declares shape {tuple(shape)} of {dtype} "
-                             f"({declared:,} bytes) but holds {info.file_size - offset:,} bytes of data")
-        return tuple(int(d) for d in shape), bool(fortran), dtype, info
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.layouts
-
-    def read(self, key: str, large: bool = False) -> np.ndarray:
-        """Member ``key`` as an array (its layout already checked; the zip CRC checked here).
-        Only a ``large`` member (weights, optimizer state: sizes checked by the caller) may
-        exceed :data:`MAX_META_BYTES`."""
-        if key not in self.layouts:
-            raise self.error(f"lacks its {key!r} entry")
-        shape, fortran, dtype, info = self.layouts[key]
-        if not large and info.file_size > MAX_META_BYTES:
-            raise self.error(f"is refused: entry {key!r} declares {info.file_size:,} bytes "
-                             f"(at most {MAX_META_BYTES:,} expected)")
-        try:
-            with self.zip.open(info) as fh:
-                np.lib.format.read_magic(fh)
-                fh.seek(info.file_size - math.prod(shape) * dtype.itemsize)
-                data = fh.read()
-        except _ZIP_ERRORS as exc:
-            raise self.error(f"is damaged: member {info.filename} failed its CRC check ({exc})") from None
-        return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
-
-    def text(self, key: str) -> str:
-        return str(self.read(key).reshape(-1)[0]) if key in self else ""
-
-    def json(self, key: str) -> Any:
-        try:
-            return json.loads(self.text(key))
-        except json.JSONDecodeError as exc:
-            raise self.error(f"holds a malformed {key} entry ({exc})") from None
-
-    def close(self) -> None:
-        self.zip.close()
-
-
-def _check_header(f: _ModelFile) -> None:
-    if "format" not in f or f.text("format") != FORMAT:
-        raise f.error(f"is not a sparknet model file (no '{FORMAT}' marker)")
-    raw = f.read("version").reshape(-1)[0].item() if "version" in f else -1
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw != VERSION:
-        raise f.error(f"has model-file version {raw!r}; this sparknet reads version {VERSION}")
-    for key in ("architecture", "params"):
-        if key not in f:
-            raise f.error(f"lacks its {key!r} entry")
-
-
-def _declared_params(f: _ModelFile, config: Any) -> int:
-    """The parameter count the architecture declares, from layer shapes alone (nothing allocated)."""
-    from sparknet._validation import check_shape
-    from sparknet.layers.base import layers_from_config
-
-    try:
-        layers = layers_from_config(config["layers"])
-        if config.get("input_shape") is None:
-            raise f.error("is refused: its architecture has no input shape")
-        shape = check_shape(config["input_shape"], "input_shape")
-        dtype = np.dtype(config.get("dtype", "float32"))
-        n = 0
-        for layer in layers:
-            shape = layer.build(shape, dtype)
-            n += sum(math.prod(s) for _, s in layer.param_specs())
-        return n
-    except CheckpointError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-        raise f.error(f"holds a malformed architecture ({type(exc).__name__}: {exc})") from None
-
-
-def _read_model(f: _ModelFile) -> Sequential:
-    from sparknet.model import Sequential
-
-    _check_header(f)
-    config = f.json("architecture")
-    need = _declared_params(f, config)
-    shape, _, dtype, _ = f.layouts["params"]
-    if dtype.kind != "f":
-        raise f.error(f"is refused: params has dtype {dtype}, expected floats")
-    if len(shape) != 1:
-        raise f.error(f"is refused: params must be 1-D, got shape {shape}")
-    if shape[0] != need:
-        raise f.error(f"is refused: {shape[0]:,} parameters stored, the architecture declares {need:,} "
-                      f"(checked before building it: a file of another network, or a damaged one)")
-    params = f.read("params", large=True)
-    count, first = _first_bad(params)
-    if count:
-        raise f.error(f"is refused: params holds {count} NaN or infinite value{'s' if count > 1 else ''} "
-                      f"(first at index {first}); a model with them cannot predict")
-    try:
-        model = Sequential.from_config(config)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise f.error(f"holds a malformed architecture ({exc})") from None
-    model.params[...] = params
-    _read_state(f, model)
-    return model
-
-
-def _read_state(f: _ModelFile, model: Sequential) -> None:
-    """The layers' untrained state (running statistics): checked, then copied in."""
-    if "state" not in f:
-        if model.n_state:
-            raise f.error(f"is refused: the architecture keeps {model.n_state:,} state values "
-                          f"(running statistics) and the file stores none")
-        return
-    shape, _, dtype, _ = f.layouts["state"]
-    if dtype.kind != "f" or shape != (model.n_state,):
-        raise f.error(f"is refused: state has shape {shape} and dtype {dtype}, the architecture "
-                      f"keeps {model.n_state:,} float values")
-    state = f.read("state", large=True)
-    count, first = _first_bad(state)
-    if count:
-        raise f.error(f"is refused: state holds {count} NaN or infinite value{'s' if count > 1 else ''} "
-                      f"(first at index {first})")
-    model.state[...] = state
-
-
-def _read_optimizer(f: _ModelFile, model: Sequential) -> Optimizer | None:
-    from sparknet import optim
-
-    if "optimizer" not in f:
-        return None
-    meta = f.json("optimizer")
-    if not isinstance(meta, dict) or "name" not in meta or not isinstance(meta.get("config"), dict):
-        raise f.error(f"holds a malformed optimizer entry (expected {{'name', 'config', 't'}}, got {meta!r})")
-    try:
-        opt = optim.from_config(meta["name"], meta["config"])
-        state: dict[str, np.ndarray] = {}
-        for key in opt.state_keys():
-            name = f"opt_{key}"
-            if name not in f:
-                continue
-            shape, _, dtype, _ = f.layouts[name]
-            if dtype.kind != "f":
-                raise ValueError(f"optimizer state {key} has dtype {dtype}, expected floats")
-            if shape != (model.n_params,):
-                raise ValueError(f"optimizer state {key} has {shape[0] if len(shape) == 1 else shape} entries, "
-                                 f"the model has {model.n_params} parameters")
-            state[name] = f.read(name, large=True)
-        state["opt_t"] = f.read("opt_t") if "opt_t" in f else np.array([meta.get("t", 0)])
-        opt.load_state_arrays(state, "opt_")
-    except ValueError as exc:
-        raise f.error(f"is refused: its optimizer: {exc}") from None
-    return opt
+    write_model(model, path, optimizer, extra)
 
 
 @overload
-def load_model(path: PathLike, with_optimizer: Literal[False] = ..., with_extra: Literal[False] = ...
-               ) -> Sequential: ...
+def load_model(path: PathLike, with_optimizer: Literal[False] = ...,
+               with_extra: Literal[False] = ...) -> Sequential: ...
 @overload
 def load_model(path: PathLike, with_optimizer: bool = ..., with_extra: bool = ...
                ) -> Sequential | tuple[Any, ...]: ...
@@ -354,32 +73,4 @@ def load_model(path: PathLike, with_optimizer: bool = False, with_extra: bool = 
             with, declares more (or less) than it holds, or holds non-finite weights or
             optimizer state; the message names the file and the member.
     """
-    path = _fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(f"{path!r} is a folder; load_model reads one .npz model file. " + _folder_hint(path))
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no model file at {path!r}")
-    f = _ModelFile(path)
-    try:
-        model = _read_model(f)
-        result: list[Any] = [model]
-        if with_optimizer:
-            result.append(_read_optimizer(f, model))
-        if with_extra:
-            result.append(f.json("extra") if "extra" in f else {})
-    finally:
-        f.close()
-    return result[0] if len(result) == 1 else tuple(result)
-
-
-def _folder_hint(path: str) -> str:
-    """What a folder given to :func:`load_model` probably holds, and what loads it."""
-    if os.path.isfile(os.path.join(path, "manifest.json")):
-        return "It holds a model-parallel model: load it with sparknet.cluster.ModelParallel.load(folder)."
-    if os.path.isdir(os.path.join(path, "metadata")):
-        return ("It holds a saved Spark ML stage: load it with its class, e.g. "
-                "sparknet.ml.SparkNetClassificationModel.load(folder).")
-    found = sorted(f for f in os.listdir(path) if f.endswith(".npz"))
-    if found:
-        return f"It holds {len(found)} .npz file(s), e.g. {os.path.join(path, found[-1])!r}: pass one of them."
-    return "It holds no model file."
+    return read_model_file(path, Sequential.from_config, with_optimizer, with_extra)

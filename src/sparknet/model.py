@@ -9,13 +9,14 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
+from sparknet._model_file import read_model_file, write_model
 from sparknet._validation import (
     check_array,
     check_bool,
-    check_callbacks,
     check_labels,
     check_mask,
     check_name,
+    check_not_class_labels,
     check_sample_weight,
     check_shape,
     check_targets,
@@ -24,7 +25,7 @@ from sparknet._validation import (
 )
 from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
-from sparknet.callbacks import CallbackList, FitControl
+from sparknet.callbacks import CallbackList, FitControl, check_callbacks
 from sparknet.divergence import StepGuard
 from sparknet.epochs import run_epochs
 from sparknet.history import History
@@ -34,10 +35,11 @@ from sparknet.optim import Optimizer
 from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
-#: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or ``(X_val, y_val, mask_val)``
+#: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or
+#: ``(X_val, y_val, mask_val)``
 ValidationData = Sequence[Any]
-#: a callback of :meth:`Sequential.fit`: a :class:`sparknet.callbacks.Callback`, or ``f(epoch, logs)``
-#: run after each epoch (returning True stops training)
+#: a callback of :meth:`Sequential.fit`: a :class:`sparknet.callbacks.Callback`, or
+#: ``f(epoch, logs)`` run after each epoch (returning True stops training)
 Callback = Any
 
 
@@ -72,8 +74,9 @@ class Sequential:
         self.layers: list[Layer] = []
         self.built = False
         if isinstance(layers, Layer):
-            raise TypeError(f"Sequential takes a list of layers, got a single {type(layers).__name__}: "
-                            f"write Sequential([{type(layers).__name__}(...), ...])")
+            kind = type(layers).__name__
+            raise TypeError(f"Sequential takes a list of layers, got a single {kind}: "
+                            f"write Sequential([{kind}(...), ...])")
         for layer in layers:
             self.add(layer)
         try:  # np.dtype(None) would be float64
@@ -122,7 +125,8 @@ class Sequential:
             try:
                 shape = layer.build(shape, self.dtype)
             except ValueError as exc:
-                raise ValueError(f"layer {i} ({type(layer).__name__} {layer.name!r}): {exc}") from exc
+                raise ValueError(f"layer {i} ({type(layer).__name__} {layer.name!r}): "
+                                 f"{exc}") from exc
             specs.append(layer.param_specs())
         self.output_shape = shape
         n = sum(int(np.prod(s)) for sp in specs for _, s in sp)
@@ -205,7 +209,8 @@ class Sequential:
         return self.loss.is_classification
 
     # ----------------------------------------------------- forward/backward
-    def forward(self, x: np.ndarray, training: bool = False, mask: np.ndarray | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray, training: bool = False,
+                mask: np.ndarray | None = None) -> np.ndarray:
         """Run the layers.  Returns logits when the last layer ends in softmax."""
         for layer in self.layers:
             if layer.supports_masking:
@@ -254,10 +259,10 @@ class Sequential:
         except ValueError as exc:
             if len(out_shape) > 1 and np.ndim(y) == 1:
                 raise ValueError(
-                    f"{exc}: the model gives an output of per-sample shape {out_shape} for inputs of "
-                    f"per-sample shape {in_shape} (Dense acts on the last axis, once per position), "
-                    f"while {name} has one value per sample; add Flatten() (or a global pooling layer) "
-                    f"before the first Dense to get one output per sample") from None
+                    f"{exc}: the model gives an output of per-sample shape {out_shape} for inputs "
+                    f"of per-sample shape {in_shape} (Dense acts on the last axis, once per "
+                    f"position), while {name} has one value per sample; add Flatten() (or a global "
+                    f"pooling layer) before the first Dense to get one output per sample") from None
             raise
 
     def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "Loss | None" = None,
@@ -293,7 +298,8 @@ class Sequential:
             correct = float(hit.sum() if weight is None else (hit * weight).sum())
         return float(s), float(w), correct
 
-    def train_on_batch(self, x: np.ndarray, y: np.ndarray, optimizer: "Optimizer | str | None" = None,
+    def train_on_batch(self, x: np.ndarray, y: np.ndarray,
+                       optimizer: "Optimizer | str | None" = None,
                        loss: "Loss | str | None" = None, mask: np.ndarray | None = None,
                        sample_weight: np.ndarray | None = None) -> tuple[float, float]:
         """One optimizer step on a validated batch; returns (mean loss, accuracy)."""
@@ -314,7 +320,8 @@ class Sequential:
 
     # --------------------------------------------------------------- train
     def fit(self, X: Any, y: Any, epochs: int = 10, batch_size: int = 32,
-            validation_data: ValidationData | None = None, optimizer: "Optimizer | str | None" = None,
+            validation_data: ValidationData | None = None,
+            optimizer: "Optimizer | str | None" = None,
             loss: "Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
             sample_weight: Any = None, verbose: int = 1,
             callbacks: Sequence[Callback] = (), num_threads: int | None = 0,
@@ -342,8 +349,9 @@ class Sequential:
                 after every step; a per-step ``LearningRateScheduler`` sets every step's
                 rate) or callables ``f(epoch, logs)`` run after each epoch (one returning
                 ``True`` stops training).
-            num_threads: BLAS threads while training (default: :func:`sparknet.threads.get_num_threads`,
-                one unless changed; ``None`` leaves BLAS alone).
+            num_threads: BLAS threads while training (default:
+                :func:`sparknet.threads.get_num_threads`, one unless changed; ``None`` leaves
+                BLAS alone).
             precision: ``"fp32"`` (default) or ``"bf16"``: the matrix products of the dense,
                 convolution and recurrent layers take bfloat16 operands and accumulate in
                 float32; weights, gradients, optimizer state, losses stay float32 (see
@@ -372,7 +380,8 @@ class Sequential:
             return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
                              mask, sample_weight, verbose, callbacks)
 
-    def _fit(self, X: Any, y: Any, epochs: int, batch_size: int, validation_data: ValidationData | None,
+    def _fit(self, X: Any, y: Any, epochs: int, batch_size: int,
+             validation_data: ValidationData | None,
              optimizer: "Optimizer | str | None", loss: "Loss | str | None", shuffle: bool,
              mask: Any, sample_weight: Any, verbose: int, callbacks: Sequence[Callback]) -> History:
         epochs = positive_int(epochs, "epochs")
@@ -386,8 +395,8 @@ class Sequential:
         self._ensure_built(X)
         if not was_built:
             self.layers[0].check_input(X)
-        if lo is None and self._loss is None:
-            self._check_implicit_mse(y)
+        if lo is None and self._loss is None and not self._softmax_head:
+            check_not_class_labels(y, self.layers[-1])  # the default loss would be mse
         lo = lo or self.loss
         y = self._prepare_y(y, X.shape[0], lo)
         mask = check_mask(mask, X.shape)
@@ -405,29 +414,10 @@ class Sequential:
         cbl = CallbackList(callbacks, self, self, FitControl(self, opt))
         cbl.on_fit_begin()
         with FitProgress(epochs, verbose, step_unit="batches") as progress:
-            run_epochs(self, X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt, guard,
-                       history, cbl, progress)
+            run_epochs(self, X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt,
+                       guard, history, cbl, progress)
         cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
         return history
-
-    def _check_implicit_mse(self, y: Any) -> None:
-        """Refuse class labels that would silently train as regression: no loss was given and
-        the model does not end in softmax, so the default is mean squared error."""
-        if self._softmax_head:
-            return
-        labels = np.asarray(y)
-        if labels.dtype.kind not in "iub" or labels.size == 0:
-            return
-        classes = np.unique(labels)
-        if classes.size <= 2:
-            return
-        last = self.layers[-1]
-        raise ValueError(
-            f"y holds {classes.size} distinct integer labels ({classes[0]}..{classes[-1]}) but the model "
-            f"ends in {type(last).__name__} {last.name!r} without a softmax and no loss was given, so it "
-            f"would train as mean squared error on the label values: for classification end with "
-            f"Dense({classes.size}, activation='softmax'); for regression on integer targets pass "
-            f"loss='mse'")
 
     def _prepare_validation(self, validation_data: ValidationData | None, lo: Loss
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
@@ -437,11 +427,13 @@ class Sequential:
             raise ValueError("validation_data must be (X_val, y_val) or (X_val, y_val, mask_val)")
         Xv = self._prepare_x(validation_data[0], name="X_val")
         yv = self._prepare_y(validation_data[1], Xv.shape[0], lo, name="y_val")
-        mv = check_mask(validation_data[2], Xv.shape, "mask_val") if len(validation_data) == 3 else None
+        mv = (check_mask(validation_data[2], Xv.shape, "mask_val") if len(validation_data) == 3
+              else None)
         return Xv, yv, mv
 
     # ----------------------------------------------------------- inference
-    def _batched_forward(self, X: np.ndarray, batch_size: int, mask: np.ndarray | None = None) -> np.ndarray:
+    def _batched_forward(self, X: np.ndarray, batch_size: int,
+                         mask: np.ndarray | None = None) -> np.ndarray:
         outs = []
         with blas_threads():
             for i in range(0, X.shape[0], batch_size):
@@ -470,7 +462,8 @@ class Sequential:
         """Class ids for a classifier (argmax of the output), raw outputs for regression."""
         if self.is_classifier:
             X, mask = self._checked_input(X, mask)
-            return self._batched_forward(X, positive_int(batch_size, "batch_size"), mask).argmax(axis=-1)
+            out = self._batched_forward(X, positive_int(batch_size, "batch_size"), mask)
+            return out.argmax(axis=-1)
         return self.predict_output(X, batch_size, mask)
 
     def evaluate(self, X: Any, y: Any, batch_size: int = 512, mask: Any = None,
@@ -497,14 +490,14 @@ class Sequential:
     # ------------------------------------------------------- serialisation
     def get_config(self) -> dict[str, Any]:
         """JSON-serialisable architecture (layers, shapes, dtype, seed, loss)."""
-        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype, seed=self.seed,
-                            loss=self._loss, name=self.name)
+        return architecture(self.layers, input_shape=self.input_shape, dtype=self.dtype,
+                            seed=self.seed, loss=self._loss, name=self.name)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "Sequential":
         return cls(layers_from_config(config["layers"]), input_shape=config.get("input_shape"),
-                   dtype=config.get("dtype", "float32"), seed=config.get("seed", 0), loss=config.get("loss"),
-                   name=config.get("name", "sequential"))
+                   dtype=config.get("dtype", "float32"), seed=config.get("seed", 0),
+                   loss=config.get("loss"), name=config.get("name", "sequential"))
 
     def clone(self, dtype: Any = None) -> "Sequential":
         """A new model with the same architecture and a copy of the parameters."""
@@ -521,20 +514,23 @@ class Sequential:
         """Copy a flat parameter vector into the model."""
         flat = np.asarray(flat)
         if flat.shape != self.params.shape:
-            raise ValueError(f"parameter vector has shape {flat.shape}, the model has {self.params.shape}")
+            raise ValueError(f"parameter vector has shape {flat.shape}, the model has "
+                             f"{self.params.shape}")
         if flat.dtype.kind not in "fiu":
             raise ValueError(f"parameter vector has dtype {flat.dtype}, expected floats")
         bad = ~np.isfinite(flat)
         if bad.any():
-            raise ValueError(f"parameter vector holds {int(bad.sum())} NaN or infinite value(s), first at "
-                             f"index {int(np.argmax(bad))}; the model keeps its parameters")
+            raise ValueError(f"parameter vector holds {int(bad.sum())} NaN or infinite value(s), "
+                             f"first at index {int(np.argmax(bad))}; the model keeps its "
+                             f"parameters")
         self.params[...] = flat
 
     def set_state(self, flat: np.ndarray) -> None:
         """Copy a flat state vector (see :attr:`state`) into the model."""
         flat = np.asarray(flat)
         if flat.shape != self.state.shape:
-            raise ValueError(f"state vector has shape {flat.shape}, the model keeps {self.state.shape}")
+            raise ValueError(f"state vector has shape {flat.shape}, the model keeps "
+                             f"{self.state.shape}")
         if flat.size and not np.isfinite(flat).all():
             raise ValueError("state vector holds NaN or infinite values")
         self.state[...] = flat
@@ -565,21 +561,22 @@ class Sequential:
     def save(self, path: str | os.PathLike[str], optimizer: "Optimizer | None" = None) -> None:
         """Write the model (and optionally an optimizer's state) to ``path`` atomically;
         see :func:`sparknet.io.save_model`."""
-        from sparknet.io import save_model
-        save_model(self, path, optimizer=optimizer)
+        write_model(self, path, optimizer=optimizer)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "Sequential":
         """Read a model written by :meth:`save` (no code is run: no pickle)."""
-        from sparknet.io import load_model
-        return load_model(path)
+        return cast("Sequential", read_model_file(path, cls.from_config))
 
     def summary(self) -> str:
         """A table of layers, output shapes and parameter counts."""
-        lines = [f"Model {self.name!r} ({self.dtype.name})", f"{'layer':<28}{'output shape':<22}{'params':>10}"]
+        lines = [f"Model {self.name!r} ({self.dtype.name})",
+                 f"{'layer':<28}{'output shape':<22}{'params':>10}"]
         for layer in self.layers:
             shape = str(layer.output_shape) if layer.built else "?"
-            lines.append(f"{type(layer).__name__ + ' ' + layer.name:<28}{shape:<22}{layer.n_params if layer.built else 0:>10}")
+            label = f"{type(layer).__name__} {layer.name}"
+            n = layer.n_params if layer.built else 0
+            lines.append(f"{label:<28}{shape:<22}{n:>10}")
         lines.append(f"total parameters: {self.n_params}")
         return "\n".join(lines)
 

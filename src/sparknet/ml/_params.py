@@ -36,10 +36,10 @@ def _to_network(value: Any) -> str:
         except json.JSONDecodeError as exc:
             raise TypeError(f"network: not JSON text ({exc})") from exc
     else:
-        raise TypeError("network must be a sparknet Sequential, its get_config() dict or that "
+        raise TypeError(f"network must be a sparknet Sequential, its get_config() dict or that "
                         f"dict as JSON, got {type(value).__name__}")
-    if not isinstance(config, dict) or not isinstance(config.get("layers"),
-                                                      list) or not config["layers"]:
+    if (not isinstance(config, dict) or not isinstance(config.get("layers"), list)
+            or not config["layers"]):
         raise TypeError("network: a Sequential config needs a non-empty 'layers' list")
     try:
         Sequential.from_config(dict(config, input_shape=None))
@@ -101,7 +101,7 @@ def _thresholds(value: Any) -> list[float]:
     """Param converter: MLlib's class thresholds, finite values ``>= 0``, at most one ``0``."""
     v = TypeConverters.toListFloat(value)
     if not v or any(not np.isfinite(t) or t < 0 for t in v) or sum(t == 0 for t in v) > 1:
-        raise TypeError("thresholds must be finite values >= 0 with at most one 0 (one per "
+        raise TypeError(f"thresholds must be finite values >= 0 with at most one 0 (one per "
                         f"class), got {v}")
     return v
 
@@ -123,10 +123,9 @@ def _default_seed(cls: type) -> int:
 class _InferenceParams(Params):
     """How ``transform`` runs the network (set on Estimators and Models alike)."""
 
-    inferenceBatchSize: Param[int] = Param(Params._dummy(), "inferenceBatchSize",
-                                           "rows per forward pass when transforming (> 0)",
-                                           typeConverter=_count("inferenceBatchSize",
-                                                                positive=True))
+    inferenceBatchSize: Param[int] = Param(
+        Params._dummy(), "inferenceBatchSize", "rows per forward pass when transforming (> 0)",
+        typeConverter=_count("inferenceBatchSize", positive=True))
     inferenceEngine: Param[str] = Param(
         Params._dummy(), "inferenceEngine",
         "where transform runs the network: 'arrow' (Python workers, Cython kernels, Arrow "
@@ -168,13 +167,12 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
                                typeConverter=_count("epochs", positive=True))
     batchSize: Param[int] = Param(Params._dummy(), "batchSize", "rows per minibatch (> 0)",
                                   typeConverter=_count("batchSize", positive=True))
-    learningRate: Param[float] = Param(Params._dummy(), "learningRate",
-                                       "optimizer learning rate (> 0)",
-                                       typeConverter=_amount("learningRate", positive=True))
-    optimizer: Param[str] = Param(Params._dummy(), "optimizer",
-                                  "'rmsprop', 'sgd', 'adam' or 'adamw'",
-                                  typeConverter=_choice("optimizer", ("rmsprop", "sgd", "adam",
-                                                                      "adamw")))
+    learningRate: Param[float] = Param(
+        Params._dummy(), "learningRate", "optimizer learning rate (> 0)",
+        typeConverter=_amount("learningRate", positive=True))
+    optimizer: Param[str] = Param(
+        Params._dummy(), "optimizer", "'rmsprop', 'sgd', 'adam' or 'adamw'",
+        typeConverter=_choice("optimizer", ("rmsprop", "sgd", "adam", "adamw")))
     momentum: Param[float] = Param(Params._dummy(), "momentum", "momentum factor (>= 0)",
                                    typeConverter=_amount("momentum"))
     rho: Param[float] = Param(Params._dummy(), "rho", "RMSprop smoothing constant of the "
@@ -183,51 +181,54 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
     weightDecay: Param[float] = Param(Params._dummy(), "weightDecay",
                                       "L2 penalty added to the gradient (>= 0)",
                                       typeConverter=_amount("weightDecay"))
-    clipNorm: Param[float] = Param(Params._dummy(), "clipNorm",
-                                   "clip the gradient to this global L2 norm before each step (>= "
-                                   "0; 0: no clipping)",
-                                   typeConverter=_amount("clipNorm"))
-    clipValue: Param[float] = Param(Params._dummy(), "clipValue",
-                                    "clamp each gradient element to [-clipValue, clipValue] before "
-                                    "each step (>= 0; 0: no clamping)",
-                                    typeConverter=_amount("clipValue"))
-    numPartitions: Param[int] = Param(Params._dummy(), "numPartitions",
-                                      "data shards (Spark partitions) to train on; 0 keeps the "
-                                      "DataFrame's",
-                                      typeConverter=_count("numPartitions", positive=False))
-    mode: Param[str] = Param(Params._dummy(), "mode",
-                             "'sync' (synchronous rounds) or 'async' (asynchronous)",
-                             typeConverter=_choice("mode", ("sync", "async")))
-    syncMethod: Param[str] = Param(Params._dummy(), "syncMethod",
-                                   "synchronous rounds: 'average' (local steps, then average) or "
-                                   "'gradient' (exact minibatch SGD)",
-                                   typeConverter=_choice("syncMethod", ("average", "gradient")))
-    localSteps: Param[int] = Param(Params._dummy(), "localSteps",
-                                   "local steps per round for syncMethod 'average'; 0 sizes rounds "
-                                   "automatically",
-                                   typeConverter=_count("localSteps", positive=False))
-    maxSequenceLength: Param[int] = Param(Params._dummy(), "maxSequenceLength",
-                                          "sequence features: steps kept per row (longer sequences "
-                                          "are cut, shorter ones padded); 0 uses the longest "
-                                          "training sequence",
-                                          typeConverter=_count("maxSequenceLength", positive=False))
-    precision: Param[str] = Param(Params._dummy(), "precision",
-                                  "'fp32' (default) or 'bf16': the training steps' matrix products "
-                                  "on bfloat16 operands with float32 accumulation "
-                                  "(sparknet.precision)",
-                                  typeConverter=_choice("precision", ("fp32", "bf16")))
-    verbose: Param[int] = Param(Params._dummy(), "verbose",
-                                "0 nothing, 1 (default) a live progress bar and a line per epoch "
-                                "on the driver, 2 the lines alone",
-                                typeConverter=_count("verbose", positive=False))
+    clipNorm: Param[float] = Param(
+        Params._dummy(), "clipNorm",
+        "clip the gradient to this global L2 norm before each step (>= 0; 0: no clipping)",
+        typeConverter=_amount("clipNorm"))
+    clipValue: Param[float] = Param(
+        Params._dummy(), "clipValue",
+        "clamp each gradient element to [-clipValue, clipValue] before each step "
+        "(>= 0; 0: no clamping)", typeConverter=_amount("clipValue"))
+    numPartitions: Param[int] = Param(
+        Params._dummy(), "numPartitions",
+        "data shards (Spark partitions) to train on; 0 keeps the DataFrame's",
+        typeConverter=_count("numPartitions", positive=False))
+    mode: Param[str] = Param(
+        Params._dummy(), "mode", "'sync' (synchronous rounds) or 'async' (asynchronous)",
+        typeConverter=_choice("mode", ("sync", "async")))
+    syncMethod: Param[str] = Param(
+        Params._dummy(), "syncMethod",
+        "synchronous rounds: 'average' (local steps, then average) or 'gradient' "
+        "(exact minibatch SGD)",
+        typeConverter=_choice("syncMethod", ("average", "gradient")))
+    localSteps: Param[int] = Param(
+        Params._dummy(), "localSteps",
+        "local steps per round for syncMethod 'average'; 0 sizes rounds automatically",
+        typeConverter=_count("localSteps", positive=False))
+    maxSequenceLength: Param[int] = Param(
+        Params._dummy(), "maxSequenceLength",
+        "sequence features: steps kept per row (longer sequences are "
+        "cut, shorter ones padded); 0 uses the longest training sequence",
+        typeConverter=_count("maxSequenceLength", positive=False))
+    precision: Param[str] = Param(
+        Params._dummy(), "precision",
+        "'fp32' (default) or 'bf16': the training steps' matrix products on "
+        "bfloat16 operands with float32 accumulation (sparknet.precision)",
+        typeConverter=_choice("precision", ("fp32", "bf16")))
+    verbose: Param[int] = Param(
+        Params._dummy(), "verbose",
+        "0 nothing, 1 (default) a live progress bar and a line per epoch on the "
+        "driver, 2 the lines alone",
+        typeConverter=_count("verbose", positive=False))
 
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(inputShape=[], epochs=10, batchSize=32, learningRate=1e-3,
-                         optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0, clipNorm=0.0,
-                         clipValue=0.0, numPartitions=0, mode="sync", syncMethod="average",
-                         localSteps=0, maxSequenceLength=0, verbose=1,
-                         seed=_default_seed(type(self)), precision="fp32")
+                         optimizer="rmsprop", momentum=0.0, rho=0.99, weightDecay=0.0,
+                         clipNorm=0.0, clipValue=0.0,
+                         numPartitions=0, mode="sync", syncMethod="average", localSteps=0,
+                         maxSequenceLength=0, verbose=1, seed=_default_seed(type(self)),
+                         precision="fp32")
 
     def getInputShape(self) -> list[int]:
         return self.getOrDefault(self.inputShape)
@@ -344,11 +345,11 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
     holds the trained network instead, as its ``network`` property), the checkpoint
     Params and the setters."""
 
-    network: Param[str] = Param(Params._dummy(), "network",
-                                "the network: a sparknet Sequential's architecture (get_config()) "
-                                "as JSON text; a Sequential or its config dict may be passed and "
-                                "is converted",
-                                typeConverter=_to_network)
+    network: Param[str] = Param(
+        Params._dummy(), "network",
+        "the network: a sparknet Sequential's architecture (get_config()) as JSON "
+        "text; a Sequential or its config dict may be passed and is converted",
+        typeConverter=_to_network)
 
     #: the keyword arguments of the last ``@keyword_only`` call (set by that decorator)
     _input_kwargs: dict[str, Any]
@@ -356,8 +357,8 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
     def _network_config(self) -> dict[str, Any]:
         """The ``network`` Param as its architecture dict (ValueError when it is not set)."""
         if not self.isDefined(self.network):
-            raise ValueError(f"{type(self).__name__}: set the network Param "
-                             "(a sparknet Sequential)")
+            raise ValueError(f"{type(self).__name__}: set the network Param (a sparknet "
+                             f"Sequential)")
         config: dict[str, Any] = json.loads(self.getOrDefault(self.network))
         return config
 
@@ -376,7 +377,7 @@ class _EstimatorParams(_SparkNetParams, _CheckpointParams):
         """The callbacks of the next ``fit`` (:mod:`sparknet.callbacks`; ``callbacks`` of
         :meth:`DataParallelTrainer.fit <sparknet.cluster.DataParallelTrainer.fit>`).  Not a
         Param: copies of the Estimator share them, saved Estimators and Models leave them out."""
-        from sparknet._validation import check_callbacks
+        from sparknet.callbacks import check_callbacks
 
         self._callbacks = check_callbacks(value)
         return self

@@ -1,7 +1,7 @@
 """The ONNX graph of a fitted Spark ML Model (``exportOnnx`` of
-:class:`sparknet.ml.SparkNetClassificationModel` and :class:`~sparknet.ml.SparkNetRegressionModel`):
-its network behind the reshaping the Model applies to the features column, with the
-Model's output columns as graph outputs."""
+:class:`sparknet.ml.SparkNetClassificationModel` and
+:class:`~sparknet.ml.SparkNetRegressionModel`): its network behind the reshaping the Model
+applies to the features column, with the Model's output columns as graph outputs."""
 
 from __future__ import annotations
 
@@ -28,14 +28,15 @@ def spark_model_to_onnx(stage: Any, opset: int | None = None) -> onnx.ModelProto
     divided by ``thresholds`` when they are set); for a regressor ``prediction``, ``(batch,)``
     for a network of one output, ``(batch, k)`` for ``k``.
     """
-    from sparknet.ml._estimators import SparkNetClassificationModel
+    # a classifier by Spark ML's own type (the sparknet classifier Model is one)
+    from pyspark.ml.classification import ProbabilisticClassificationModel
 
     model = _check_model(stage.network)
     in_shape, out_shape = model._built_shapes()
     k = int(np.prod(out_shape))
     b = Builder(model.dtype, check_opset(opset))
     feats = b.reserve("features")
-    classifier = isinstance(stage, SparkNetClassificationModel)
+    classifier = isinstance(stage, ProbabilisticClassificationModel)
     names = ["rawPrediction", "probability", "prediction"] if classifier else ["prediction"]
     for n in names:
         b.reserve(n)
@@ -70,7 +71,8 @@ def spark_model_to_onnx(stage: Any, opset: int | None = None) -> onnx.ModelProto
         pred = b.op("ArgMax", [scores], "prediction", axis=1, keepdims=0)
         if k == 2:  # MLlib's two-class convention: [-m, m] with the margin m = z1 - z0
             margin = np.array([[1.0, -1.0], [-1.0, 1.0]])
-            raw = b.op("MatMul", [raw, b.const(margin, "rawPrediction/margin", np.float64)], "rawPrediction")
+            margin_c = b.const(margin, "rawPrediction/margin", np.float64)
+            raw = b.op("MatMul", [raw, margin_c], "rawPrediction")
         outputs = [
             (raw, "rawPrediction", b.value_info("rawPrediction", DOUBLE, [BATCH, k])),
             (prob, "probability", b.value_info("probability", DOUBLE, [BATCH, k])),

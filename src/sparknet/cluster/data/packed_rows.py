@@ -1,5 +1,6 @@
 """A DataFrame's training rows handed to the shard build through a local file the JVM
-writes (``ml/jvm/PackRows.java``), not through Arrow.
+writes (``jvm/PackRows.java``, in the jar of :mod:`sparknet.cluster.engine.jar`), not
+through Arrow.
 
 Arrow's writer for a Vector (or array) column, then the socket to the Python worker,
 cost about 30 ns an element: for MNIST's 47 million values most of a first fit's
@@ -26,6 +27,7 @@ import numpy as np
 
 from sparknet.cluster.data.shard_checks import finish, no_rows
 from sparknet.cluster.data.shard_report import ShardReport, refused_by_jvm
+from sparknet.cluster.engine import jar
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -38,10 +40,12 @@ _KINDS = {"vector": 0, "double": 1, "float": 2}
 
 def enabled() -> bool:
     """False when ``SPARKNET_PACK_ROWS`` is ``0`` (the plain Arrow path, for comparison)."""
-    return os.environ.get("SPARKNET_PACK_ROWS", "1").strip().lower() not in ("0", "false", "no", "off")
+    switch = os.environ.get("SPARKNET_PACK_ROWS", "1").strip().lower()
+    return switch not in ("0", "false", "no", "off")
 
 
-def packed_columns(df: DataFrame, features_kind: str, dtype: str, folder: str = "") -> DataFrame | None:
+def packed_columns(df: DataFrame, features_kind: str, dtype: str,
+                   folder: str = "") -> DataFrame | None:
     """``df`` (columns: features, label as double) as one row a partition naming the
     file its rows went to, or None where the JVM path is off or unavailable (why is
     logged at debug level).  ``folder``: where the files go (default: ``/dev/shm`` where
@@ -51,15 +55,14 @@ def packed_columns(df: DataFrame, features_kind: str, dtype: str, folder: str = 
     from pyspark.sql import DataFrame as _DataFrame
     from pyspark.sql import types as T
 
-    from sparknet.ml import _jvm
-
     spark = df.sparkSession
-    why = _jvm.unavailable(spark)
+    why = jar.unavailable(spark, PACKER_CLASS)
     if why is not None:
         log.debug("rows not handed over by the JVM (%s): Arrow reads the columns", why)
         return None
     width = 4 if dtype == "float32" else 8
-    packer = _jvm._new(spark, PACKER_CLASS).configure(f"{_KINDS[features_kind]};{width};{folder}")
+    packer = jar.new_instance(spark, PACKER_CLASS).configure(
+        f"{_KINDS[features_kind]};{width};{folder}")
     schema = T.StructType([T.StructField("path", T.StringType()),
                            T.StructField("rows", T.IntegerType(), False),
                            T.StructField("dim", T.IntegerType(), False),
@@ -106,4 +109,5 @@ class PackedBuild:
                 ShardReport(jvm_seconds=jvm)
         x, y = parts[0] if len(parts) == 1 else (np.concatenate([p[0] for p in parts]),
                                                  np.concatenate([p[1] for p in parts]))
-        return finish(x, y, self.classification, self.dtype, {"jvm_seconds": jvm, "x_dim": int(x.shape[1])})
+        return finish(x, y, self.classification, self.dtype,
+                      {"jvm_seconds": jvm, "x_dim": int(x.shape[1])})

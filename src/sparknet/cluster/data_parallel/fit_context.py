@@ -31,7 +31,8 @@ from sparknet.cluster.planning.rounds import (  # noqa: F401 - the sizing's cons
     nominal_cost,
     size_rounds,
 )
-from sparknet.model import History, Sequential
+from sparknet.history import FitHistory
+from sparknet.model import Sequential
 from sparknet.schedules import ScheduledLR
 
 if TYPE_CHECKING:
@@ -61,55 +62,6 @@ FIXED_WINDOW = 16
 def _count(n: int, noun: str) -> str:
     """``"1 round"``, ``"4 rounds"``."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-class FitHistory(History):
-    """The :class:`~sparknet.model.History` of a data-parallel fit.
-
-    Attributes:
-        setup_time: seconds from the call of ``fit`` to its first training round
-            (loading the data onto the executors, checks, calibration).
-        setup_breakdown: where ``setup_time`` went, in seconds per step, in order (they
-            add up to ``setup_time``): for the training data ``plan (driver)`` (column
-            checks, the query), ``worker start, imports`` (the shard job until the
-            executors' Python workers ran the builder), ``convert to numpy`` (Arrow
-            batches or rows to one array), ``checks (executors)`` (NaN, lengths,
-            labels), ``spill`` (writing the shard files), ``shard job: scheduling,
-            results`` (the rest of that job, from its last task), ``checks (driver)``;
-            or ``reuse lookup`` when the shards of an earlier fit were reused; then
-            ``validation data`` (all of its steps; loaded beside the training data, only
-            the wait past them), ``calibration`` (sizing the first rounds: a local step
-            timed on the driver) and ``other``.
-        reused_shards: whether the training shards were reused from an earlier fit on
-            the same cached data (no job built them).
-        updates: one record per arriving delta (``mode="async"``; empty otherwise).
-        checkpoints: ``{"step", "seconds", "collect", "job", "bytes"}`` of every
-            checkpoint this fit wrote (``checkpoint_dir``): its seconds in all, those
-            spent collecting the partitions' optimizer state, whether that took a job of
-            its own (not when it came back with a round's results), its arrays' bytes.  A
-            checkpoint at an epoch's end is written after the epoch's ``time`` was taken.
-        resumed_from: the folder of the checkpoint the fit resumed from, or ``None``.
-        interrupted: whether the fit ended on ``KeyboardInterrupt``.
-        precision: what the training tasks' products ran in: ``"bf16"``, or ``"fp32"`` (asked
-            for, or some executor had no bfloat16 kernel).
-        bytes_out, bytes_in: bytes of the parameters broadcast, of the vectors the training
-            tasks sent back (:class:`~sparknet.cluster.data_parallel.parameter_server.ParameterServer`).
-    """
-
-    extra_fields = ("setup_time", "setup_breakdown", "reused_shards", "updates", "checkpoints",
-                    "resumed_from", "interrupted", "precision", "bytes_out", "bytes_in")
-    state_fields = ("updates",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.setup_time = 0.0
-        self.setup_breakdown: dict[str, float] = {}
-        self.reused_shards = False
-        self.updates: list[dict[str, Any]] = []
-        self.checkpoints: list[dict[str, Any]] = []
-        self.resumed_from: str | None = None
-        self.interrupted = False
-        self.precision, self.bytes_out, self.bytes_in = "fp32", 0, 0
 
 
 @dataclass(frozen=True)
@@ -195,7 +147,8 @@ class FitContext:
         bar: the progress bar of the running epoch (registered modes update it).
         mode_state: what a registered mode keeps across the epochs of the fit.
         state: checkpoints, resident optimizer state and job times of the fit
-            (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`; ``None`` for ``evaluate``).
+            (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`; ``None`` for
+            ``evaluate``).
         mode_resume: what a registered mode stored in the checkpoint the fit resumed from.
         callbacks: the fit's :class:`~sparknet.callbacks.CallbackList` (``None`` for ``evaluate``).
         schedule: the per-step learning-rate schedule of the fit, if any (set on the
@@ -221,7 +174,8 @@ class FitContext:
     mode_resume: Any = None
     callbacks: CallbackList | None = None
     schedule: ScheduledLR | None = None
-    fixed_seen: list[float] = field(default_factory=list)  # the last measured rounds' fixed costs (resize)
+    # the last measured rounds' fixed costs (resize)
+    fixed_seen: list[float] = field(default_factory=list)
 
     @property
     def model(self) -> Sequential:
@@ -257,12 +211,14 @@ class FitContext:
         self.rounds, self.epochs_per_round = size.rounds, size.epochs_per_round
         self.steps_per_round = size.steps_per_round
 
-    def _run(self, data: ShardedData, task: Any, description: str, kind: str = "train") -> RoundResult:
+    def _run(self, data: ShardedData, task: Any, description: str,
+             kind: str = "train") -> RoundResult:
         """One round: ``task`` over every shard of ``data``, summed by the server, within
         the fit's ``round_timeout`` (:mod:`sparknet.cluster.data_parallel.checkpoints`)."""
         state = self.state
 
-        def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
+        # built inside: a retry after a rebuild runs over the new anchor
+        def action() -> RoundResult:
             if state is not None and kind == "train":
                 state.before_round(self)  # partition state after a resume or a rebuild
             self.engine.describe(description)
@@ -281,7 +237,8 @@ class FitContext:
             return None
         if kind == "train":
             return cost.t_fixed + self.steps_per_round * cost.t_step
-        return cost.t_fixed + math.ceil(max(data.rows, default=0) / max(self.batch_size, 1)) * cost.t_step
+        steps = math.ceil(max(data.rows, default=0) / max(self.batch_size, 1))
+        return cost.t_fixed + steps * cost.t_step
 
     # -- calibration ------------------------------------------------------
     def _estimate(self, steps: int = 3, budget: float = 0.25) -> RoundCostModel:
@@ -302,7 +259,8 @@ class FitContext:
         opt = optim_mod.from_config(*spec.optimizer)
         rng = np.random.default_rng([spec.seed, 98])
         shape = (b,) + tuple(spec.input_shape)
-        x = np.zeros(shape, np.int64) if spec.int_input else rng.standard_normal(shape).astype(model.dtype)
+        x = (np.zeros(shape, np.int64) if spec.int_input
+             else rng.standard_normal(shape).astype(model.dtype))
         try:
             model.layers[0].check_input(x)
         except ValueError:  # values the first layer refuses (category ids): zeros are valid ids
@@ -327,7 +285,8 @@ class FitContext:
         phases = self.train.phases
         mib = model.params.nbytes / 2 ** 20
         app = str(self.engine.app_id)
-        shard_job = phases.get("shard job: scheduling, results", 0.0) if app in _ESTIMATED_APPS else 0.0
+        shard_job = (phases.get("shard job: scheduling, results", 0.0) if app in _ESTIMATED_APPS
+                     else 0.0)
         _ESTIMATED_APPS.add(app)
         t_fixed = max(shard_job, MIN_FIXED_S) + 2 * mib * FIXED_S_PER_MIB
         return RoundCostModel(t_fixed, max(t_step, 1e-6), int(model.params.nbytes))
@@ -375,8 +334,8 @@ class FitContext:
             log.info("a round of %d epoch(s) holds only %d local steps per partition (%.0f ms); "
                      "Spark's fixed cost of %.0f ms per round stays above %.0f%% of a round "
                      "(max_epochs_per_round=%d)", self.epochs_per_round, self.steps_per_round,
-                     1e3 * self.steps_per_round * cost.t_step, 1e3 * cost.t_fixed, 100 * tr.max_overhead,
-                     tr.max_epochs_per_round)
+                     1e3 * self.steps_per_round * cost.t_step, 1e3 * cost.t_fixed,
+                     100 * tr.max_overhead, tr.max_epochs_per_round)
 
     def _tau(self, cost: RoundCostModel, steps_epoch: int, current: int) -> tuple[int, float]:
         """Local steps per round and the share of Spark's fixed cost allowed
@@ -411,9 +370,10 @@ class FitContext:
             del _MEASURED[next(iter(_MEASURED))]
         if tr.sync == "gradient":
             if first and cost.overhead(1) > tr.max_overhead:
-                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms of "
-                            "compute) against %.0f ms of Spark's fixed cost (measured share %.0f%%); "
-                            "a larger batch_size or sync='average' amortises it", self.batch_size,
+                log.warning("sync='gradient': each round is one global step of %d rows (%.1f ms "
+                            "of compute) against %.0f ms of Spark's fixed cost (measured share "
+                            "%.0f%%); a larger batch_size or sync='average' amortises it",
+                            self.batch_size,
                             1e3 * cost.t_step, 1e3 * cost.t_fixed, 100 * cost.overhead(1))
             return
         if tr.local_steps != "timed":
@@ -433,8 +393,8 @@ class FitContext:
                      1e3 * t_fixed, 1e3 * t_step, self.describe_round())
 
     # -- rounds -----------------------------------------------------------
-    def sync_epoch(self, epoch: int, bar: Any, span: int = 1, start: int = 0, rl: RoundLog | None = None,
-                   t_epoch: float | None = None) -> RoundLog:
+    def sync_epoch(self, epoch: int, bar: Any, span: int = 1, start: int = 0,
+                   rl: RoundLog | None = None, t_epoch: float | None = None) -> RoundLog:
         """The rounds of epoch ``epoch`` (or one round of the ``span`` epochs from it), from
         round ``start`` on (a resumed epoch, ``rl`` holding its rounds so far; ``t_epoch``:
         when the epoch started by ``time.perf_counter``)."""
@@ -495,8 +455,8 @@ class FitContext:
             return
         for p, n in enumerate(self.train.rows):
             if n > 0:
-                self.callbacks.record_steps(chunk_lrs(self.schedule, n, self.batch_size, epoch, r, R, span),
-                                            partition=p)
+                lrs = chunk_lrs(self.schedule, n, self.batch_size, epoch, r, R, span)
+                self.callbacks.record_steps(lrs, partition=p)
 
     def epoch_lr(self, epoch: int) -> float:
         """The rate of epoch ``epoch``'s first step (``lr`` in the history)."""
@@ -507,7 +467,8 @@ class FitContext:
     def _apply(self, res: RoundResult, **where: Any) -> None:
         """The round's sum into the parameters: one optimizer step on the mean gradient
         (``sync="gradient"``), or the row-weighted mean delta (``sync="average"``), added
-        as it is or through the trainer's outer optimizer (:mod:`sparknet.cluster.data_parallel.outer_optimizer`);
+        as it is or through the trainer's outer optimizer
+        (:mod:`sparknet.cluster.data_parallel.outer_optimizer`);
         the layers' state becomes the partitions' row-weighted mean
         (:mod:`sparknet.cluster.data_parallel.layer_state`).
         A non-finite result, or parameters made non-finite by the step, raise

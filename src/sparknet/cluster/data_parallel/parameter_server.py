@@ -25,16 +25,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from pyspark.accumulators import AccumulatorParam
 
 from sparknet import precision as precision_mod
 from sparknet.cluster.data_parallel.layer_state import merge, shipped
 from sparknet.cluster.data_parallel.wire import decode, is_encoded
+from sparknet.cluster.engine.base import Engine, Shipped, SumParam, engine_for
 
 if TYPE_CHECKING:
-    from pyspark import Accumulator, SparkContext
-
-    from sparknet.cluster.engine.base import Engine, Shipped
+    from pyspark import SparkContext
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +56,9 @@ class RoundResult:
         states: partition -> its resident optimizer state after the round (``{name:
             array}``), when the round was asked for it (a checkpoint follows it).
         state: the row-weighted mean of the training tasks' layer states after the round
-            (BatchNormalization's running statistics; :mod:`sparknet.cluster.data_parallel.layer_state`),
-            or ``None`` when the model keeps none.
+            (BatchNormalization's running statistics;
+            :mod:`sparknet.cluster.data_parallel.layer_state`), or ``None`` when the model
+            keeps none.
         state_rows: the rows that mean is weighted by.
         wire_bytes: bytes of the vectors the training tasks sent back (halved with
             ``wire="bf16"``: :mod:`sparknet.cluster.data_parallel.wire`).
@@ -96,7 +95,8 @@ class RoundResult:
         self.nonfinite = self.nonfinite + list(other.nonfinite)
         if other.states:
             self.states = {**self.states, **other.states}
-        self.state, self.state_rows = merge(self.state, self.state_rows, other.state, other.state_rows)
+        self.state, self.state_rows = merge(self.state, self.state_rows, other.state,
+                                            other.state_rows)
         self.step_time = max(self.step_time, other.step_time)
         return self
 
@@ -105,19 +105,17 @@ class RoundResult:
         return float(np.sum(self.stats[..., STATS.index(name)]))
 
 
-class RoundResultParam(AccumulatorParam):
+def add_results(acc: RoundResult, r: RoundResult) -> RoundResult:
+    """``acc`` plus ``r``, in place (what the engine sums a round's results with)."""
+    return acc.add(r)
+
+
+class RoundResultParam(SumParam[RoundResult]):
     """A numpy ``AccumulatorParam`` over :class:`RoundResult` (its zero carries no
     vector, so nothing parameter-sized travels with the task closure)."""
 
-    def zero(self, value: Any) -> RoundResult:
-        return RoundResult()
-
-    def addInPlace(self, value1: RoundResult, value2: RoundResult) -> RoundResult:
-        return value1.add(value2)
-
-
-def _seq(acc: RoundResult, r: RoundResult) -> RoundResult:
-    return acc.add(r)
+    def __init__(self) -> None:
+        super().__init__(RoundResult, add_results)
 
 
 class ParameterServer:
@@ -145,8 +143,6 @@ class ParameterServer:
 
     def __init__(self, sc: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
                  tree_depth: int = 2, state: np.ndarray | None = None) -> None:
-        from sparknet.cluster.engine.base import engine_for
-
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
         self.engine = engine_for(sc)
@@ -171,7 +167,8 @@ class ParameterServer:
     def gather(self, rdd: Any) -> RoundResult:
         """Sum the :class:`RoundResult` s of ``rdd`` (one per task; a resident state's
         ``mapPartitions``) with the chosen primitive."""
-        return self.received(self.engine.gather(rdd, self.reduce, self.tree_depth))
+        total = self.engine.gather(rdd, RoundResult, add_results, self.reduce, self.tree_depth)
+        return self.received(total)
 
     def received(self, res: RoundResult) -> RoundResult:
         """``res`` (a round's sum, or one asynchronous task's result) as the driver uses it:
@@ -181,7 +178,8 @@ class ParameterServer:
         res.vec = None if res.vec is None else decode(res.vec)
         with self._lock:
             self.bytes_in += int(res.wire_bytes)
-            warn, self.fell_back = res.fallback and not self.fell_back, self.fell_back or res.fallback
+            warn = res.fallback and not self.fell_back
+            self.fell_back = self.fell_back or res.fallback
         if warn:
             precision_mod.warn_executor_fallback()
         return res
@@ -197,14 +195,6 @@ class ParameterServer:
     def close(self) -> None:
         """Destroy the last broadcast."""
         self._drop(destroy=True)
-
-
-class _Adder:
-    def __init__(self, acc: Accumulator) -> None:
-        self.acc = acc
-
-    def __call__(self, r: RoundResult) -> None:
-        self.acc.add(r)
 
 
 def measure_primitives(sc: SparkContext, n_params: int, partitions: int, repeats: int = 5,

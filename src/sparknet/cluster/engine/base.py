@@ -22,13 +22,17 @@ optimizer state and the checks are the same under both.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
+
+from pyspark.accumulators import AccumulatorParam
 
 if TYPE_CHECKING:
-    from pyspark import SparkContext
+    from pyspark import Accumulator, SparkContext
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparknet.cluster.data_parallel.parameter_server import RoundResult
+#: what a round's tasks send back (the parameter server's
+#: :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`)
+T = TypeVar("T")
 
 
 class Shipped(Protocol):
@@ -69,10 +73,11 @@ class Engine(Protocol):
         """``value`` for every task of the next jobs."""
         ...
 
-    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        """The sum of the :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult` s of ``job`` (a
-        resident state's :meth:`mapPartitions`), by ``reduce`` where the engine has a
-        choice."""
+    def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
+               depth: int) -> T:
+        """The sum of the results of ``job``'s tasks (a resident state's
+        :meth:`mapPartitions`), started from ``zero()`` and summed in place by ``add(acc, r)``
+        (which returns ``acc``), by ``reduce`` where the engine has a choice."""
         ...
 
     def add_tag(self, tag: str) -> None:
@@ -126,12 +131,37 @@ def arrow_udf_for(df: Any, fn: Callable, return_type: Any) -> Any:
     a Connect DataFrame gets the Connect form of the same UDF."""
     from pyspark.sql.functions import arrow_udf
 
-    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]  # the stubs want a functionType, which pyspark deprecates
+    # the stubs want a functionType, which pyspark deprecates
+    udf = arrow_udf(fn, return_type)  # type: ignore[call-overload]
     if not is_connect(df):
         return udf
     from pyspark.sql.connect.udf import _create_udf
 
     return _create_udf(udf.func, udf.returnType, udf.evalType)
+
+
+class SumParam(AccumulatorParam, Generic[T]):
+    """An ``AccumulatorParam`` that sums with ``add(acc, r)`` from ``zero()`` (its zero is made
+    on each executor, so nothing sized like the parameters travels with the task closure)."""
+
+    def __init__(self, zero: Callable[[], T], add: Callable[[T, T], T]) -> None:
+        self._zero, self._add = zero, add
+
+    def zero(self, value: T) -> T:
+        return self._zero()
+
+    def addInPlace(self, value1: T, value2: T) -> T:
+        return self._add(value1, value2)
+
+
+class _Adder(Generic[T]):
+    """``foreach``'s function: each task's result into the accumulator."""
+
+    def __init__(self, acc: "Accumulator[T]") -> None:
+        self.acc = acc
+
+    def __call__(self, r: T) -> None:
+        self.acc.add(r)
 
 
 class ClassicEngine:
@@ -150,17 +180,17 @@ class ClassicEngine:
         return self.sc.getConf().get(key, default)
 
     def describe(self, text: str | None) -> None:
-        self.sc.setJobDescription(text)  # type: ignore[arg-type]  # None clears it; the stub says str
+        # None clears it; the stub says str
+        self.sc.setJobDescription(text)  # type: ignore[arg-type]
 
     def ship(self, value: Any) -> Shipped:
         return self.sc.broadcast(value)
 
-    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        from sparknet.cluster.data_parallel.parameter_server import RoundResult, RoundResultParam, _Adder, _seq
-
+    def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
+               depth: int) -> T:
         if reduce == "tree":
-            return job.treeAggregate(RoundResult(), _seq, _seq, depth=depth)
-        acc = self.sc.accumulator(RoundResult(), RoundResultParam())
+            return job.treeAggregate(zero(), add, add, depth=depth)
+        acc = self.sc.accumulator(zero(), SumParam(zero, add))
         job.foreach(_Adder(acc))
         return acc.value
 

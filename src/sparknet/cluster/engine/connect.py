@@ -37,20 +37,28 @@ import threading
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
 from sparknet.cluster.resident.driver import _OPEN, Resident, ResidentStateLost, lost_reason
-from sparknet.cluster.resident.shards import ShardInfo, _arrow_builder, _as_info, _Builder, _drop_local, _Task
+from sparknet.cluster.resident.shards import (
+    ShardInfo,
+    _arrow_builder,
+    _as_info,
+    _Builder,
+    _drop_local,
+    _Task,
+)
 from sparknet.errors import RoundTimeout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-    from sparknet.cluster.data_parallel.parameter_server import RoundResult
-
 log = logging.getLogger(__name__)
+
+#: what a round's tasks send back (summed by the engine's ``gather``)
+T = TypeVar("T")
 
 #: Bytes a query's function may carry (parameters, optimizer state): under the default
 #: 128 MiB gRPC message limit of a Connect server, with room for the rest of the plan.
@@ -65,10 +73,10 @@ class InClosure:
     def __init__(self, value: Any) -> None:
         nbytes = _nbytes(value)
         if nbytes > MAX_CLOSURE_BYTES:
-            raise ValueError(f"{nbytes / 2**20:.0f} MiB to send with every round is over what a Spark "
-                             f"Connect query carries ({MAX_CLOSURE_BYTES >> 20} MiB under the server's "
-                             f"spark.connect.grpc.maxInboundMessageSize of 128 MiB); use a Classic "
-                             f"session (a SparkContext) for a model this large")
+            raise ValueError(f"{nbytes / 2**20:.0f} MiB to send with every round is over what a "
+                             f"Spark Connect query carries ({MAX_CLOSURE_BYTES >> 20} MiB under "
+                             f"the server's spark.connect.grpc.maxInboundMessageSize of 128 MiB); "
+                             f"use a Classic session (a SparkContext) for a model this large")
         self.value = value
 
     def unpersist(self) -> None:
@@ -92,7 +100,8 @@ class InRows:
 
         self.key, self.value = uuid.uuid4().hex, value
         blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-        rows = [(self.key, i, blob[o:o + CHUNK_BYTES]) for i, o in enumerate(range(0, len(blob), CHUNK_BYTES))]
+        rows = [(self.key, i, blob[o:o + CHUNK_BYTES])
+                for i, o in enumerate(range(0, len(blob), CHUNK_BYTES))]
         schema = StructType([StructField("key", StringType()), StructField("piece", LongType()),
                              StructField("blob", BinaryType())])
         self.frame: Any = spark.createDataFrame(rows, schema)
@@ -124,8 +133,8 @@ class _RowsValue:
         try:
             return _ROWS_VALUES[self.key]
         except KeyError:
-            raise RuntimeError(f"a shipped value ({self.key}) did not reach this task: the job's query "
-                               f"was not joined with its pieces") from None
+            raise RuntimeError(f"a shipped value ({self.key}) did not reach this task: the job's "
+                               f"query was not joined with its pieces") from None
 
 
 _ALIVE: "weakref.WeakSet[InRows]" = weakref.WeakSet()
@@ -180,8 +189,8 @@ class ConnectEngine:
             from pyspark.sql.connect.functions import spark_partition_id
 
             # the partitions of a range without a count are the server's default parallelism
-            self._parallelism = int(self.spark.range(1 << 12).select(spark_partition_id().alias("p"))
-                                    .distinct().count())
+            ids = self.spark.range(1 << 12).select(spark_partition_id().alias("p"))
+            self._parallelism = int(ids.distinct().count())
         return self._parallelism
 
     def conf(self, key: str, default: str | None = None) -> str | None:
@@ -200,12 +209,11 @@ class ConnectEngine:
             return InClosure(value)
         return InRows(self.spark, value)
 
-    def gather(self, job: Any, reduce: str, depth: int) -> "RoundResult":
-        from sparknet.cluster.data_parallel.parameter_server import RoundResult
-
-        out = RoundResult()
+    def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
+               depth: int) -> T:
+        out = zero()
         for r in job.collect():
-            out.add(r)
+            out = add(out, r)
         return out
 
     def add_tag(self, tag: str) -> None:
@@ -225,7 +233,8 @@ class ConnectEngine:
 
     def resident_from_dataframe(self, df: "DataFrame", build: Callable, name: str, on_lost: str,
                                 spill_dir: str | None) -> "ConnectResident":
-        return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir, engine=self)
+        return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir,
+                               engine=self)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.WeakKeyDictionary()
@@ -244,7 +253,8 @@ class _ArrowTask:
     """A job's ``mapInArrow`` function: the anchor row of the task's partition in, each
     result of ``fn(index, shard)`` out as one pickled row."""
 
-    def __init__(self, fn: Callable, per_partition: bool, only: int | None = None, joined: bool = False) -> None:
+    def __init__(self, fn: Callable, per_partition: bool, only: int | None = None,
+                 joined: bool = False) -> None:
         self.task, self.only = _Task(fn, per_partition), only
         self.joined = joined  # the anchor rows come cross-joined with InRows pieces
 
@@ -266,7 +276,8 @@ class _ArrowTask:
                 continue
             infos += [v for v in dict.fromkeys(info) if v not in infos]
             if not skip:
-                for k, p, blob in zip(b.column(1).to_pylist(), b.column(2).to_pylist(), b.column(3).to_pylist()):
+                cols = (b.column(1).to_pylist(), b.column(2).to_pylist(), b.column(3).to_pylist())
+                for k, p, blob in zip(*cols):
                     pieces.setdefault(k, {})[p] = blob
         try:
             for k, parts in pieces.items():
@@ -299,7 +310,8 @@ class ConnectJob:
     """A lazy job over a :class:`ConnectResident` (what :meth:`Resident.mapPartitions`
     returns on Classic): :meth:`collect` runs it."""
 
-    def __init__(self, res: "ConnectResident", fn: Callable, per_partition: bool, only: int | None = None) -> None:
+    def __init__(self, res: "ConnectResident", fn: Callable, per_partition: bool,
+                 only: int | None = None) -> None:
         self.res, self.fn, self.per_partition, self.only = res, fn, per_partition, only
 
     def collect(self) -> list:
@@ -329,8 +341,9 @@ class ConnectResident(Resident):
     cannot list the executors, so a lost executor shows as a lost shard (rebuilt with
     ``on_lost="rebuild"``)."""
 
-    def __init__(self, df: "DataFrame", build: Callable, name: str = "state", on_lost: str = "raise",
-                 spill_dir: str | None = None, engine: "ConnectEngine | None" = None) -> None:
+    def __init__(self, df: "DataFrame", build: Callable, name: str = "state",
+                 on_lost: str = "raise", spill_dir: str | None = None,
+                 engine: "ConnectEngine | None" = None) -> None:
         self.spark = df.sparkSession
         self.engine = engine if engine is not None else ConnectEngine.of(self.spark)
         self._start(build, name, on_lost, spill_dir, self.engine.app_id, None, df, cut_lineage=True)
@@ -352,7 +365,8 @@ class ConnectResident(Resident):
             raise
         if [i.index for i in infos] != list(range(len(infos))):
             raise RuntimeError(f"resident state {self.key}: the anchor holds partitions "
-                               f"{[i.index for i in infos]}, expected one row for each of 0..{len(infos) - 1}")
+                               f"{[i.index for i in infos]}, expected one row for each of "
+                               f"0..{len(infos) - 1}")
         self.infos, self.build_seconds, self.anchor = infos, time.perf_counter() - t0, anchor
 
     def _discard_partial(self, parts: int) -> None:
@@ -366,8 +380,9 @@ class ConnectResident(Resident):
         if anchor is None:
             return
         try:
+            drop = _ArrowDrop(self.key, self.spill_dir)
             self._tagged(f"deleting resident state {self.key}", 60.0,
-                         lambda: anchor.mapInArrow(_ArrowDrop(self.key, self.spill_dir), _schema("n", "long")).collect())
+                         lambda: anchor.mapInArrow(drop, _schema("n", "long")).collect())
         except Exception as exc:  # the server is gone meanwhile
             log.debug("resident %s: executor cleanup failed: %s", self.key, exc)
         _drop_local(self.key, self.spill_dir)
@@ -382,7 +397,8 @@ class ConnectResident(Resident):
             raise RuntimeError(f"resident state {self.key} is closed")
         return self.anchor
 
-    def mapPartitions(self, fn: Callable[[int, Any], Iterable]) -> ConnectJob:  # type: ignore[override]
+    def mapPartitions(  # type: ignore[override]
+            self, fn: Callable[[int, Any], Iterable]) -> ConnectJob:
         """A lazy :class:`ConnectJob` running ``fn(index, shard) -> iterable`` on each
         partition's shard (run it with ``collect()``, inside :meth:`run_action`)."""
         return ConnectJob(self, fn, per_partition=True)
@@ -420,23 +436,25 @@ class ConnectResident(Resident):
             return action()
         except Exception:
             if fired.is_set():
-                raise RoundTimeout(f"{what} ran longer than {timeout:g} s and was interrupted: a task that "
-                                   f"never returns, or a round slower than the timeout allows; pass a larger "
-                                   f"timeout (a trainer's round_timeout=..., or None to wait without "
-                                   f"limit)") from None
+                raise RoundTimeout(f"{what} ran longer than {timeout:g} s and was interrupted: a "
+                                   f"task that never returns, or a round slower than the timeout "
+                                   f"allows; pass a larger timeout (a trainer's round_timeout=..., "
+                                   f"or None to wait without limit)") from None
             raise
         finally:
             if timer is not None:
                 timer.cancel()
             self.spark.removeTag(tag)
 
-    def run_action(self, action: Callable[[], Any], retry: bool = True, timeout: float | None = None) -> Any:
+    def run_action(self, action: Callable[[], Any], retry: bool = True,
+                   timeout: float | None = None) -> Any:
         """Run ``action()`` (jobs over :meth:`mapPartitions`, built inside it) under its
         own tag: past ``timeout`` it is interrupted (:class:`~sparknet.errors.RoundTimeout`);
         a lost shard raises :class:`~sparknet.cluster.resident.driver.ResidentStateLost`, or
         with ``on_lost="rebuild"`` is rebuilt and the action run once more."""
         if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+            raise ValueError(f"timeout must be a positive number of seconds or None, "
+                             f"got {timeout!r}")
         try:
             return self._tagged(f"a job on resident state {self.key}", timeout, action)
         except (ResidentStateLost, RoundTimeout):
@@ -450,7 +468,8 @@ class ConnectResident(Resident):
             return self.run_action(action, retry=False, timeout=timeout)
         raise ResidentStateLost(reason)
 
-    def rebuild(self, lost: Iterable[str] = (), reason: str | None = None, joined: Iterable[str] = ()) -> str:
+    def rebuild(self, lost: Iterable[str] = (), reason: str | None = None,
+                joined: Iterable[str] = ()) -> str:
         """Build the shards again: those whose files are on the host their new task runs
         on are re-attached with their state, the others built from the source."""
         old, t0 = self.anchor, time.perf_counter()

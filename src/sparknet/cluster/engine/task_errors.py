@@ -23,7 +23,7 @@ How an error says it is sparknet's, across the process boundary:
   :class:`~sparknet.errors.DataError`, any other :class:`~sparknet.errors.TaskError`.
 
 Spark also prints the failed task's trace on the driver's console.  That is handled in the
-JVM, where the lines are written: see :func:`sparknet.ml._jvm.quiet_task_errors`.
+JVM, where the lines are written: see :func:`sparknet.cluster.engine.jar.quiet_task_errors`.
 """
 from __future__ import annotations
 

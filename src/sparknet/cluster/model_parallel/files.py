@@ -32,10 +32,10 @@ from typing import Any, Iterator, Sequence, cast
 
 import numpy as np
 
+from sparknet._model_file import ZIP_ERRORS, ModelFile, atomic_savez, atomic_write
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.executor import Arrays
 from sparknet.errors import CheckpointError
-from sparknet.io import _ZIP_ERRORS, _atomic_savez, _ModelFile, atomic_write
 
 FORMAT = "sparknet-model-parallel"
 #: 2: driver optimizer state in the one serialised form (``stage<j>.opt_<key>``); 1 is still read
@@ -113,7 +113,7 @@ def load_block(arrays: Arrays, layer: BlockedLayer, k: int, folder: str,
                     _read_into(zf, f"{pname}.{s}", arrays[f"{i}.{pname}.{s}"], path)
     except CheckpointError:
         raise
-    except _ZIP_ERRORS as exc:
+    except ZIP_ERRORS as exc:
         raise CheckpointError(f"block file {path!r} (layer {i}, block {k}) is damaged "
                               f"({type(exc).__name__}: {exc})") from None
 
@@ -129,8 +129,8 @@ def check_block_file(path: str) -> None:
         with zipfile.ZipFile(path) as zf:
             bad = zf.testzip()
             if bad is not None:
-                raise CheckpointError(f"block file {path!r} is damaged: member {bad} fails its CRC "
-                                      "check")
+                raise CheckpointError(f"block file {path!r} is damaged: member {bad} fails its "
+                                      f"CRC check")
             for info in zf.infolist():
                 with zf.open(info) as fh:
                     version = np.lib.format.read_magic(fh)
@@ -142,14 +142,14 @@ def check_block_file(path: str) -> None:
                                           f"array; refused (nothing read may run code)")
     except CheckpointError:
         raise
-    except _ZIP_ERRORS as exc:
-        raise CheckpointError(f"block file {path!r} is damaged "
-                              f"({type(exc).__name__}: {exc})") from None
+    except ZIP_ERRORS as exc:
+        raise CheckpointError(f"block file {path!r} is damaged ({type(exc).__name__}: "
+                              f"{exc})") from None
 
 
 # -------------------------------------------------------------- driver arrays, manifest
 def write_driver(folder: str, arrays: dict[str, np.ndarray]) -> None:
-    _atomic_savez(os.path.join(folder, "driver.npz"), arrays)
+    atomic_savez(os.path.join(folder, "driver.npz"), arrays)
 
 
 def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
@@ -163,8 +163,8 @@ def read_driver(folder: str, version: int) -> dict[str, np.ndarray]:
     path = os.path.join(folder, "driver.npz")
     if not os.path.isfile(path):
         raise CheckpointError(f"{path!r} is missing: {folder!r} is not a complete model-parallel "
-                              "model")
-    data = _ModelFile(path)  # every member's header checked against its size; object arrays refused
+                              f"model")
+    data = ModelFile(path)  # every member's header checked against its size; object arrays refused
     try:
         out = {k: data.read(k, large=True) for k in data.layouts}
     finally:
@@ -226,7 +226,7 @@ def read_manifest(folder: str) -> dict[str, Any]:
     man = os.path.join(folder, "manifest.json")
     if not os.path.isfile(man):
         raise FileNotFoundError(f"{folder!r} holds no complete model-parallel model (no "
-                                "manifest.json)")
+                                f"manifest.json)")
     try:
         with open(man, encoding="utf-8") as fh:
             m = json.load(fh)
@@ -244,10 +244,9 @@ def read_manifest(folder: str) -> dict[str, Any]:
     files = m.get("files")
     if files is not None and not (isinstance(files, dict) and all(
             isinstance(v, dict) and isinstance(v.get("bytes"), int)
-            and isinstance(v.get("sha256"), str)
-            for v in files.values())):
+            and isinstance(v.get("sha256"), str) for v in files.values())):
         raise CheckpointError(f"{man!r} is damaged: its 'files' entry is not a list of sizes and "
-                              "checksums")
+                              f"checksums")
     return m
 
 
