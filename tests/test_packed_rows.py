@@ -1,5 +1,5 @@
 """A DataFrame's rows handed to the shard build by the JVM through a local file
-(``ml/jvm/PackRows.java``, ``cluster/data/packed_rows.py``): the same shards as the Arrow path,
+(``sparknet/jvm/PackRows.java``, ``cluster/data/packed_rows.py``): the same shards as the Arrow path,
 bit for bit, the same errors for bad rows, and no file left behind."""
 from __future__ import annotations
 

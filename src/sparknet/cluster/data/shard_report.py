@@ -73,7 +73,7 @@ def report_of(info: ShardInfo) -> ShardReport:
 
 
 def refused_by_jvm(tag: str) -> ShardReport:
-    """The report of rows ``PackRows`` (``ml/jvm/PackRows.java``) refused, from the one line
+    """The report of rows ``PackRows`` (``sparknet/jvm/PackRows.java``) refused, from the one line
     it sends: ``"x_null <row>"``, ``"x_lengths <shortest> <longest> <row>"`` or
     ``"y_null <row>"`` (``ValueError`` for any other)."""
     kind, *nums = tag.split()

@@ -455,8 +455,8 @@ class _AsyncRun:
         st.log.stats += res.stats
         st.log.compute += max(res.times) if res.times else 0.0
         rows = int(res.stat("samples"))
-        weight = res.stat("weight_sum")
-        loss = res.stat("loss_sum") / weight if weight > 0 else float("nan")
+        weight_sum = res.stat("weight_sum")
+        loss = res.stat("loss_sum") / weight_sum if weight_sum > 0 else float("nan")
         where = {"lr": self.trainer.optimizer.lr, "epoch": st.epoch + 1, "round": st.log.rounds + 1,
                  "partition": p}
         guards.check_result(res, "delta", **where)
