@@ -2,10 +2,10 @@
 
 The maths lives in *functional* steps (:mod:`sparknet.update_steps`), :func:`rmsprop`,
 :func:`sgd` and :func:`adam`: the state is passed in explicitly (as in PyTorch's
-``torch.optim._functional``), so the same step serves a :class:`~sparknet.model.Sequential` (state held by the optimizer), a
-data-parallel partition (state resident on its executor) and a model-parallel block
-(state beside the block, applied row chunk by row chunk).  Each is a single fused,
-GIL-free Cython pass (:mod:`sparknet._optim`).
+``torch.optim._functional``), so the same step serves a :class:`~sparknet.model.Sequential`
+(state held by the optimizer), a data-parallel partition (state resident on its executor)
+and a model-parallel block (state beside the block, applied row chunk by row chunk).  Each
+is a single fused, GIL-free Cython pass (:mod:`sparknet._optim`).
 
 The classes share one base: :meth:`Optimizer.step` validates, counts steps and calls
 :meth:`Optimizer.apply`, the functional step with this optimizer's hyper-parameters.
