@@ -35,7 +35,15 @@ import numpy as np
 
 import sparknet._optim as _optim
 from sparknet._validation import check_bool, check_float, non_negative_int
-from sparknet.update_steps import adam, clip_by_value, norm_scale, rmsprop, scale, sgd, sum_of_squares
+from sparknet.update_steps import (
+    adam,
+    clip_by_value,
+    norm_scale,
+    rmsprop,
+    scale,
+    sgd,
+    sum_of_squares,
+)
 
 State = Mapping[str, np.ndarray]
 #: a weight in the flat parameters and its bfloat16 packings: (offset, rows, cols, packs)
