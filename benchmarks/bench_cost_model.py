@@ -158,10 +158,11 @@ def row(name: str, master: str, pred, measured: list[float], st: dict, unit: str
          **st}
     comp = ""
     if compute:
-        pc = (pred.breakdown.get("compute", 0.0) + pred.breakdown.get("stragglers",
-                                                                      0.0)) * scale * per
-        r["compute_predicted"], r["compute_measured"] = pc, float(np.median(compute))
-        comp = f"; compute {pc:.3f} vs {r['compute_measured']:.3f}, rest {p - pc:.3f} vs {m - r['compute_measured']:.3f}"
+        pc = (pred.breakdown.get("compute", 0.0)
+              + pred.breakdown.get("stragglers", 0.0)) * scale * per
+        mc = float(np.median(compute))
+        r["compute_predicted"], r["compute_measured"] = pc, mc
+        comp = f"; compute {pc:.3f} vs {mc:.3f}, rest {p - pc:.3f} vs {m - mc:.3f}"
     print(f"  {name:<5} {master:<11} {pred.mode:<15} predicted {p:8.3f} s/{unit}  measured "
           f"{m:8.3f}  error {r['error_pct']:+6.1f}%  (load {st['load']:.1f}, sgemm "
           f"{st['sgemm']:.0f})  [{terms}]{comp}",

@@ -174,8 +174,8 @@ def driver_killed() -> None:
             trainer.fit(X, y, verbose=0, resume=True, **fit)
             resumed_s = time.perf_counter() - t2
             a, b = trainer.model.params, ref_model.model.params
-            same = "bit-identical weights" if np.array_equal(a,
-                                                             b) else f"max |diff| {np.max(np.abs(a - b)):.1e}"
+            same = ("bit-identical weights" if np.array_equal(a, b)
+                    else f"max |diff| {np.max(np.abs(a - b)):.1e}")
             acc = (f"{100 * np.mean(trainer.model.predict(Xt) == yt):.2f}% vs "
                    f"{100 * np.mean(ref_model.model.predict(Xt) == yt):.2f}%")
             row(f"driver killed (SIGKILL at round {SETTINGS[mode]['kill_at']}) and resumed, {mode}",

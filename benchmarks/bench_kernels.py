@@ -31,7 +31,8 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="mlp,cnn,lstm", help="comma-separated subset of mlp,cnn,lstm")
     ap.add_argument("--seconds", type=float, default=3.0,
-                    help="timing window per implementation (mlp, cnn; lstm alternates fixed rounds)")
+                    help="timing window per implementation "
+                         "(mlp, cnn; lstm alternates fixed rounds)")
     args = ap.parse_args()
     print(machine_header())
     for name in [n.strip() for n in args.only.split(",") if n.strip()]:

@@ -207,8 +207,8 @@ def report(res: dict) -> None:
             r = res[k]
             print(f"{k:<10}{r['wall_median']:>13,.0f}{r['wall_best']:>11,.0f}{r['cpu']:>10,.0f}")
     if res["torch"]:
-        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x{res['ratio_cpu']:>9.2f}x"
-              f"   (sparknet / PyTorch)")
+        print(f"{'ratio':<10}{res['ratio_wall']:>12.2f}x{res['ratio_best']:>10.2f}x"
+              f"{res['ratio_cpu']:>9.2f}x   (sparknet / PyTorch)")
         (wl, wh), (cl, ch) = res["ratio_wall_range"], res["ratio_cpu_range"]
         print(f"per-round ratio range: wall {wl:.2f}-{wh:.2f}x, CPU time {cl:.2f}-{ch:.2f}x "
               f"({c['rounds']} alternating rounds of {c['n_steps']} steps)")

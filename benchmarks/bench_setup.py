@@ -57,8 +57,8 @@ def to_df(spark: Any, X: np.ndarray, y: np.ndarray, partitions: int) -> Any:
     from pyspark.sql import functions as F
 
     flat = pa.array(X.reshape(X.shape[0], -1).reshape(-1).astype(np.float64))
-    feats = pa.FixedSizeListArray.from_arrays(flat,
-                                              int(np.prod(X.shape[1:]))).cast(pa.list_(pa.float64()))
+    width = int(np.prod(X.shape[1:]))
+    feats = pa.FixedSizeListArray.from_arrays(flat, width).cast(pa.list_(pa.float64()))
     table = pa.table({"f": feats, "label": pa.array(y.astype(np.float64))})
     df = spark.createDataFrame(table)
     df = df.select(array_to_vector(F.col("f")).alias("features"),
@@ -190,7 +190,8 @@ def report(runs: list[dict[str, Any]], header: str) -> None:
         print(f"  {'phase':<44}{'median s':>10}")
         for k in names:
             print(f"  {k:<44}{np.median([f['breakdown'].get(k, 0.0) for f in fits]):>10.3f}")
-        print(f"  {'sum of phases':<44}{np.median([sum(f['breakdown'].values()) for f in fits]):>10.3f}")
+        total = np.median([sum(f["breakdown"].values()) for f in fits])
+        print(f"  {'sum of phases':<44}{total:>10.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:

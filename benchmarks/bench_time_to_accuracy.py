@@ -348,13 +348,15 @@ def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, A
         if twin is not None and twin in out:
             for key in ("median_epoch", *(f"time_to_{t}" for t in TARGETS)):
                 a, b = s[key], out[twin][key]
-                s[f"{key}_vs_fp32"] = a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+                ok = math.isfinite(a) and math.isfinite(b) and b > 0
+                s[f"{key}_vs_fp32"] = a / b if ok else math.nan
             s["final_acc_minus_fp32"] = s["accs"][-1] - out[twin]["accs"][-1]
         for ref in ("single", "torch"):
             if ref in out and ref != name:
                 for key in ("median_epoch", *(f"time_to_{t}" for t in TARGETS)):
                     a, b = s[key], out[ref][key]
-                    s[f"{key}_vs_{ref}"] = a / b if math.isfinite(a) and math.isfinite(b) and b > 0 else math.nan
+                    ok = math.isfinite(a) and math.isfinite(b) and b > 0
+                    s[f"{key}_vs_{ref}"] = a / b if ok else math.nan
     return out
 
 

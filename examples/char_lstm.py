@@ -74,7 +74,8 @@ def evaluate_bpc(model: Sequential, ids: np.ndarray, seq_len: int, batch: int = 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Character-level LSTM on Shakespeare (truncated BPTT).")
+    ap = argparse.ArgumentParser(
+        description="Character-level LSTM on Shakespeare (truncated BPTT).")
     ap.add_argument("path", nargs="?", help="the text file, e.g. ../shared/data/shakespeare.txt")
     ap.add_argument("--hidden", type=int, default=200, help="units per LSTM layer (200)")
     ap.add_argument("--layers", type=int, default=2, help="LSTM layers (2)")

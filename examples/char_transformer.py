@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - t0
             done = elapsed >= budget or bool(args.steps and step >= args.steps)
             if step % args.print_every == 0 or done:
-                print(f"step {step:5d}  {elapsed:7.1f} s  train {run_s / run_w / LN2:.3f} bits/char",
-                      flush=True)
+                bits = run_s / run_w / LN2
+                print(f"step {step:5d}  {elapsed:7.1f} s  train {bits:.3f} bits/char", flush=True)
                 run_s = run_w = 0.0
             if step % args.eval_every == 0 or done:
                 bpc = evaluate_bpc(model, val_ids, args.seq_len)

@@ -6,7 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparknet import Conv2D, Dense, Flatten, MaxPool2D, RMSprop, Sequential, _bf16, _optim, precision
+from sparknet import (
+    Conv2D,
+    Dense,
+    Flatten,
+    MaxPool2D,
+    RMSprop,
+    Sequential,
+    _bf16,
+    _optim,
+    precision,
+)
 from sparknet.callbacks import Callback
 
 needs_bf16 = pytest.mark.skipif(not precision.available(),

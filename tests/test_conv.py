@@ -12,7 +12,17 @@ import pytest
 
 import sparknet
 from helpers.gradcheck import model_gradcheck
-from sparknet import AvgPool2D, Conv2D, Dense, Dropout, Flatten, MaxPool2D, RMSprop, Sequential, load_model
+from sparknet import (
+    AvgPool2D,
+    Conv2D,
+    Dense,
+    Dropout,
+    Flatten,
+    MaxPool2D,
+    RMSprop,
+    Sequential,
+    load_model,
+)
 from sparknet.datasets import load_digits
 
 TOL = 1e-6

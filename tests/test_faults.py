@@ -85,7 +85,11 @@ def test_run_action_timeout_cancels_a_job_that_never_returns(spark):
 
 
 def test_driver_memory_is_checked_before_numpy_input_goes_out(spark):
-    from sparknet.cluster.data.numpy_input import DriverMemoryError, check_driver_memory, driver_heap
+    from sparknet.cluster.data.numpy_input import (
+        DriverMemoryError,
+        check_driver_memory,
+        driver_heap,
+    )
 
     sc = spark.sparkContext
     most, free = driver_heap(sc)

@@ -26,7 +26,12 @@ from helpers.frames import array_frame, vector_frame  # noqa: E402
 from helpers.models import mlp  # noqa: E402
 from sparknet import Dense, Flatten, Sequential  # noqa: E402
 from sparknet.layers import LSTM, Conv2D, MaxPool2D, SequenceMask  # noqa: E402
-from sparknet.ml import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor  # noqa: E402
+from sparknet.ml import (  # noqa: E402
+    SparkNetClassificationModel,
+    SparkNetClassifier,
+    SparkNetRegressionModel,
+    SparkNetRegressor,
+)
 
 # one round per epoch and partition keeps the number of Spark jobs (~130 ms each) small
 FAST = dict(numPartitions=2, localSteps=64, batchSize=32)

@@ -33,7 +33,8 @@ import sys
 import time
 from typing import Any, Callable, Iterator
 
-os.environ["OPENBLAS_NUM_THREADS"] = "1"      # inherited by local-mode workers and standalone executors
+# inherited by local-mode workers and standalone executors
+os.environ["OPENBLAS_NUM_THREADS"] = "1"
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
@@ -52,11 +53,12 @@ for _p in (BENCH, os.path.join(BENCH, "..", "tests")):
 #: The Spark set-ups of every figure, and the partitions (or blocks) each gives.
 SESSIONS = {"local[1]": 1, "local[2]": 2, "standalone": 2}
 #: How the set-ups are named in tables and plots.
-LABELS = {"one process": "one process (Sequential.fit, 1 thread)", "local": "Spark local[P]", "local[1]": "Spark local[1]",
-          "local[2]": "Spark local[2]", "standalone": "standalone 2 x 1 core"}
+LABELS = {"one process": "one process (Sequential.fit, 1 thread)", "local": "Spark local[P]",
+          "local[1]": "Spark local[1]", "local[2]": "Spark local[2]",
+          "standalone": "standalone 2 x 1 core"}
 
 
-# ----------------------------------------------------------------------------- the machine
+# -------------------------------------------------------------------------- the machine
 def load1() -> float:
     """The one-minute load average."""
     return float(os.getloadavg()[0])
@@ -75,7 +77,7 @@ def header(what: str) -> str:
     return f"{what} ({now})\n{machine_header()}"
 
 
-# ----------------------------------------------------------------------------- networks and data
+# -------------------------------------------------------------------------- networks and data
 def fc_model(seed: int = 0, dtype: str = "float32") -> Any:
     """The paper's fully connected net 784-480-160-10 (ReLU hidden layers, softmax)."""
     from sparknet import Dense, Sequential
@@ -87,12 +89,14 @@ def cnn_model(seed: int = 0) -> Any:
     """The paper's CNN on 28x28x1: conv 5x5x6 - max pool 2 - conv 5x5x12 - max pool 2 -
     conv 4x4x12 (ReLU, valid) - the softmax classifier over its 1x1x12 output."""
     from sparknet import Conv2D, Dense, Flatten, MaxPool2D, Sequential
-    return Sequential([Conv2D(6, 5, activation="relu"), MaxPool2D(2), Conv2D(12, 5, activation="relu"),
-                       MaxPool2D(2), Conv2D(12, 4, activation="relu"), Flatten(),
+    return Sequential([Conv2D(6, 5, activation="relu"), MaxPool2D(2),
+                       Conv2D(12, 5, activation="relu"), MaxPool2D(2),
+                       Conv2D(12, 4, activation="relu"), Flatten(),
                        Dense(10, activation="softmax")], input_shape=(28, 28, 1), seed=seed)
 
 
-def char_lstm_model(vocab: int, seq_len: int, seed: int = 0, hidden: int = 200, embed: int = 32) -> Any:
+def char_lstm_model(vocab: int, seq_len: int, seed: int = 0, hidden: int = 200,
+                    embed: int = 32) -> Any:
     """The paper's character LSTM: embedding, one LSTM of ``hidden`` (200) units over
     ``seq_len`` characters, a softmax over the vocabulary at every step (next character)."""
     from sparknet import LSTM, Dense, Embedding, Sequential
@@ -106,7 +110,8 @@ def mnist(path: str = DEFAULT_MNIST, images: bool = False) -> tuple[np.ndarray, 
     return load_mnist(path, flat=not images)
 
 
-def shakespeare(chars: int, seq_len: int, path: str = DEFAULT_TEXT) -> tuple[np.ndarray, np.ndarray, int]:
+def shakespeare(chars: int, seq_len: int,
+                path: str = DEFAULT_TEXT) -> tuple[np.ndarray, np.ndarray, int]:
     """The first ``chars`` characters of the Shakespeare corpus cut into windows of
     ``seq_len`` character ids, the labels the next character at every step:
     ``(X (N, seq_len), Y (N, seq_len), vocabulary size)``; the vocabulary is the whole
@@ -132,7 +137,7 @@ def synthetic_mnist(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return X, y
 
 
-# ----------------------------------------------------------------------------- Spark set-ups
+# -------------------------------------------------------------------------- Spark set-ups
 def wait_executors(spark: Any, n: int, timeout: float = 90.0) -> None:
     """Wait until ``n`` executors (besides the driver) have registered."""
     sc = spark.sparkContext
@@ -201,38 +206,43 @@ def session(kind: str, driver_memory: str = "6g", executor_memory: str = "3g") -
             print(f"removed {left} resident folder(s) this session left", flush=True)
 
 
-# ----------------------------------------------------------------------------- runs
+# -------------------------------------------------------------------------- runs
 def one_process_epochs(model: Any, X: np.ndarray, y: np.ndarray, batch: int, epochs: int,
                        lr: float = 1e-3) -> list[float]:
     """Seconds of each of ``epochs`` epochs of ``Sequential.fit`` (RMSprop, one BLAS thread)."""
     from sparknet import RMSprop
-    h = model.fit(X, y, epochs=epochs, batch_size=batch, optimizer=RMSprop(lr=lr), verbose=0, num_threads=1)
+    h = model.fit(X, y, epochs=epochs, batch_size=batch, optimizer=RMSprop(lr=lr), verbose=0,
+                  num_threads=1)
     return [float(t) for t in h["time"]]
 
 
-def data_parallel_fit(spark: Any, model: Any, X: np.ndarray, y: np.ndarray, partitions: int, batch: int,
-                      epochs: int, lr: float = 1e-3, validation: Any = None, **trainer_kw: Any) -> dict:
+def data_parallel_fit(spark: Any, model: Any, X: np.ndarray, y: np.ndarray, partitions: int,
+                      batch: int, epochs: int, lr: float = 1e-3, validation: Any = None,
+                      **trainer_kw: Any) -> dict:
     """One ``DataParallelTrainer`` fit (synchronous rounds, tau sized by the trainer
     unless ``local_steps`` is given) on numpy input; per-epoch seconds (validation
     excluded), the local steps per round, rounds per epoch, set-up seconds, Spark's
     share of the rounds, the last loss and validation accuracy."""
     from sparknet import RMSprop
     from sparknet.cluster import DataParallelTrainer
-    trainer = DataParallelTrainer(model, spark, num_partitions=partitions, optimizer=RMSprop(lr=lr), **trainer_kw)
+    trainer = DataParallelTrainer(model, spark, num_partitions=partitions,
+                                  optimizer=RMSprop(lr=lr), **trainer_kw)
     _, h = trainer.fit(X, y, epochs=epochs, batch_size=batch, validation_data=validation, verbose=0,
                        reuse_data=False)
     val_t = h["val_time"] if "val_time" in h else [float("nan")] * len(h["time"])
     times = [float(t) - (0.0 if math.isnan(v) else float(v)) for t, v in zip(h["time"], val_t)]
     return {"epoch_times": times, "epoch_s": float(np.median(times)),
-            "tau": int(np.median(h["local_steps"])), "rounds_per_epoch": float(np.median(h["rounds"])),
+            "tau": int(np.median(h["local_steps"])),
+            "rounds_per_epoch": float(np.median(h["rounds"])),
             "setup_s": float(h.setup_time), "spark_share": float(np.mean(h["spark_overhead"])),
             "loss": float(h["loss"][-1]),
             "val_accuracy": list(h["val_accuracy"]) if "val_accuracy" in h else []}
 
 
-# ----------------------------------------------------------------------------- the cost model
+# -------------------------------------------------------------------------- the cost model
 def cost_module() -> Any:
-    """:mod:`sparknet.cluster.planning.cost` when it has the predictions (``predict``), else None."""
+    """:mod:`sparknet.cluster.planning.cost` when it has the predictions (``predict``),
+    else None."""
     try:
         from sparknet.cluster.planning import cost
     except ImportError:
@@ -251,7 +261,8 @@ def measure_costs(spark: Any, model: Any, batch: int, steps: int = 8) -> tuple[A
         sc = cost.SparkCosts.measure(spark, repeats=3)
         net = cost.NetworkCosts.measure(model, batch, steps=steps)
     except Exception as exc:   # a benchmark runs to the end: the predicted columns stay NaN
-        print(f"cost model: measuring failed ({type(exc).__name__}: {exc}); no predictions", flush=True)
+        print(f"cost model: measuring failed ({type(exc).__name__}: {exc}); no predictions",
+              flush=True)
         return None, None
     return sc, net
 
@@ -268,10 +279,13 @@ def predict(mode: str, net: Any, spark_costs: Any, samples: int, **settings: Any
     try:
         p = cost.predict(mode, net, spark_costs, samples, **settings)
     except Exception as exc:
-        print(f"cost model: predict({mode!r}, {settings}) failed ({type(exc).__name__}: {exc})", flush=True)
+        print(f"cost model: predict({mode!r}, {settings}) failed ({type(exc).__name__}: {exc})",
+              flush=True)
         return out
-    out.update(pred_epoch_s=float(p.epoch_s), pred_one_process_epoch_s=float(p.one_process_epoch_s),
-               pred_speedup=float(p.speedup), pred_step_s=math.nan if p.step_s is None else float(p.step_s),
+    out.update(pred_epoch_s=float(p.epoch_s),
+               pred_one_process_epoch_s=float(p.one_process_epoch_s),
+               pred_speedup=float(p.speedup),
+               pred_step_s=math.nan if p.step_s is None else float(p.step_s),
                pred_breakdown="; ".join(f"{k} {v:.3g}" for k, v in p.breakdown.items()))
     return out
 
@@ -279,14 +293,15 @@ def predict(mode: str, net: Any, spark_costs: Any, samples: int, **settings: Any
 def cost_note() -> str:
     """One line saying where the predicted columns come from."""
     if cost_module() is None:
-        return ("predictions: sparknet.cluster.planning.cost has no predict() in this checkout; the pred_* "
-                "columns are NaN (rerun the script once it lands)")
-    return "predictions: sparknet.cluster.planning.cost.predict, its costs measured on the same session just before each run"
+        return ("predictions: sparknet.cluster.planning.cost has no predict() in this checkout; "
+                "the pred_* columns are NaN (rerun the script once it lands)")
+    return ("predictions: sparknet.cluster.planning.cost.predict, its costs measured on the same "
+            "session just before each run")
 
 
-# ----------------------------------------------------------------------------- the partitions figure
-def partitions_figure(name: str, title: str, make_model: Callable[[], Any], X: np.ndarray, y: np.ndarray,
-                      batch: int, epochs: int, data_label: str, lr: float = 1e-3,
+# ------------------------------------------------------------------------- the partitions figure
+def partitions_figure(name: str, title: str, make_model: Callable[[], Any], X: np.ndarray,
+                      y: np.ndarray, batch: int, epochs: int, data_label: str, lr: float = 1e-3,
                       sessions: tuple[str, ...] = tuple(SESSIONS), baseline_epochs: int = 2,
                       local_steps: Callable[[int], int] | None = None) -> list[dict]:
     """Speedup against partitions for one network.  For every Spark set-up, on its live
@@ -312,23 +327,28 @@ def partitions_figure(name: str, title: str, make_model: Callable[[], Any], X: n
             wall = time.perf_counter() - t0
             pred = predict("average", net, sc, len(X), partitions=parts, tau=r["tau"])
             one = float(np.median(base))
-            row = {"figure": name, "series": kind, "line": "standalone" if kind == "standalone" else "local",
-                   "partitions": parts, "mode": "sync average" + (", tau given" if kw else ", tau auto"),
+            row = {"figure": name, "series": kind,
+                   "line": "standalone" if kind == "standalone" else "local",
+                   "partitions": parts,
+                   "mode": "sync average" + (", tau given" if kw else ", tau auto"),
                    "data": data_label, "samples": len(X), "batch": batch, "tau": r["tau"],
                    "rounds_per_epoch": r["rounds_per_epoch"], "epochs_timed": epochs,
-                   "epoch_s": r["epoch_s"], "one_process_epoch_s": one, "speedup": one / r["epoch_s"],
+                   "epoch_s": r["epoch_s"], "one_process_epoch_s": one,
+                   "speedup": one / r["epoch_s"],
                    "setup_s": r["setup_s"], "spark_share": r["spark_share"], "fit_wall_s": wall,
                    "loss": r["loss"], **pred, "load1": load1(), "sgemm_gflops": sgemm()}
             rows.append(row)
-            print(f"{kind}: one process {', '.join(f'{t:.2f}' for t in base)} s; {parts} partitions, tau "
-                  f"{r['tau']}, {r['rounds_per_epoch']:.2g} rounds/epoch, epochs "
-                  f"{', '.join(f'{t:.2f}' for t in r['epoch_times'])} s (set-up {r['setup_s']:.1f} s, Spark share "
-                  f"{r['spark_share']:.2f}); speedup {row['speedup']:.2f}x; predicted epoch "
-                  f"{pred['pred_epoch_s']:.2f} s, speedup {pred['pred_speedup']:.2f}x [{pred['pred_breakdown']}] "
+            print(f"{kind}: one process {', '.join(f'{t:.2f}' for t in base)} s; "
+                  f"{parts} partitions, tau {r['tau']}, {r['rounds_per_epoch']:.2g} rounds/epoch, "
+                  f"epochs {', '.join(f'{t:.2f}' for t in r['epoch_times'])} s "
+                  f"(set-up {r['setup_s']:.1f} s, Spark share {r['spark_share']:.2f}); "
+                  f"speedup {row['speedup']:.2f}x; predicted epoch {pred['pred_epoch_s']:.2f} s, "
+                  f"speedup {pred['pred_speedup']:.2f}x [{pred['pred_breakdown']}] "
                   f"(load {load1():.1f})", flush=True)
     one = float(np.median(base_all))
-    rows.insert(0, {"figure": name, "series": "one process", "partitions": 1, "mode": "Sequential.fit",
-                    "data": data_label, "samples": len(X), "batch": batch, "epochs_timed": len(base_all),
+    rows.insert(0, {"figure": name, "series": "one process", "partitions": 1,
+                    "mode": "Sequential.fit", "data": data_label, "samples": len(X),
+                    "batch": batch, "epochs_timed": len(base_all),
                     "epoch_s": one, "one_process_epoch_s": one, "speedup": 1.0, "load1": load1(),
                     "sgemm_gflops": sgemm()})
     write_csv(name, rows)
@@ -343,12 +363,13 @@ def print_table(rows: list[dict]) -> None:
           f"{'pred speedup':>14}{'load':>7}")
     for r in rows:
         x = r.get("partitions") if "rows" not in r else r["rows"]
-        print(f"{r['series']:<14}{x!s:>8}{r['one_process_epoch_s']:>10.3f}{r['epoch_s']:>10.3f}{r['speedup']:>8.2f}x"
+        print(f"{r['series']:<14}{x!s:>8}{r['one_process_epoch_s']:>10.3f}{r['epoch_s']:>10.3f}"
+              f"{r['speedup']:>8.2f}x"
               f"{r.get('pred_epoch_s', math.nan):>14.3f}{r.get('pred_speedup', math.nan):>13.2f}x"
               f"{r['load1']:>7.1f}", flush=True)
 
 
-# ----------------------------------------------------------------------------- output
+# -------------------------------------------------------------------------- output
 def write_csv(name: str, rows: list[dict]) -> str:
     """``results/<name>.csv`` with the union of the rows' keys as columns (first-seen order)."""
     os.makedirs(RESULTS, exist_ok=True)
@@ -378,17 +399,19 @@ def plot_speedup(name: str, rows: list[dict], x: str, title: str, xlabel: str, i
         print("matplotlib is not installed (pip install matplotlib): no PNG", flush=True)
         return None
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    lines = [s for s in dict.fromkeys(r.get("line", r["series"]) for r in rows) if s != "one process"]
+    lines = [s for s in dict.fromkeys(r.get("line", r["series"]) for r in rows)
+             if s != "one process"]
     markers = "osD^v"
     for i, s in enumerate(lines):
         pts = sorted((r for r in rows if r.get("line", r["series"]) == s), key=lambda r: r[x])
         shift = 1.0 + 0.02 * i if logx else 0.03 * i     # keep points at the same x apart
         xs = [r[x] * shift if logx else r[x] + shift for r in pts]
-        line, = ax.plot(xs, [r["speedup"] for r in pts], marker=markers[i % 5], label=f"{LABELS.get(s, s)}: measured")
+        line, = ax.plot(xs, [r["speedup"] for r in pts], marker=markers[i % 5],
+                        label=f"{LABELS.get(s, s)}: measured")
         pred = [r.get("pred_speedup", math.nan) for r in pts]
         if any(not math.isnan(p) for p in pred):
-            ax.plot(xs, pred, marker=markers[i % 5], linestyle="--", fillstyle="none", color=line.get_color(),
-                    label=f"{LABELS.get(s, s)}: predicted")
+            ax.plot(xs, pred, marker=markers[i % 5], linestyle="--", fillstyle="none",
+                    color=line.get_color(), label=f"{LABELS.get(s, s)}: predicted")
     if ideal:
         xs = sorted({r[x] for r in rows})
         ax.plot(xs, xs, color="grey", linewidth=0.8, linestyle=":", label="ideal (linear)")
@@ -402,7 +425,8 @@ def plot_speedup(name: str, rows: list[dict], x: str, title: str, xlabel: str, i
     ax.set_ylabel("speedup over one process")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
-    foot = f"{datetime.date.today().isoformat()}, load {rows[-1]['load1']:.1f}, sgemm {rows[-1]['sgemm_gflops']:.0f} GFLOP/s"
+    foot = (f"{datetime.date.today().isoformat()}, load {rows[-1]['load1']:.1f}, "
+            f"sgemm {rows[-1]['sgemm_gflops']:.0f} GFLOP/s")
     fig.text(0.01, 0.01, f"{note + '; ' if note else ''}{foot}", fontsize=6, color="grey")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     path = os.path.join(RESULTS, f"{name}.png")

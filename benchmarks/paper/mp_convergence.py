@@ -38,7 +38,8 @@ def softmax_regression() -> list:
 
 def mlp() -> list:
     from sparknet import Dense
-    return [Dense(480, activation="relu"), Dense(160, activation="relu"), Dense(10, activation="softmax")]
+    return [Dense(480, activation="relu"), Dense(160, activation="relu"),
+            Dense(10, activation="softmax")]
 
 
 def set_weights(mp, weights: dict[int, dict[str, np.ndarray]], folder: str) -> None:
@@ -64,7 +65,8 @@ def set_weights(mp, weights: dict[int, dict[str, np.ndarray]], folder: str) -> N
         got = mp.get_layer_weights(i)
         for name, a in w.items():
             if not np.array_equal(got[name], a):
-                raise RuntimeError(f"layer {i} {name}: the restored blocks differ from the weights given")
+                raise RuntimeError(f"layer {i} {name}: the restored blocks differ from the "
+                                   f"weights given")
 
 
 def run(layers, K: int, spark, X, y, steps: int, batch: int, lr: float, init, tmp: str) -> dict:
@@ -74,8 +76,8 @@ def run(layers, K: int, spark, X, y, steps: int, batch: int, lr: float, init, tm
     from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     n = len(layers)
-    mp = ModelParallel(layers, BlockPlan(dict.fromkeys(range(n), K)), (784,), spark=spark, dtype="float64",
-                       seed=0, optimizer=SGD(lr=lr), name=f"paper-conv-{K}")
+    mp = ModelParallel(layers, BlockPlan(dict.fromkeys(range(n), K)), (784,), spark=spark,
+                       dtype="float64", seed=0, optimizer=SGD(lr=lr), name=f"paper-conv-{K}")
     try:
         if init is None:
             init = {i: mp.get_layer_weights(i) for i in range(n)}
@@ -105,7 +107,8 @@ def one_process(layers, X, y, steps: int, batch: int, lr: float, init) -> dict:
     losses, norms = [], []
     for s in range(steps):
         before = model.params.copy()
-        loss, _ = model.train_on_batch(X[s * batch:(s + 1) * batch], y[s * batch:(s + 1) * batch], optimizer=opt)
+        batch_rows = slice(s * batch, (s + 1) * batch)
+        loss, _ = model.train_on_batch(X[batch_rows], y[batch_rows], optimizer=opt)
         losses.append(float(loss))
         norms.append(float(np.linalg.norm(before - model.params) / lr))
     return {"loss": losses, "grad_norm": norms}
@@ -123,7 +126,8 @@ def plot(results: dict) -> None:
     styles = {"one process": dict(color="black", linewidth=3.5, alpha=0.3)}
     for j, (net, runs) in enumerate(results.items()):
         for run, r in runs.items():
-            st = styles[run] if run in styles else dict(linestyle=["-", "--", ":"][KS.index(int(run[4:]))], linewidth=1.4)
+            st = (styles[run] if run in styles
+                  else dict(linestyle=["-", "--", ":"][KS.index(int(run[4:]))], linewidth=1.4))
             steps = np.arange(1, len(r["loss"]) + 1)
             axes[0, j].plot(steps, r["loss"], label=run, **st)
             axes[1, j].plot(steps, r["grad_norm"], label=run, **st)
@@ -144,11 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mnist", default=C.DEFAULT_MNIST)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--in-process", action="store_true", help="blocks in this process instead of Spark local[2]")
+    ap.add_argument("--in-process", action="store_true",
+                    help="blocks in this process instead of Spark local[2]")
     args = ap.parse_args(argv)
     where = "in this process" if args.in_process else "Spark local[2]"
-    print(C.header(f"Model parallelism, K = 1, 2, 4 blocks per layer ({where}): loss and gradient norm per step"),
-          flush=True)
+    print(C.header(f"Model parallelism, K = 1, 2, 4 blocks per layer ({where}): "
+                   f"loss and gradient norm per step"), flush=True)
     X, y, _, _ = C.mnist(args.mnist)
     perm = np.random.default_rng(0).permutation(len(X))[:args.steps * args.batch]
     X, y = X[perm].astype(np.float64), y[perm]
@@ -156,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
             "MLP 784-480-160-10, SGD lr 0.1": (mlp, 0.1)}
     results: dict[str, dict] = {}
     rows: list[dict] = []
-    sess = contextlib.nullcontext(None) if args.in_process else C.session("local[2]", driver_memory="2g")
+    sess = (contextlib.nullcontext(None) if args.in_process
+            else C.session("local[2]", driver_memory="2g"))
     with sess as spark, tempfile.TemporaryDirectory(prefix="sparknet-paper-conv-") as tmp:
         for net, (make, lr) in nets.items():
             runs: dict[str, dict] = {}
@@ -165,14 +171,17 @@ def main(argv: list[str] | None = None) -> int:
                 r = run(make(), K, spark, X, y, args.steps, args.batch, lr, init, tmp)
                 init = r.pop("init")
                 runs[f"K = {K}"] = r
-                print(f"{net}, K = {K}: loss {r['loss'][0]:.4f} -> {r['loss'][-1]:.4f}, gradient norm "
-                      f"{r['grad_norm'][0]:.4f} -> {r['grad_norm'][-1]:.4f} (load {C.load1():.1f})", flush=True)
+                print(f"{net}, K = {K}: loss {r['loss'][0]:.4f} -> {r['loss'][-1]:.4f}, "
+                      f"gradient norm {r['grad_norm'][0]:.4f} -> {r['grad_norm'][-1]:.4f} "
+                      f"(load {C.load1():.1f})", flush=True)
             runs["one process"] = one_process(make(), X, y, args.steps, args.batch, lr, init)
             results[net] = runs
             for run_name, r in runs.items():
                 for s, (lo, g) in enumerate(zip(r["loss"], r["grad_norm"])):
-                    rows.append({"net": net, "run": run_name, "step": s + 1, "loss": lo, "grad_norm": g,
-                                 "where": "one process" if run_name == "one process" else where, "dtype": "float64"})
+                    rows.append({"net": net, "run": run_name, "step": s + 1, "loss": lo,
+                                 "grad_norm": g,
+                                 "where": "one process" if run_name == "one process" else where,
+                                 "dtype": "float64"})
     C.write_csv(NAME, rows)
     plot(results)
     print()
@@ -180,10 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         ref = runs["K = 1"]
         for key in ("loss", "grad_norm"):
             a = np.array(ref[key])
-            dk = max(float(np.max(np.abs(np.array(runs[f"K = {K}"][key]) - a) / np.abs(a))) for K in KS[1:])
+            dk = max(float(np.max(np.abs(np.array(runs[f"K = {K}"][key]) - a) / np.abs(a)))
+                     for K in KS[1:])
             d1 = float(np.max(np.abs(np.array(runs["one process"][key]) - a) / np.abs(a)))
-            print(f"{net}: {key}: largest relative difference between K = 1 and K = 2, 4: {dk:.2e}; "
-                  f"K = 1 against one process: {d1:.2e} ({args.steps} steps)")
+            print(f"{net}: {key}: largest relative difference between K = 1 and K = 2, 4: "
+                  f"{dk:.2e}; K = 1 against one process: {d1:.2e} ({args.steps} steps)")
     return 0
 
 

@@ -33,18 +33,21 @@ def one_process(make, X, y, Xt, yt, epochs: int) -> dict:
     from sparknet import RMSprop
     model = make()
     t0 = time.perf_counter()
-    h = model.fit(X, y, epochs=epochs, batch_size=128, optimizer=RMSprop(lr=1e-3), validation_data=(Xt, yt),
-                  verbose=0, num_threads=1)
+    h = model.fit(X, y, epochs=epochs, batch_size=128, optimizer=RMSprop(lr=1e-3),
+                  validation_data=(Xt, yt), verbose=0, num_threads=1)
     return {"train_s": time.perf_counter() - t0, "epoch_s": sum(h["time"]) / epochs,
-            "per_epoch": list(h["val_accuracy"]), "test_accuracy": float(model.evaluate(Xt, yt)["accuracy"])}
+            "per_epoch": list(h["val_accuracy"]),
+            "test_accuracy": float(model.evaluate(Xt, yt)["accuracy"])}
 
 
 def spark_run(spark, make, X, y, Xt, yt, epochs: int) -> dict:
     model = make()
     t0 = time.perf_counter()
     r = C.data_parallel_fit(spark, model, X, y, 2, 128, epochs, validation=(Xt, yt))
-    return {"train_s": time.perf_counter() - t0, "epoch_s": sum(r["epoch_times"]) / epochs, "per_epoch": r["val_accuracy"],
-            "test_accuracy": float(model.evaluate(Xt, yt)["accuracy"]), "setup_s": r["setup_s"], "tau": r["tau"]}
+    return {"train_s": time.perf_counter() - t0, "epoch_s": sum(r["epoch_times"]) / epochs,
+            "per_epoch": r["val_accuracy"],
+            "test_accuracy": float(model.evaluate(Xt, yt)["accuracy"]), "setup_s": r["setup_s"],
+            "tau": r["tau"]}
 
 
 def plot(rows: list[dict]) -> None:
@@ -87,34 +90,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cnn-epochs", type=int, default=6)
     ap.add_argument("--nets", nargs="+", default=["fc", "cnn"], choices=["fc", "cnn"])
     args = ap.parse_args(argv)
-    print(C.header("The paper's MNIST accuracies: FC 784-480-160-10 and its CNN, one process and local[2]"), flush=True)
+    print(C.header("The paper's MNIST accuracies: FC 784-480-160-10 and its CNN, one process "
+                   "and local[2]"), flush=True)
     flat = C.mnist(args.mnist)
     img = C.mnist(args.mnist, images=True)
-    nets = [n for n, key in zip([("FC 784-480-160-10", C.fc_model, flat, args.fc_epochs),
-                                 ("CNN c5x5x6-p-c5x5x12-p-c4x4x12", C.cnn_model, img, args.cnn_epochs)], ("fc", "cnn"))
-            if key in args.nets]
+    both = [("FC 784-480-160-10", C.fc_model, flat, args.fc_epochs),
+            ("CNN c5x5x6-p-c5x5x12-p-c4x4x12", C.cnn_model, img, args.cnn_epochs)]
+    nets = [n for n, key in zip(both, ("fc", "cnn")) if key in args.nets]
     rows: list[dict] = []
     for net, make, (X, y, Xt, yt), epochs in nets:
         r = one_process(make, X, y, Xt, yt, epochs)
         rows.append({"net": net, "run": "one process", "epochs": epochs, **r, "load1": C.load1()})
         print(f"{net}, one process: {epochs} epochs, test accuracy {r['test_accuracy']:.4f} "
-              f"(per epoch {', '.join(f'{a:.4f}' for a in r['per_epoch'])}); {r['train_s']:.1f} s (load {C.load1():.1f})",
-              flush=True)
+              f"(per epoch {', '.join(f'{a:.4f}' for a in r['per_epoch'])}); "
+              f"{r['train_s']:.1f} s (load {C.load1():.1f})", flush=True)
     with C.session("local[2]") as spark:
         for net, make, (X, y, Xt, yt), epochs in nets:
             r = spark_run(spark, make, X, y, Xt, yt, epochs)
-            rows.append({"net": net, "run": "Spark local[2], 2 partitions", "epochs": epochs, **r, "load1": C.load1()})
-            print(f"{net}, local[2]: {epochs} epochs, tau {r['tau']}, test accuracy {r['test_accuracy']:.4f} (per epoch "
-                  f"{', '.join(f'{a:.4f}' for a in r['per_epoch'])}); fit {r['train_s']:.1f} s, set-up "
-                  f"{r['setup_s']:.1f} s (load {C.load1():.1f})", flush=True)
+            rows.append({"net": net, "run": "Spark local[2], 2 partitions", "epochs": epochs, **r,
+                         "load1": C.load1()})
+            print(f"{net}, local[2]: {epochs} epochs, tau {r['tau']}, "
+                  f"test accuracy {r['test_accuracy']:.4f} "
+                  f"(per epoch {', '.join(f'{a:.4f}' for a in r['per_epoch'])}); "
+                  f"fit {r['train_s']:.1f} s, set-up {r['setup_s']:.1f} s "
+                  f"(load {C.load1():.1f})", flush=True)
     for r in rows:
         r["paper_accuracy"] = PAPER[r["net"]][0]
     plot(rows)
-    C.write_csv(NAME, [{**r, "per_epoch": " ".join(f"{a:.4f}" for a in r["per_epoch"])} for r in rows])
+    C.write_csv(NAME, [{**r, "per_epoch": " ".join(f"{a:.4f}" for a in r["per_epoch"])}
+                       for r in rows])
     print(f"\n{'net':<32}{'run':<30}{'epochs':>7}{'test acc':>10}{'paper':>9}{'s/epoch':>9}")
     for r in rows:
-        print(f"{r['net']:<32}{r['run']:<30}{r['epochs']:>7}{100 * r['test_accuracy']:>9.2f}%{r['paper_accuracy']:>9}"
-              f"{r['epoch_s']:>9.2f}")
+        print(f"{r['net']:<32}{r['run']:<30}{r['epochs']:>7}{100 * r['test_accuracy']:>9.2f}%"
+              f"{r['paper_accuracy']:>9}{r['epoch_s']:>9.2f}")
     return 0
 
 

@@ -25,15 +25,18 @@ import _common as C  # noqa: E402  (sets OPENBLAS_NUM_THREADS=1 first)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mnist", default=C.DEFAULT_MNIST)
-    ap.add_argument("--rows", type=int, default=30_000, help="training rows used (default 30,000 of 60,000)")
+    ap.add_argument("--rows", type=int, default=30_000,
+                    help="training rows used (default 30,000 of 60,000)")
     ap.add_argument("--epochs", type=int, default=2, help="epochs of each Spark fit (default 2)")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--sessions", nargs="+", default=list(C.SESSIONS), choices=list(C.SESSIONS))
     args = ap.parse_args(argv)
     X, y, _, _ = C.mnist(args.mnist, images=True)
     X, y = X[:args.rows], y[:args.rows]
-    C.partitions_figure("speedup_cnn", "CNN c5x5x6-p2-c5x5x12-p2-c4x4x12, MNIST: speedup vs partitions", C.cnn_model,
-                        X, y, args.batch, args.epochs, f"MNIST train, first {len(X):,} rows",
+    C.partitions_figure("speedup_cnn",
+                        "CNN c5x5x6-p2-c5x5x12-p2-c4x4x12, MNIST: speedup vs partitions",
+                        C.cnn_model, X, y, args.batch, args.epochs,
+                        f"MNIST train, first {len(X):,} rows",
                         sessions=tuple(args.sessions), baseline_epochs=1)
     return 0
 

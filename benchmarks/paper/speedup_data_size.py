@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples-per-fit", type=int, default=256_000,
                     help="rows each Spark fit trains on in all (epochs = this / size, at least 2)")
     ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--sessions", nargs="+", default=["local[2]", "standalone"], choices=list(C.SESSIONS))
+    ap.add_argument("--sessions", nargs="+", default=["local[2]", "standalone"],
+                    choices=list(C.SESSIONS))
     args = ap.parse_args(argv)
     title = "FC 784-480-160-10, synthetic MNIST-shaped rows: speedup vs data size (2 partitions)"
     print(C.header(title), flush=True)
@@ -55,20 +56,24 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.perf_counter() - t0
                 pred = C.predict("average", net, sc, n, partitions=parts, tau=r["tau"])
                 one = float(np.median(base))
-                row = {"figure": NAME, "series": kind, "rows": n, "partitions": parts, "mode": "sync average",
-                       "data": DATA, "samples": n, "batch": args.batch, "tau": r["tau"],
-                       "rounds_per_epoch": r["rounds_per_epoch"], "epochs_timed": epochs, "epoch_s": r["epoch_s"],
-                       "one_process_epoch_s": one, "one_process_epochs": len(base), "speedup": one / r["epoch_s"],
-                       "setup_s": r["setup_s"], "spark_share": r["spark_share"], "fit_wall_s": wall, **pred,
+                row = {"figure": NAME, "series": kind, "rows": n, "partitions": parts,
+                       "mode": "sync average", "data": DATA, "samples": n, "batch": args.batch,
+                       "tau": r["tau"], "rounds_per_epoch": r["rounds_per_epoch"],
+                       "epochs_timed": epochs, "epoch_s": r["epoch_s"],
+                       "one_process_epoch_s": one, "one_process_epochs": len(base),
+                       "speedup": one / r["epoch_s"], "setup_s": r["setup_s"],
+                       "spark_share": r["spark_share"], "fit_wall_s": wall, **pred,
                        "load1": C.load1(), "sgemm_gflops": C.sgemm()}
                 rows.append(row)
-                print(f"{kind} {n:>7} rows: {epochs} epochs, tau {r['tau']}, {r['rounds_per_epoch']:.2g} rounds/epoch, "
-                      f"epoch {r['epoch_s']:.3f} s vs one process {one:.3f} s: {row['speedup']:.2f}x; predicted "
-                      f"{pred['pred_speedup']:.2f}x (epoch {pred['pred_epoch_s']:.3f} s) (load {C.load1():.1f})",
-                      flush=True)
+                print(f"{kind} {n:>7} rows: {epochs} epochs, tau {r['tau']}, "
+                      f"{r['rounds_per_epoch']:.2g} rounds/epoch, "
+                      f"epoch {r['epoch_s']:.3f} s vs one process {one:.3f} s: "
+                      f"{row['speedup']:.2f}x; predicted {pred['pred_speedup']:.2f}x "
+                      f"(epoch {pred['pred_epoch_s']:.3f} s) (load {C.load1():.1f})", flush=True)
                 del X, y
     C.write_csv(NAME, rows)
-    C.plot_speedup(NAME, rows, "rows", "FC 784-480-160-10: speedup vs data size, 2 partitions (SYNTHETIC data)",
+    C.plot_speedup(NAME, rows, "rows",
+                   "FC 784-480-160-10: speedup vs data size, 2 partitions (SYNTHETIC data)",
                    "training rows (synthetic, MNIST-shaped)", logx=True, note="synthetic data")
     C.print_table(rows)
     return 0

@@ -29,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", nargs="+", default=list(C.SESSIONS), choices=list(C.SESSIONS))
     args = ap.parse_args(argv)
     X, y, _, _ = C.mnist(args.mnist)
-    C.partitions_figure("speedup_fc", "FC 784-480-160-10, MNIST: speedup vs partitions", C.fc_model, X, y,
-                        args.batch, args.epochs, "MNIST train (60,000 rows)", sessions=tuple(args.sessions))
+    C.partitions_figure("speedup_fc", "FC 784-480-160-10, MNIST: speedup vs partitions",
+                        C.fc_model, X, y, args.batch, args.epochs, "MNIST train (60,000 rows)",
+                        sessions=tuple(args.sessions))
     return 0
 
 

@@ -29,7 +29,8 @@ import _common as C  # noqa: E402  (sets OPENBLAS_NUM_THREADS=1 first)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--text", default=C.DEFAULT_TEXT)
-    ap.add_argument("--chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
+    ap.add_argument("--chars", type=int, default=400_000,
+                    help="characters of the corpus used (default 400,000)")
     ap.add_argument("--seq-len", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=2, help="epochs of each Spark fit (default 2)")
     ap.add_argument("--batch", type=int, default=64)
@@ -37,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     X, Y, vocab = C.shakespeare(args.chars, args.seq_len, args.text)
     C.partitions_figure("speedup_lstm", "char LSTM(200), Shakespeare: speedup vs partitions",
-                        lambda: C.char_lstm_model(vocab, args.seq_len), X, Y, args.batch, args.epochs,
-                        f"Shakespeare, first {args.chars:,} characters ({len(X):,} windows of {args.seq_len})",
+                        lambda: C.char_lstm_model(vocab, args.seq_len), X, Y, args.batch,
+                        args.epochs,
+                        f"Shakespeare, first {args.chars:,} characters "
+                        f"({len(X):,} windows of {args.seq_len})",
                         lr=2e-3, sessions=tuple(args.sessions), baseline_epochs=1,
                         local_steps=lambda p: max(1, math.ceil(len(X) / p / args.batch) // 2))
     return 0

@@ -1,4 +1,5 @@
-"""The epoch loop of :meth:`sparknet.Sequential.fit`, one process: minibatches, steps, validation."""
+"""The epoch loop of :meth:`sparknet.Sequential.fit`, one process: minibatches, steps,
+validation."""
 from __future__ import annotations
 
 import time
@@ -18,9 +19,10 @@ if TYPE_CHECKING:
     from sparknet.model import Sequential
 
 
-def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int, shuffle: bool,
-               mask: Any, sample_weight: Any, lo: Loss, val: Any, opt: Optimizer,
-               guard: StepGuard, history: History, cbl: CallbackList, progress: FitProgress) -> None:
+def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int,
+               shuffle: bool, mask: Any, sample_weight: Any, lo: Loss, val: Any, opt: Optimizer,
+               guard: StepGuard, history: History, cbl: CallbackList,
+               progress: FitProgress) -> None:
     """The epochs of :meth:`Sequential.fit` on one process: shuffled minibatches, one optimizer
     step each (guarded against divergence), the per-step schedule, validation after every epoch,
     the progress bar and the callbacks."""

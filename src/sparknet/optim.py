@@ -2,10 +2,10 @@
 
 The maths lives in *functional* steps (:mod:`sparknet.update_steps`), :func:`rmsprop`,
 :func:`sgd` and :func:`adam`: the state is passed in explicitly (as in PyTorch's
-``torch.optim._functional``), so the same step serves a :class:`~sparknet.model.Sequential` (state held by the optimizer), a
-data-parallel partition (state resident on its executor) and a model-parallel block
-(state beside the block, applied row chunk by row chunk).  Each is a single fused,
-GIL-free Cython pass (:mod:`sparknet._optim`).
+``torch.optim._functional``), so the same step serves a :class:`~sparknet.model.Sequential`
+(state held by the optimizer), a data-parallel partition (state resident on its executor)
+and a model-parallel block (state beside the block, applied row chunk by row chunk).  Each
+is a single fused, GIL-free Cython pass (:mod:`sparknet._optim`).
 
 The classes share one base: :meth:`Optimizer.step` validates, counts steps and calls
 :meth:`Optimizer.apply`, the functional step with this optimizer's hyper-parameters.
@@ -35,7 +35,15 @@ import numpy as np
 
 import sparknet._optim as _optim
 from sparknet._validation import check_bool, check_float, non_negative_int
-from sparknet.update_steps import adam, clip_by_value, norm_scale, rmsprop, scale, sgd, sum_of_squares
+from sparknet.update_steps import (
+    adam,
+    clip_by_value,
+    norm_scale,
+    rmsprop,
+    scale,
+    sgd,
+    sum_of_squares,
+)
 
 State = Mapping[str, np.ndarray]
 #: a weight in the flat parameters and its bfloat16 packings: (offset, rows, cols, packs)

@@ -57,10 +57,12 @@ class Schedule:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.get_config().items())})"
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_config().items())
+        return f"{type(self).__name__}({args})"
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and isinstance(other, Schedule) and other.get_config() == self.get_config()
+        return (type(other) is type(self) and isinstance(other, Schedule)
+                and other.get_config() == self.get_config())
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, repr(self.get_config())))
@@ -116,19 +118,22 @@ class ExponentialDecay(Schedule):
 
     def __init__(self, initial_lr: float, decay_rate: float, decay_steps: float = 1.0) -> None:
         self.initial_lr = _lr(initial_lr, "ExponentialDecay initial_lr")
-        self.decay_rate = check_float(decay_rate, "ExponentialDecay decay_rate", 0.0, 1.0, low_open=True)
-        self.decay_steps = check_float(decay_steps, "ExponentialDecay decay_steps", 0.0, low_open=True)
+        self.decay_rate = check_float(decay_rate, "ExponentialDecay decay_rate", 0.0, 1.0,
+                                      low_open=True)
+        self.decay_steps = check_float(decay_steps, "ExponentialDecay decay_steps", 0.0,
+                                       low_open=True)
 
     def __call__(self, step: float) -> float:
         return self.initial_lr * self.decay_rate ** (max(step, 0.0) / self.decay_steps)
 
     def get_config(self) -> dict[str, Any]:
-        return {"initial_lr": self.initial_lr, "decay_rate": self.decay_rate, "decay_steps": self.decay_steps}
+        return {"initial_lr": self.initial_lr, "decay_rate": self.decay_rate,
+                "decay_steps": self.decay_steps}
 
 
 class CosineDecay(Schedule):
-    """``min_lr + (initial_lr - min_lr) * (1 + cos(pi * min(step, decay_steps) / decay_steps)) / 2``:
-    half a cosine from ``initial_lr`` down to ``min_lr``, then ``min_lr``.
+    """Half a cosine from ``initial_lr`` down to ``min_lr``, then ``min_lr``:
+    ``min_lr + (initial_lr - min_lr) * (1 + cos(pi * min(step, decay_steps) / decay_steps)) / 2``.
 
     Args:
         initial_lr: the learning rate at step 0.
@@ -141,14 +146,17 @@ class CosineDecay(Schedule):
     def __init__(self, initial_lr: float, decay_steps: float, min_lr: float = 0.0) -> None:
         self.initial_lr = _lr(initial_lr, "CosineDecay initial_lr")
         self.decay_steps = check_float(decay_steps, "CosineDecay decay_steps", 0.0, low_open=True)
-        self.min_lr = check_float(min_lr, "CosineDecay min_lr", 0.0, self.initial_lr, high_open=True)
+        self.min_lr = check_float(min_lr, "CosineDecay min_lr", 0.0, self.initial_lr,
+                                  high_open=True)
 
     def __call__(self, step: float) -> float:
         frac = min(max(step, 0.0), self.decay_steps) / self.decay_steps
-        return self.min_lr + (self.initial_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac))
+        span = self.initial_lr - self.min_lr
+        return self.min_lr + span * 0.5 * (1.0 + math.cos(math.pi * frac))
 
     def get_config(self) -> dict[str, Any]:
-        return {"initial_lr": self.initial_lr, "decay_steps": self.decay_steps, "min_lr": self.min_lr}
+        return {"initial_lr": self.initial_lr, "decay_steps": self.decay_steps,
+                "min_lr": self.min_lr}
 
 
 class LinearWarmup(Schedule):
@@ -164,12 +172,15 @@ class LinearWarmup(Schedule):
         start_factor: the ramp's first rate as a fraction of ``after(0)``, in (0, 1].
     """
 
-    def __init__(self, after: "Schedule | float", warmup_steps: float, start_factor: float = 0.1) -> None:
+    def __init__(self, after: "Schedule | float", warmup_steps: float,
+                 start_factor: float = 0.1) -> None:
         if not isinstance(after, Schedule):
             after = Constant(_lr(after, "LinearWarmup after (a Schedule or a learning rate)"))
         self.after = after
-        self.warmup_steps = check_float(warmup_steps, "LinearWarmup warmup_steps", 0.0, low_open=True)
-        self.start_factor = check_float(start_factor, "LinearWarmup start_factor", 0.0, 1.0, low_open=True)
+        self.warmup_steps = check_float(warmup_steps, "LinearWarmup warmup_steps", 0.0,
+                                        low_open=True)
+        self.start_factor = check_float(start_factor, "LinearWarmup start_factor", 0.0, 1.0,
+                                        low_open=True)
 
     def __call__(self, step: float) -> float:
         if step < self.warmup_steps:
@@ -178,7 +189,8 @@ class LinearWarmup(Schedule):
         return self.after(step - self.warmup_steps)
 
     def get_config(self) -> dict[str, Any]:
-        return {"after": self.after, "warmup_steps": self.warmup_steps, "start_factor": self.start_factor}
+        return {"after": self.after, "warmup_steps": self.warmup_steps,
+                "start_factor": self.start_factor}
 
 
 @dataclass(frozen=True)
@@ -204,13 +216,14 @@ class ScheduledLR:
         s = self.steps_per_epoch
         at = epoch * s + (k if steps == s else k * s / max(steps, 1))
         value = self.schedule(at)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
-                                                                                  and value > 0):
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not (math.isfinite(value) and value > 0)):
             try:
                 value = float(value)  # numpy scalars
             except (TypeError, ValueError):
                 value = math.nan
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"schedule {self.schedule!r} returned lr={value!r} at step {at!r}; "
-                                 f"a learning rate must be a positive finite number")
+                raise ValueError(f"schedule {self.schedule!r} returned lr={value!r} "
+                                 f"at step {at!r}; a learning rate must be a positive finite "
+                                 f"number")
         return float(value)

@@ -57,7 +57,12 @@ Example::
     clf = SparkNetClassifier(network=net, epochs=200, checkpointDir="hdfs:///ckpt/digits",
                              checkpointInterval=5, resume=True)
 """
-from sparknet.ml._estimators import SparkNetClassificationModel, SparkNetClassifier, SparkNetRegressionModel, SparkNetRegressor
+from sparknet.ml._estimators import (
+           SparkNetClassificationModel,
+           SparkNetClassifier,
+           SparkNetRegressionModel,
+           SparkNetRegressor,
+)
 
 __all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegressor",
            "SparkNetRegressionModel"]

@@ -110,10 +110,11 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                  probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction",
                  inputShape: Sequence[int] | None = None, epochs: int | None = None,
                  batchSize: int | None = None, learningRate: float | None = None,
-                 optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                 weightDecay: float | None = None, clipNorm: float | None = None,
-                 clipValue: float | None = None, numPartitions: int | None = None,
-                 mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
+                 optimizer: str | None = None, momentum: float | None = None,
+                 rho: float | None = None, weightDecay: float | None = None,
+                 clipNorm: float | None = None, clipValue: float | None = None,
+                 numPartitions: int | None = None, mode: str | None = None,
+                 syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                  inferenceEngine: str | None = None, verbose: int | None = None,
@@ -129,10 +130,11 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
                   probabilityCol: str = "probability", rawPredictionCol: str = "rawPrediction",
                   inputShape: Sequence[int] | None = None, epochs: int | None = None,
                   batchSize: int | None = None, learningRate: float | None = None,
-                  optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                  weightDecay: float | None = None, clipNorm: float | None = None,
-                  clipValue: float | None = None, numPartitions: int | None = None,
-                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
+                  optimizer: str | None = None, momentum: float | None = None,
+                  rho: float | None = None, weightDecay: float | None = None,
+                  clipNorm: float | None = None, clipValue: float | None = None,
+                  numPartitions: int | None = None, mode: str | None = None,
+                  syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   thresholds: list[float] | None = None, inferenceBatchSize: int | None = None,
                   inferenceEngine: str | None = None, verbose: int | None = None,
@@ -146,7 +148,8 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         return SparkNetClassificationModel()
 
 
-class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams, ProbabilisticClassificationModel):
+class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams,
+                                  ProbabilisticClassificationModel):
     """A fitted sparknet classifier (a Spark ML ``Transformer``).
 
     ``transform`` adds, like MLlib's probabilistic classifiers (column names are Params):
@@ -207,7 +210,8 @@ class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams, Probabilist
         if self.getProbabilityCol():
             specs.append((self.getProbabilityCol(), "prob", size_meta))
         if self.getPredictionCol():
-            specs.append((self.getPredictionCol(), "pred", {"ml_attr": {"type": "nominal", "num_vals": k}}))
+            nominal = {"ml_attr": {"type": "nominal", "num_vals": k}}
+            specs.append((self.getPredictionCol(), "pred", nominal))
         return self._score(dataset, 0, specs, thresholds)
 
 
@@ -233,10 +237,11 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                  labelCol: str = "label", predictionCol: str = "prediction",
                  inputShape: Sequence[int] | None = None, epochs: int | None = None,
                  batchSize: int | None = None, learningRate: float | None = None,
-                 optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                 weightDecay: float | None = None, clipNorm: float | None = None,
-                 clipValue: float | None = None, numPartitions: int | None = None,
-                 mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
+                 optimizer: str | None = None, momentum: float | None = None,
+                 rho: float | None = None, weightDecay: float | None = None,
+                 clipNorm: float | None = None, clipValue: float | None = None,
+                 numPartitions: int | None = None, mode: str | None = None,
+                 syncMethod: str | None = None, localSteps: int | None = None,
                  maxSequenceLength: int | None = None, seed: int | None = None,
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                  verbose: int | None = None, checkpointInterval: int | None = None,
@@ -250,10 +255,11 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
                   labelCol: str = "label", predictionCol: str = "prediction",
                   inputShape: Sequence[int] | None = None, epochs: int | None = None,
                   batchSize: int | None = None, learningRate: float | None = None,
-                  optimizer: str | None = None, momentum: float | None = None, rho: float | None = None,
-                  weightDecay: float | None = None, clipNorm: float | None = None,
-                  clipValue: float | None = None, numPartitions: int | None = None,
-                  mode: str | None = None, syncMethod: str | None = None, localSteps: int | None = None,
+                  optimizer: str | None = None, momentum: float | None = None,
+                  rho: float | None = None, weightDecay: float | None = None,
+                  clipNorm: float | None = None, clipValue: float | None = None,
+                  numPartitions: int | None = None, mode: str | None = None,
+                  syncMethod: str | None = None, localSteps: int | None = None,
                   maxSequenceLength: int | None = None, seed: int | None = None,
                   inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                   verbose: int | None = None, checkpointInterval: int | None = None,
@@ -286,9 +292,12 @@ class SparkNetRegressionModel(_SparkNetModel):
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         k = int(np.prod(self._output_shape()))
-        specs: list[OutputSpec] = [(self.getPredictionCol(), "pred", {})] if self.getPredictionCol() else []
+        specs: list[OutputSpec] = []
+        if self.getPredictionCol():
+            specs.append((self.getPredictionCol(), "pred", {}))
         return self._score(dataset, 2 if k > 1 else 1, specs)
 
 
-for _cls in (SparkNetClassifier, SparkNetClassificationModel, SparkNetRegressor, SparkNetRegressionModel):
+for _cls in (SparkNetClassifier, SparkNetClassificationModel, SparkNetRegressor,
+             SparkNetRegressionModel):
     _cls.__module__ = "sparknet.ml"

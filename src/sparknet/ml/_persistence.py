@@ -38,7 +38,14 @@ import uuid
 from typing import Any, ClassVar, TypeVar
 
 from pyspark.ml.param import Params
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import (
+    DefaultParamsReader,
+    DefaultParamsWriter,
+    MLReadable,
+    MLReader,
+    MLWritable,
+    MLWriter,
+)
 
 from sparknet.cluster.engine.base import is_connect
 from sparknet.errors import CheckpointError

@@ -124,8 +124,9 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
         _columns.vector_size_check(kind, fcol, self.numFeatures, "transform input")
         return _columns.flat_features(dataset, fcol, kind, dtype)
 
-    def _predictor(self, spark: SparkSession, classification: bool, thresholds: list[float] | None = None,
-                   vector_out: bool = False) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
+    def _predictor(self, spark: SparkSession, classification: bool,
+                   thresholds: list[float] | None = None, vector_out: bool = False
+                   ) -> Callable[[Iterator[pa.Array]], Iterator[pa.Array]]:
         return arrow_function(BatchPredictor(
             self._key, self._broadcast(spark), self.getFeaturesCol(), classification, thresholds,
             self.getInferenceBatchSize(), vector_out))
@@ -145,8 +146,8 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
             return str(exc), None
         macs = planned[2]
         if self.getInferenceEngine() == "auto" and macs > _jvm.AUTO_MAX_MACS:
-            return (f"{macs:,} multiply-adds a row: past {_jvm.AUTO_MAX_MACS:,}, the Arrow engine's "
-                    f"batched kernels are faster"), planned
+            return (f"{macs:,} multiply-adds a row: past {_jvm.AUTO_MAX_MACS:,}, "
+                    f"the Arrow engine's batched kernels are faster"), planned
         return _jvm.unavailable(dataset.sparkSession), planned
 
     def _score(self, dataset: DataFrame, mode: int, specs: Sequence[OutputSpec],
@@ -205,15 +206,18 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
 
         F, _ = functions_for(dataset)
 
-        predictor = BatchPredictor(self._key, self._broadcast(dataset.sparkSession), self.getFeaturesCol(),
-                                   mode == 0, thresholds, self.getInferenceBatchSize(), mode == 2)
+        predictor = BatchPredictor(self._key, self._broadcast(dataset.sparkSession),
+                                   self.getFeaturesCol(), mode == 0, thresholds,
+                                   self.getInferenceBatchSize(), mode == 2)
         types = {f.name: f.dataType for f in output_type(mode == 0, mode == 2).fields}
         schema = T.StructType(list(dataset.schema.fields) +
-                              [T.StructField(name, types[field], True, meta) for name, field, meta in specs])
+                              [T.StructField(name, types[field], True, meta)
+                               for name, field, meta in specs])
         fields = [(name, field) for name, field, _ in specs]
         plain = [F.col(_columns.quote(c)).alias(f"c{i}") for i, c in enumerate(dataset.columns)]
         return dataset.select(*plain, feats.alias(tmp)).mapInArrow(
-            functools.partial(predictor.records, features=tmp, names=dataset.columns, fields=fields), schema)
+            functools.partial(predictor.records, features=tmp, names=dataset.columns,
+                              fields=fields), schema)
 
     def exportOnnx(self, path: str, opset: int | None = None) -> None:
         """Write the Model as an ONNX file that scores rows as :meth:`transform` does,
@@ -249,4 +253,5 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
 
 def _shipped(net: Sequential) -> ShippedNetwork:
     """What the executors rebuild the network from: architecture, parameters, layer state."""
-    return json.dumps(net.get_config()), np.ascontiguousarray(net.params), np.ascontiguousarray(net.state)
+    return (json.dumps(net.get_config()), np.ascontiguousarray(net.params),
+            np.ascontiguousarray(net.state))

@@ -29,7 +29,8 @@ def _sequence_network(config: dict[str, Any], input_shape: tuple[int, int]) -> S
     turns the mask value ending each step into the recurrent layers' mask), built for
     ``(T, F + 1)`` rows.  A mask layer already in ``config`` is replaced."""
     net = Sequential.from_config(config)
-    layers = [SequenceMask(name="sequence_mask"), *(ly for ly in net.layers if not isinstance(ly, SequenceMask))]
+    layers = [SequenceMask(name="sequence_mask"),
+              *(ly for ly in net.layers if not isinstance(ly, SequenceMask))]
     return Sequential(layers, input_shape=input_shape, dtype=net.dtype, seed=net.seed,
                       loss=config.get("loss"), name=net.name)
 
@@ -85,14 +86,16 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         rho = self.getRho()
         if not 0.0 <= rho < 1.0:
             raise ValueError(f"rho must be in [0, 1), got {rho}")
-        return optim.RMSprop(lr=lr, alpha=rho, weight_decay=wd, momentum=mom, clipnorm=cn, clipvalue=cv)
+        return optim.RMSprop(lr=lr, alpha=rho, weight_decay=wd, momentum=mom, clipnorm=cn,
+                             clipvalue=cv)
 
     # the network and the data ----------------------------------------------------
     def _prepare(self, dataset: DataFrame) -> tuple[Sequential, DataFrame]:
         """Returns ``(model, data)`` for the trainer: the network (built when the data
         tell its input shape) and the DataFrame it reads."""
         fcol, lcol = self.getFeaturesCol(), self.getLabelCol()
-        config = dict(self._network_config(), seed=int(self.getSeed()) & 0x7FFFFFFF, input_shape=None)
+        config = dict(self._network_config(), seed=int(self.getSeed()) & 0x7FFFFFFF,
+                      input_shape=None)
         kind = _columns.feature_kind(dataset, fcol)
         shape = tuple(self.getInputShape())
         if kind.kind == "sequence":
@@ -100,14 +103,15 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
 
             F, _ = functions_for(dataset)
             if len(shape) not in (0, 2):
-                raise ValueError(f"sequence features need inputShape [T, F] or [], got {list(shape)}")
+                raise ValueError(f"sequence features need inputShape [T, F] or [], "
+                                 f"got {list(shape)}")
             stats = _columns.sequence_stats(dataset, fcol)
             longest, feat = _columns.check_sequences(stats, fcol, shape[1] if shape else None,
                                                      "training data")
             T = self.getMaxSequenceLength() or (shape[0] if shape else longest)
             model = _sequence_network(config, (T, feat + 1))
-            data = dataset.select(_columns.flat_features(dataset, fcol, kind, model.dtype.name, (T, feat))
-                                  .alias(fcol), F.col(_columns.quote(lcol)))
+            features = _columns.flat_features(dataset, fcol, kind, model.dtype.name, (T, feat))
+            data = dataset.select(features.alias(fcol), F.col(_columns.quote(lcol)))
             return model, data
         model = Sequential.from_config(config)
         if shape:
@@ -130,8 +134,8 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
             if not self.getOrDefault(p):
                 raise ValueError(f"{p.name} is empty: name the DataFrame's {p.name[:-3]} column")
         if self.getResume() and self.getCheckpointDir() is None:
-            raise ValueError("resume=True continues from a checkpoint in checkpointDir: set checkpointDir "
-                             "(the folder of the interrupted fit's checkpoints)")
+            raise ValueError("resume=True continues from a checkpoint in checkpointDir: "
+                             "set checkpointDir (the folder of the interrupted fit's checkpoints)")
         if self.hasParam("thresholds") and self.isDefined(self.getParam("thresholds")):
             k = _columns.declared_outputs(self._network_config())
             n = len(self.getOrDefault(self.getParam("thresholds")))
@@ -145,7 +149,8 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
             return {}, False
         if every == -1:
             if self.getResume():
-                raise ValueError("resume=True with checkpointInterval=-1: set checkpointInterval >= 1 "
+                raise ValueError("resume=True with checkpointInterval=-1: "
+                                 "set checkpointInterval >= 1 "
                                  "(the resumed fit checkpoints to checkpointDir too)")
             return {}, False
         return {"checkpoint_dir": folder, "checkpoint_every": f"{every} epochs"}, self.getResume()
@@ -170,14 +175,16 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         try:
             return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),
                                features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
-                               verbose=self.getVerbose(), callbacks=self.getCallbacks(), **fit_options)
+                               verbose=self.getVerbose(), callbacks=self.getCallbacks(),
+                               **fit_options)
         except Exception as exc:
             if _columns.NULL_VECTOR in str(exc):
                 # Spark's vector_to_array fails on a null row (in the JVM, while the data load)
                 raise ValueError(_columns.null_vector_message(dataset, self.getFeaturesCol(),
                                                               self.getLabelCol())) from None
             if isinstance(exc, ValueError) and resume and "checkpoint_dir" in str(exc):
-                # a checkpoint of another fit: named with the Estimator's Param, not the trainer's argument
+                # a checkpoint of another fit: named with the Estimator's Param, not the
+                # trainer's argument
                 raise ValueError(str(exc).replace("checkpoint_dir", "checkpointDir")) from exc
             raise
 
@@ -194,8 +201,8 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         width = _columns.label_width(dataset, lcol)
         if width is not None and width != outputs:
             per_row = "one value" if width == 1 else f"{width} values"
-            raise ValueError(f"label column {lcol!r} holds {per_row} per row, the network has {outputs} "
-                             f"outputs")
+            raise ValueError(f"label column {lcol!r} holds {per_row} per row, "
+                             f"the network has {outputs} outputs")
 
     def _copy_to_model(self, model: _M) -> _M:
         """The Estimator's Params that the Model shares (columns, batch sizes, ...)."""

@@ -1,8 +1,9 @@
 """Executor side of data-parallel training: what one partition does in one round.
 
-The driver (:mod:`sparknet.cluster.data_parallel.trainer`, :mod:`sparknet.cluster.data_parallel.async_mode`)
-builds a :class:`RoundTask` per round with :func:`make_task` and runs it over the
-resident training shards (:meth:`sparknet.cluster.resident.driver.Resident.mapPartitions`).
+The driver (:mod:`sparknet.cluster.data_parallel.trainer`,
+:mod:`sparknet.cluster.data_parallel.async_mode`) builds a :class:`RoundTask` per round with
+:func:`make_task` and runs it over the resident training shards
+(:meth:`sparknet.cluster.resident.driver.Resident.mapPartitions`).
 A task has one :class:`TaskKind`:
 
 * ``GRADIENT`` -- the gradient of the loss *sum* over this partition's chunk of the
@@ -12,8 +13,9 @@ A task has one :class:`TaskKind`:
   (``sync="average"`` and ``mode="async"``);
 * ``EVAL`` -- loss and accuracy over the whole shard, no gradient.
 
-Every kind returns one :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`.  The minibatch
-schedule (:func:`round_rows`) is documented in :mod:`sparknet.cluster.data_parallel.trainer`.
+Every kind returns one :class:`~sparknet.cluster.data_parallel.parameter_server.RoundResult`.
+The minibatch schedule (:func:`round_rows`) is documented in
+:mod:`sparknet.cluster.data_parallel.trainer`.
 
 A training task of a fit with ``precision="bf16"`` runs its steps inside
 :func:`sparknet.precision.autocast` (the layers' products in bfloat16, everything else float32),
@@ -131,7 +133,8 @@ def chunk_lrs(schedule: ScheduledLR, n: int, batch_size: int, epoch: int, rnd: i
 
 
 def _stat_row(s: float, w: float, c: float, rows: int, steps: int) -> tuple[float, ...]:
-    """One :data:`~sparknet.cluster.data_parallel.parameter_server.STATS` row (an undefined accuracy counts 0)."""
+    """One :data:`~sparknet.cluster.data_parallel.parameter_server.STATS` row (an undefined
+    accuracy counts 0)."""
     return (s, w, 0.0 if math.isnan(c) else c, float(rows), float(steps))
 
 
@@ -187,9 +190,11 @@ class RoundTask:
             res = run(self, index, shard, model)
         # the driver must not apply a non-finite result (guards)
         layer_state.attach(res, model)
-        res.nonfinite = guards.scan(index, res, "gradient" if self.kind is TaskKind.GRADIENT else "delta")
+        what = "gradient" if self.kind is TaskKind.GRADIENT else "delta"
+        res.nonfinite = guards.scan(index, res, what)
         if res.vec is not None and self.kind is TaskKind.AVERAGE and self.spec.wire == "bf16":
-            residual = shard.ensure(f"{STATE_PREFIX}{self.spec.key}-{wire.RESIDUAL}", (res.vec.size,))
+            residual = shard.ensure(f"{STATE_PREFIX}{self.spec.key}-{wire.RESIDUAL}",
+                                    (res.vec.size,))
             res.vec = wire.encode(res.vec, residual)
         res.wire_bytes = 0 if res.vec is None else int(res.vec.nbytes)
         res.fallback = fallback
@@ -217,12 +222,14 @@ class RoundTask:
             return RoundResult(None, np.zeros(len(STATS)))
         xb, yb = self._batch(x, y, rows)
         s, w, c = model.loss_and_grad(xb, yb, losses_mod.get(spec.loss), scale=1.0)
-        return RoundResult(np.array(model.grads, copy=True), np.array(_stat_row(s, w, c, len(rows), 1)))
+        return RoundResult(np.array(model.grads, copy=True),
+                           np.array(_stat_row(s, w, c, len(rows), 1)))
 
     def _average_round(self, index: int, shard: "Shard", model: Sequential) -> RoundResult:
         spec, n = self.spec, int(shard["y"].shape[0])
         if self.span > 1:  # whole epochs, one after the other
-            segments = [round_rows(n, spec.seed, self.epoch + i, index, 0, 1) for i in range(self.span)]
+            segments = [round_rows(n, spec.seed, self.epoch + i, index, 0, 1)
+                        for i in range(self.span)]
         else:
             segments = [round_rows(n, spec.seed, self.epoch, index, self.rnd, self.rounds)]
         if sum(len(r) for r in segments) == 0:
@@ -233,26 +240,29 @@ class RoundTask:
         # this partition's optimizer state, resident next to its shard across the rounds
         # of this fit (the shard may outlive the fit: a later fit starts afresh)
         prefix = f"{STATE_PREFIX}{spec.key}-"
-        for stale in [n for n in shard.names() if n.startswith(STATE_PREFIX) and not n.startswith(prefix)]:
+        for stale in [n for n in shard.names()
+                      if n.startswith(STATE_PREFIX) and not n.startswith(prefix)]:
             shard.discard(stale)
-        resident = {name: shard.ensure(name, shape, dt)
-                    for name, (shape, dt) in opt.state_layout(model.n_params, model.dtype, prefix).items()}
+        layout = opt.state_layout(model.n_params, model.dtype, prefix)
+        resident = {name: shard.ensure(name, shape, dt) for name, (shape, dt) in layout.items()}
         opt.load_state_arrays(resident, prefix, copy=False)
-        lrs = None if self.schedule is None else chunk_lrs(self.schedule, n, spec.batch_size, self.epoch,
-                                                            self.rnd, self.rounds, self.span)
+        lrs = None if self.schedule is None else chunk_lrs(self.schedule, n, spec.batch_size,
+                                                            self.epoch, self.rnd, self.rounds,
+                                                            self.span)
         res = self._local_steps(shard, model, opt, segments, lrs)
         opt.write_step(resident, prefix)
         if self.collect_state:  # for the checkpoint after this round: no job of its own
-            res.states = {index: {name[len(prefix):]: np.array(arr, copy=True) for name, arr in resident.items()}}
+            res.states = {index: {name[len(prefix):]: np.array(arr, copy=True)
+                                  for name, arr in resident.items()}}
         return res
 
     # -- shared steps ---------------------------------------------------------
     def _local_steps(self, shard: "Shard", model: Sequential, opt: Optimizer,
                      segments: list[np.ndarray], lrs: list[float] | None = None) -> RoundResult:
         """Optimizer steps of ``batch_size`` rows over each segment in turn (step ``i`` at
-        rate ``lrs[i]`` when given; :func:`~sparknet.cluster.data_parallel.layer_state.minibatch`); the
-        result holds the row-weighted delta (the driver divides the sum by all partitions'
-        rows), one stats row per segment (epoch) and the seconds of one step."""
+        rate ``lrs[i]`` when given; :func:`~sparknet.cluster.data_parallel.layer_state.minibatch`);
+        the result holds the row-weighted delta (the driver divides the sum by all
+        partitions' rows), one stats row per segment (epoch) and the seconds of one step."""
         n_rows = sum(len(r) for r in segments)
         if n_rows == 0:
             return RoundResult(None, np.zeros(len(STATS)))
@@ -278,7 +288,8 @@ class RoundTask:
         stats = per_epoch if self.span > 1 else per_epoch[0]
         return RoundResult(vec, stats, step_time=step_time)
 
-    def _batch(self, x: np.ndarray, y: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _batch(self, x: np.ndarray, y: np.ndarray,
+               rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         spec = self.spec
         xb = x[rows].reshape((len(rows),) + spec.input_shape)
         if spec.int_input:

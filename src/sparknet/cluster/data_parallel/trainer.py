@@ -77,7 +77,13 @@ from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
 from sparknet.cluster.data_parallel import checkpoints
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
-from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundEnd, RoundLog, round_hook
+from sparknet.cluster.data_parallel.fit_context import (
+    FitContext,
+    FitHistory,
+    RoundEnd,
+    RoundLog,
+    round_hook,
+)
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
 from sparknet.cluster.data_parallel.parameter_server import ParameterServer
 from sparknet.cluster.data_parallel.round_task import FitSpec

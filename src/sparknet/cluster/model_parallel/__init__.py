@@ -123,7 +123,12 @@ Example::
 """
 from __future__ import annotations
 
-from sparknet.cluster.model_parallel.backends import BlockMemoryError, BlockStateLost, LocalBlocks, SparkBlocks
+from sparknet.cluster.model_parallel.backends import (
+           BlockMemoryError,
+           BlockStateLost,
+           LocalBlocks,
+           SparkBlocks,
+)
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan
 from sparknet.cluster.model_parallel.executor import MEMORY_TAG, _vm_size
 from sparknet.cluster.model_parallel.files import FORMAT, VERSION

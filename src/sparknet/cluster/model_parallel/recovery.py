@@ -35,7 +35,13 @@ from sparknet.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from sparknet.checkpoint import MANIFEST, Checkpoint, CheckpointStore, _is_uri
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.jobs import SaveJob, SaveResult
-from sparknet.cluster.model_parallel.stages import BlockStage, DriverStage, PairStage, driver_arrays, set_driver_arrays
+from sparknet.cluster.model_parallel.stages import (
+    BlockStage,
+    DriverStage,
+    PairStage,
+    driver_arrays,
+    set_driver_arrays,
+)
 from sparknet.errors import CheckpointError, TrainingDiverged
 
 log = logging.getLogger("sparknet.cluster.model_parallel.model")

@@ -122,14 +122,19 @@ class SparkCosts:
     empty_job_s: float | None = None
 
     def __post_init__(self) -> None:
-        bad = [n for n in ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib", "driver_update_s_per_mib")
-               if not (isinstance(getattr(self, n), (int, float)) and 0 <= getattr(self, n) < math.inf)]
-        bad += [n for n in ("hosts", "cores_per_host", "blas_threads", "probe_tasks") if int(getattr(self, n)) < 1]
+        seconds = ("job_s", "task_s", "broadcast_s_per_mib", "result_s_per_mib",
+                   "driver_update_s_per_mib")
+        bad = [n for n in seconds
+               if not (isinstance(getattr(self, n), (int, float))
+                       and 0 <= getattr(self, n) < math.inf)]
+        bad += [n for n in ("hosts", "cores_per_host", "blas_threads", "probe_tasks")
+                if int(getattr(self, n)) < 1]
         bad += [n for n, ok in (("bandwidth_bytes_s", self.bandwidth_bytes_s > 0),
                                 ("task_speed", 0 < self.task_speed <= 1.5)) if not ok]
         if bad:
-            raise ValueError("SparkCosts: " + ", ".join(f"{n}={getattr(self, n)!r}" for n in bad) + " out of range "
-                             "(seconds >= 0, counts >= 1, bandwidth > 0, task_speed in (0, 1.5])")
+            raise ValueError("SparkCosts: " + ", ".join(f"{n}={getattr(self, n)!r}" for n in bad)
+                             + " out of range (seconds >= 0, counts >= 1, bandwidth > 0, "
+                             "task_speed in (0, 1.5])")
 
     @property
     def cores(self) -> int:
@@ -164,13 +169,14 @@ class SparkCosts:
                    probe_tasks=int(got["hosts"] * got["cores_per_host"]), network_measured=True)
 
     @classmethod
-    def assumed(cls, hosts: int, cores_per_host: int, bandwidth_gbit: float = 1.0, latency_ms: float = 0.2,
-                like: "SparkCosts | None" = None) -> "SparkCosts":
+    def assumed(cls, hosts: int, cores_per_host: int, bandwidth_gbit: float = 1.0,
+                latency_ms: float = 0.2, like: "SparkCosts | None" = None) -> "SparkCosts":
         """A cluster we do not have: Spark's per-job, per-task and per-MiB costs from
         ``like`` (default: figures measured on this project's reference machine), the
         network given (``bandwidth_gbit`` Gbit/s, ``latency_ms``) and charged on top."""
         if int(hosts) < 1 or int(cores_per_host) < 1:
-            raise ValueError(f"hosts and cores_per_host must be >= 1, got {hosts!r}, {cores_per_host!r}")
+            raise ValueError(f"hosts and cores_per_host must be >= 1, "
+                             f"got {hosts!r}, {cores_per_host!r}")
         if not bandwidth_gbit > 0:
             raise ValueError(f"bandwidth_gbit must be positive, got {bandwidth_gbit!r}")
         base = like if like is not None else REFERENCE
@@ -220,8 +226,8 @@ class NetworkCosts:
 
     def __post_init__(self) -> None:
         if not (self.sample_s > 0 and math.isfinite(self.sample_s)) or int(self.batch_size) < 1:
-            raise ValueError(f"NetworkCosts needs sample_s > 0 and batch_size >= 1, got {self.sample_s!r}, "
-                             f"{self.batch_size!r}")
+            raise ValueError(f"NetworkCosts needs sample_s > 0 and batch_size >= 1, "
+                             f"got {self.sample_s!r}, {self.batch_size!r}")
 
     param_mib = property(lambda self: self.param_bytes / MIB)
 
@@ -238,7 +244,8 @@ class NetworkCosts:
         b = self.batch_size
         full = math.floor(rows / b)
         rest = rows - full * b
-        return full * self.compute_s(b) + self.compute_s(rest) + math.ceil(rows / b - 1e-9) * self.update_s
+        updates = math.ceil(rows / b - 1e-9)
+        return full * self.compute_s(b) + self.compute_s(rest) + updates * self.update_s
 
     def one_process_epoch_s(self, samples: int) -> float:
         """An epoch of ``samples`` in one process on one core."""
@@ -262,8 +269,9 @@ class NetworkCosts:
         per = max(got["compute_s"] - got["half_s"], 0.0) / max(b - half, 1)
         fixed = max(got["compute_s"] - per * b, 0.0)
         return cls(sample_s=got["compute_s"] / b, eval_sample_s=got["eval_s"] / b,
-                   param_bytes=int(net.params.nbytes), activation_bytes=acts, flops_per_sample=flops,
-                   gemm_gflops=probe.gemm_gflops(), batch_size=b, update_s=got["update_s"], step_fixed_s=fixed,
+                   param_bytes=int(net.params.nbytes), activation_bytes=acts,
+                   flops_per_sample=flops, gemm_gflops=probe.gemm_gflops(), batch_size=b,
+                   update_s=got["update_s"], step_fixed_s=fixed,
                    n_params=int(net.n_params), in_tasks=spark is not None)
 
     @classmethod
@@ -278,15 +286,16 @@ class NetworkCosts:
         rate = gemm_gflops * 1e9 * efficiency
         fwd = flops / 3.0   # forward: a third of training (two GEMMs per layer backward)
         return cls(sample_s=max(flops / rate, 1e-9), eval_sample_s=max(fwd / rate, 1e-9),
-                   param_bytes=int(net.params.nbytes), activation_bytes=acts, flops_per_sample=flops,
-                   gemm_gflops=gemm_gflops, batch_size=int(batch_size),
+                   param_bytes=int(net.params.nbytes), activation_bytes=acts,
+                   flops_per_sample=flops, gemm_gflops=gemm_gflops, batch_size=int(batch_size),
                    update_s=16.0 * net.n_params / update_bytes_s, n_params=int(net.n_params))
 
 
 def _built(model: Any, dtype: Any) -> Any:
     net = model.clone(dtype=dtype) if dtype is not None else model
     if not net.built:
-        raise ValueError("the model must be built (pass input_shape to Sequential) to measure its costs")
+        raise ValueError("the model must be built (pass input_shape to Sequential) "
+                         "to measure its costs")
     return net
 
 
@@ -321,7 +330,8 @@ class Prediction:
         opts = ", ".join(f"{k}={v}" for k, v in self.settings.items())
         parts = ", ".join(f"{k} {v:.3g}" for k, v in self.breakdown.items() if v > 0)
         step = "" if self.step_s is None else f", step {1e3 * self.step_s:.1f} ms"
-        return (f"{self.mode} ({opts}): epoch {self.epoch_s:.3g} s, round {1e3 * self.round_s:.1f} ms{step}, "
+        return (f"{self.mode} ({opts}): epoch {self.epoch_s:.3g} s, "
+                f"round {1e3 * self.round_s:.1f} ms{step}, "
                 f"speedup {self.speedup:.2f}x over one process ({self.one_process_epoch_s:.3g} s); "
                 f"per epoch: {parts}")
 
@@ -340,16 +350,18 @@ def _round_comm(sc: SparkCosts, mib: float, partitions: int) -> dict[str, float]
     if levels:  # each shuffle level: a stage, every reducer receiving P / P_d vectors
         fan = partitions / to_driver
         shuffle = levels * (0.5 * sc.job_s + fan * mib * sc.result_s_per_mib)
-    return {"job": sc.job_s, "tasks": sc.job(partitions) - sc.job_s, "broadcast": mib * sc.broadcast_s_per_mib,
+    shuffled = _net_s(sc, 0, levels * partitions / to_driver * mib)
+    return {"job": sc.job_s, "tasks": sc.job(partitions) - sc.job_s,
+            "broadcast": mib * sc.broadcast_s_per_mib,
             "results": to_driver * mib * sc.result_s_per_mib + shuffle,
-            "network": _net_s(sc, mib, to_driver * mib) + max(0.0, _net_s(sc, 0, levels * partitions / to_driver * mib)
-                                                             - 2 * sc.latency_s)}
+            "network": _net_s(sc, mib, to_driver * mib) + max(0.0, shuffled - 2 * sc.latency_s)}
 
 
 def _speeds(speeds: Sequence[float] | None, partitions: int) -> list[float]:
     out = [1.0] * partitions if speeds is None else [float(s) for s in speeds]
     if len(out) != partitions or not all(0 < s < math.inf for s in out):
-        raise ValueError(f"speeds must hold {partitions} positive numbers (one per partition), got {speeds!r}")
+        raise ValueError(f"speeds must hold {partitions} positive numbers (one per partition), "
+                         f"got {speeds!r}")
     return out
 
 
@@ -393,15 +405,17 @@ def predict_sync_gradient(net: NetworkCosts, spark_costs: SparkCosts, samples: i
     nominal = waves * net.compute_s(rows) / _speed(sc, net)
     slowest = nominal / min(sp)
     per = _round_comm(sc, net.param_mib, P)
-    per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * sc.driver_update_s_per_mib)
+    per.update(compute=nominal, stragglers=slowest - nominal,
+               driver=net.param_mib * sc.driver_update_s_per_mib)
     round_s = sum(per.values())
-    return Prediction("gradient", {"partitions": P, "threads": sc.blas_threads, "batch_size": net.batch_size},
-                      round_s, round_s * rounds, round_s, _per_epoch(per, rounds),
-                      net.one_process_epoch_s(samples))
+    settings = {"partitions": P, "threads": sc.blas_threads, "batch_size": net.batch_size}
+    return Prediction("gradient", settings, round_s, round_s * rounds, round_s,
+                      _per_epoch(per, rounds), net.one_process_epoch_s(samples))
 
 
-def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: int, partitions: int, tau: int,
-                         speeds: Sequence[float] | None = None, max_epochs_per_round: int = 4) -> Prediction:
+def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: int,
+                         partitions: int, tau: int, speeds: Sequence[float] | None = None,
+                         max_epochs_per_round: int = 4) -> Prediction:
     """``sync="average"``: rounds of ``tau`` local steps on every partition, the deltas
     averaged by the driver."""
     _check(samples, partitions, tau)
@@ -412,15 +426,17 @@ def predict_sync_average(net: NetworkCosts, spark_costs: SparkCosts, samples: in
     nominal = waves * net.local_steps_s(rows) / _speed(sc, net)
     slowest = nominal / min(sp)
     per = _round_comm(sc, net.param_mib, P)
-    per.update(compute=nominal, stragglers=slowest - nominal, driver=net.param_mib * sc.delta_s_per_mib)
+    per.update(compute=nominal, stragglers=slowest - nominal,
+               driver=net.param_mib * sc.delta_s_per_mib)
     round_s = sum(per.values())
     return Prediction("average", {"partitions": P, "tau": int(tau), "threads": sc.blas_threads,
                                   "batch_size": net.batch_size, "rounds_per_epoch": rounds},
-                      round_s, round_s * rounds, None, _per_epoch(per, rounds), net.one_process_epoch_s(samples))
+                      round_s, round_s * rounds, None, _per_epoch(per, rounds),
+                      net.one_process_epoch_s(samples))
 
 
-def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, partitions: int, tau: int,
-                  speeds: Sequence[float] | None = None) -> Prediction:
+def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, partitions: int,
+                  tau: int, speeds: Sequence[float] | None = None) -> Prediction:
     """``mode="async"``: every partition runs its own single-task jobs; the driver applies
     each delta as it arrives.  ``speeds``: relative speed per partition (1.0 nominal)."""
     _check(samples, partitions, tau)
@@ -435,8 +451,9 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
     single = sc.single_job_s if sc.single_job_s is not None else sc.job_s
     share = max(1.0, P / sc.slots)      # partitions beyond the slots share them
     base = net.local_steps_s(rows) * share / _speed(sc, net)
-    comm = {"job": single, "broadcast": mib * sc.broadcast_s_per_mib, "results": mib * sc.result_s_per_mib,
-            "driver": mib * delta, "network": _net_s(sc, mib, mib)}
+    comm = {"job": single, "broadcast": mib * sc.broadcast_s_per_mib,
+            "results": mib * sc.result_s_per_mib, "driver": mib * delta,
+            "network": _net_s(sc, mib, mib)}
     fixed = sum(comm.values())
     T = [fixed + base / s for s in sp]
     X = sum(rows / t for t in T)                       # rows per second, all partitions busy
@@ -444,7 +461,8 @@ def predict_async(net: NetworkCosts, spark_costs: SparkCosts, samples: int, part
     driver_serial = updates * mib * (delta + sc.broadcast_s_per_mib + sc.result_s_per_mib)
     busy = samples / X
     cpu = 0.0
-    if sc.shared_cores:   # the jobs' fixed cost is CPU on the tasks' cores: it does not overlap compute
+    # shared cores: the jobs' fixed cost is CPU on the tasks' cores, it does not overlap compute
+    if sc.shared_cores:
         w = [1.0 / t for t in T]
         per_round = sum(wi * (base / share) / s for wi, s in zip(w, sp)) / sum(w)
         cpu = updates * (per_round + single) / min(sc.slots, P)
@@ -480,7 +498,8 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
         raise ValueError(f"blocks and replicas must be >= 1, got {blocks!r}, {replicas!r}")
     sizes = [int(s) for s in layer_sizes]
     if len(sizes) < 2 or min(sizes) < 1:
-        raise ValueError(f"layer_sizes must be the dense widths [in, ..., out], got {layer_sizes!r}")
+        raise ValueError(f"layer_sizes must be the dense widths [in, ..., out], "
+                         f"got {layer_sizes!r}")
     if int(samples) < 1:
         raise ValueError(f"samples must be >= 1, got {samples!r}")
     n_layers = len(sizes) - 1
@@ -490,13 +509,14 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
     sc, b = spark_costs, net.batch_size
     stages = dense_stages(blocked, paired)
     flops_all = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in range(n_layers))
-    rate = (net.flops_per_sample or flops_all) / net.sample_s          # flop/s of this net on one core
+    rate = (net.flops_per_sample or flops_all) / net.sample_s    # flop/s of this net on one core
     params = [sizes[i] * sizes[i + 1] + sizes[i + 1] for i in range(n_layers)]
     upd_per_param = net.update_s / max(net.n_params or sum(params), 1)
     mib = float(itemsize) / MIB
     slots = K * D
     share = max(1.0, slots / sc.slots) / _speed(sc, net)
-    bd = dict.fromkeys(("job", "tasks", "broadcast", "results", "network", "compute", "driver", "combine"), 0.0)
+    bd = dict.fromkeys(("job", "tasks", "broadcast", "results", "network", "compute", "driver",
+                        "combine"), 0.0)
     jobs = 0
 
     def job(bc_mib: float, res_mib: float) -> None:
@@ -517,10 +537,12 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
         ahead = lookahead and j == 0 and starts_blocked
         if not ahead:
             job(b * n_in * mib, part * b * n_out * mib)             # forward
-        job(b * n_out * mib + (b * n_in * mib if ahead else 0.0),   # backward (+ next batch's forward)
+        # backward (+ the next batch's forward)
+        job(b * n_out * mib + (b * n_in * mib if ahead else 0.0),
             (K * b * n_in * mib if need_dx else 0.0) + (part * b * n_out * mib if ahead else 0.0))
         f = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in st)
-        bd["compute"] += (f * b / (K * D) / rate + upd_per_param * sum(params[i] for i in st) / K) * share
+        upd_s = upd_per_param * sum(params[i] for i in st) / K
+        bd["compute"] += (f * b / (K * D) / rate + upd_s) * share
         if D > 1:   # the partial gradients through the driver, in pieces
             L = sum(params[i] for i in st) * mib
             pieces = max(1, math.ceil(D * L * MIB / combine_bytes))
@@ -531,8 +553,8 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
         jobs -= 1          # the last apply rides in the next job
         bd["job"] -= sc.job_s
     driver_layers = [i for i in range(n_layers) if i not in set(blocked)]
-    bd["driver"] = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in driver_layers) * b / rate \
-        + upd_per_param * sum(params[i] for i in driver_layers)
+    driver_flops = sum(dense_flops(sizes[i], sizes[i + 1], i > 0) for i in driver_layers)
+    bd["driver"] = driver_flops * b / rate + upd_per_param * sum(params[i] for i in driver_layers)
     step = sum(bd.values())
     steps = math.ceil(samples / b)
     one = net.one_process_epoch_s(samples)
@@ -542,7 +564,8 @@ def predict_model_parallel(net: NetworkCosts, spark_costs: SparkCosts, samples: 
     return Prediction(mode, settings, step, step * steps, step, _per_epoch(bd, steps), one)
 
 
-def predict(mode: str, net: NetworkCosts, spark_costs: SparkCosts, samples: int, **settings: Any) -> Prediction:
+def predict(mode: str, net: NetworkCosts, spark_costs: SparkCosts, samples: int,
+            **settings: Any) -> Prediction:
     """The prediction of ``mode`` (``"gradient"``, ``"average"``, ``"async"``,
     ``"model_parallel"``, ``"hybrid"``) with its settings as keyword arguments
     (``partitions``, ``tau``, ``speeds``; ``blocks``, ``paired``, ``replicas``, ``layer_sizes``)."""
@@ -554,7 +577,8 @@ def predict(mode: str, net: NetworkCosts, spark_costs: SparkCosts, samples: int,
         return predict_async(net, spark_costs, samples, **settings)
     if mode in ("model_parallel", "hybrid"):
         if mode == "hybrid" and int(settings.get("replicas", 1)) < 2:
-            raise ValueError(f"mode='hybrid' needs replicas >= 2, got {settings.get('replicas', 1)!r}")
+            raise ValueError(f"mode='hybrid' needs replicas >= 2, "
+                             f"got {settings.get('replicas', 1)!r}")
         return predict_model_parallel(net, spark_costs, samples, **settings)
-    raise ValueError(f"mode must be one of 'gradient', 'average', 'async', 'model_parallel', 'hybrid'; "
-                     f"got {mode!r}")
+    raise ValueError("mode must be one of 'gradient', 'average', 'async', 'model_parallel', "
+                     f"'hybrid'; got {mode!r}")

@@ -144,7 +144,8 @@ def executor_layout(sc: Any) -> tuple[int, int, int]:
         return 1, cores, 1
     try:
         status = sc._jsc.sc().getExecutorMemoryStatus()
-        keys = [str(k) for k in sc._jvm.scala.collection.JavaConverters.asJavaCollection(status.keys())]
+        converters = sc._jvm.scala.collection.JavaConverters
+        keys = [str(k) for k in converters.asJavaCollection(status.keys())]
     except Exception:  # pragma: no cover - an unusual gateway
         keys = []
     driver = sc.getConf().get("spark.driver.host", "")
@@ -161,10 +162,11 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: 
     ``job_s`` is the fixed cost of a working round (wall time less the slowest task's
     compute), ``empty_job_s`` that of an empty one.
 
-    Returns the fields of :class:`~sparknet.cluster.planning.cost.SparkCosts` (``job_s``, ``empty_job_s``,
-    ``single_job_s``, ``task_s``, ``broadcast_s_per_mib``, ``result_s_per_mib``,
-    ``driver_update_s_per_mib``, ``driver_delta_s_per_mib``, ``task_speed``, ``hosts``,
-    ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``, ``shared_cores``, ``probe_s``).
+    Returns the fields of :class:`~sparknet.cluster.planning.cost.SparkCosts` (``job_s``,
+    ``empty_job_s``, ``single_job_s``, ``task_s``, ``broadcast_s_per_mib``,
+    ``result_s_per_mib``, ``driver_update_s_per_mib``, ``driver_delta_s_per_mib``,
+    ``task_speed``, ``hosts``, ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``,
+    ``shared_cores``, ``probe_s``).
     """
     from sparknet.cluster.resident.driver import Resident
 
@@ -172,7 +174,8 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: 
     sc = getattr(spark, "sparkContext", spark)
     hosts, per_host, executors = executor_layout(sc)
     c = hosts * per_host
-    res = Resident(sc.parallelize(range(c), c), _slot, name="costprobe", cut_lineage=False, on_lost="rebuild")
+    res = Resident(sc.parallelize(range(c), c), _slot, name="costprobe", cut_lineage=False,
+                   on_lost="rebuild")
     n_bc, n_out = int(bc_mib * MIB / 4), int(result_mib * MIB / 4)
     tiny = ParameterServer(sc, np.zeros(1, dtype=np.float32))
     big = ParameterServer(sc, np.ones(n_bc, dtype=np.float32))
@@ -194,12 +197,14 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: 
         # leave the JVMs work (unpersisting, collecting) that would slow the next job
         light: dict[str, Callable[[], Any]] = {"job": round_of(tiny), "single": single,
                                                "c": plain(c), "2c": plain(2 * c)}
-        heavy: dict[str, Callable[[], Any]] = {"bc": round_of(big), "res_small": round_of(big, out=n_out // 4),
+        heavy: dict[str, Callable[[], Any]] = {"bc": round_of(big),
+                                               "res_small": round_of(big, out=n_out // 4),
                                                "res": round_of(big, out=n_out)}
         times: dict[str, list[float]] = {k: [] for k in (*light, *heavy)}
         speeds = []
         for kinds in (light, heavy):
-            for _ in range(max(1, repeats) + 1):     # interleaved, so that every kind sees the same load
+            # interleaved, so that every kind sees the same load
+            for _ in range(max(1, repeats) + 1):
                 for k, fn in kinds.items():
                     t0 = time.perf_counter()
                     fn()
@@ -253,7 +258,8 @@ def _on_driver_host(sc: Any) -> bool:
     driver = sc.getConf().get("spark.driver.host", "")
     try:
         status = sc._jsc.sc().getExecutorMemoryStatus()
-        keys = [str(k) for k in sc._jvm.scala.collection.JavaConverters.asJavaCollection(status.keys())]
+        converters = sc._jvm.scala.collection.JavaConverters
+        keys = [str(k) for k in converters.asJavaCollection(status.keys())]
     except Exception:  # pragma: no cover - an unusual gateway
         return False
     local = {driver, "127.0.0.1", "localhost", socket.gethostname()}
@@ -387,7 +393,8 @@ def network_shape(model: "Sequential") -> tuple[float, list[int]]:
     return total, acts
 
 
-def random_batch(model: "Sequential", rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def random_batch(model: "Sequential", rows: int,
+                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Inputs and labels/targets of ``rows`` samples shaped for ``model`` (token ids for an
     embedding, class ids for a classifier)."""
     assert model.input_shape is not None and model.output_shape is not None
@@ -460,8 +467,8 @@ def step_probe(model: "Sequential", batch_size: int, steps: int = 6, warmup: int
 class _StepsInTask:
     """A task that rebuilds the network from its config and times its steps (:func:`step_probe`)."""
 
-    def __init__(self, config: dict, input_shape: tuple, params: np.ndarray, batch_size: int, steps: int,
-                 min_seconds: float) -> None:
+    def __init__(self, config: dict, input_shape: tuple, params: np.ndarray, batch_size: int,
+                 steps: int, min_seconds: float) -> None:
         self.config, self.input_shape, self.params = config, input_shape, params
         self.batch_size, self.steps, self.min_seconds = batch_size, steps, min_seconds
 
@@ -485,7 +492,7 @@ def step_probe_in_tasks(spark: Any, model: "Sequential", batch_size: int, steps:
     sc = getattr(spark, "sparkContext", spark)
     c = max(1, int(sc.defaultParallelism))
     assert model.input_shape is not None
-    task = _StepsInTask(model.get_config(), tuple(model.input_shape), np.asarray(model.params), int(batch_size),
-                        int(steps), float(min_seconds))
+    task = _StepsInTask(model.get_config(), tuple(model.input_shape), np.asarray(model.params),
+                        int(batch_size), int(steps), float(min_seconds))
     got = sc.parallelize(range(c), c).mapPartitions(task).collect()
     return {k: float(np.mean([g[k] for g in got])) for k in got[0]}
