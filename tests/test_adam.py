@@ -130,6 +130,7 @@ def test_one_process_fit_with_adam_learns_digits(digits):
         assert model.evaluate(Xt, yt)["accuracy"] > 0.94
 
 
+@pytest.mark.slow
 def test_data_parallel_adam_gradient_mode_equals_one_process_and_average_mode_learns(spark, digits):
     """sync='gradient' applies the driver's AdamW to the exact global minibatch gradient:
     float64 weights equal one process taking the documented global batches; in average

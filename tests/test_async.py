@@ -14,6 +14,7 @@ from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.testing import inject_faults
 
 
+@pytest.mark.slow
 def test_async_matches_sync_accuracy_on_digits(spark, digits):
     """Same model, optimizer, local steps and budget of samples: async within 1 point of sync."""
     X, y, Xt, yt = digits
@@ -64,6 +65,7 @@ def test_staleness_bound_holds_in_history(spark, digits, stale):
     assert max(h["staleness_max"]) <= (1 if stale == "reject" else max(u["staleness"] for u in ups))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("coalesce", [0.0, 1.0])
 def test_coalescing_restarts_close_partitions_together(spark, digits, coalesce):
     """Partition 1 ends each round 0.15 s after partition 0 (injected delays 0.25 s and
@@ -105,6 +107,7 @@ def test_failing_partition_surfaces_as_error_naming_it(spark, digits):
     assert wait_no_active_jobs(spark.sparkContext) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["callback", "sigint"])
 def test_keyboard_interrupt_cancels_jobs_and_returns_last_applied_model(spark, digits, how):
     """Interrupt after 3 updates while the straggler's job runs -- raised by the progress
@@ -165,6 +168,7 @@ def test_bad_async_options(spark):
             pass
 
 
+@pytest.mark.slow
 def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
     """The training shards' spill files vanish mid-fit (as when a worker's host changes):
     the driver stops the rounds, rebuilds the shards from the source and finishes."""
@@ -196,6 +200,7 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
     assert acc > 0.85
 
 
+@pytest.mark.slow
 def test_fault_injection_enters_through_the_task_hook_and_leaves_with_the_block(spark, digits):
     """inject_faults wraps only the training tasks (calibration and evaluation run
     untouched), applies to synchronous rounds too, and is gone after its block."""

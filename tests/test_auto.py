@@ -14,6 +14,7 @@ from sparknet import Dense, RMSprop
 from sparknet.cluster.planning import planner
 
 
+@pytest.mark.slow
 def test_data_parallel_auto_partitions_uses_the_planners_choice(spark, digits, caplog):
     from sparknet.cluster import DataParallelTrainer
 

@@ -277,6 +277,7 @@ def test_model_parallel_schedule_and_early_stopping(digits):
     mp.close()
 
 
+@pytest.mark.slow
 def test_estimator_takes_callbacks_that_are_not_saved(spark, digits, tmp_path):
     import pandas as pd
     import pyspark.sql.types as T

@@ -253,6 +253,7 @@ def test_model_parallel_clipping_in_process_blocks(digits_xy, case):
 
 
 # ------------------------------------------------------------- Spark ML Estimators
+@pytest.mark.slow
 def test_estimator_clip_params_reach_the_optimizer_and_the_fit(spark, digits):
     from pyspark.ml.linalg import Vectors
 

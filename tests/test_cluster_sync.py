@@ -130,6 +130,7 @@ def test_auto_rounds_grow_past_one_epoch_when_an_epoch_is_short(spark, digits):
         DataParallelTrainer(model, spark, max_epochs_per_round=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("partitions", [2, 4])
 def test_tau_averaging_reaches_97_percent_on_digits(spark, digits, partitions):
     X, y, Xt, yt = digits
@@ -148,6 +149,7 @@ def test_tau_averaging_reaches_97_percent_on_digits(spark, digits, partitions):
     assert trainer.cost is not None and trainer.cost.t_fixed > 0 and trainer.cost.t_step > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["vector_df", "array_df", "rdd", "numpy"])
 def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
     X, y, Xt, yt = digits
@@ -174,6 +176,7 @@ def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
     assert dist["accuracy"] == pytest.approx(model.evaluate(X, y)["accuracy"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
     X, y, _, _ = digits
     model = mlp(16, seed=0)

@@ -20,6 +20,9 @@ from sparknet.cluster.engine.base import engine_for, is_connect
 from sparknet.cluster.engine.connect import ConnectResident
 from sparknet.errors import RoundTimeout
 
+# every test here talks to a Spark Connect server this module starts (as a standalone cluster)
+pytestmark = pytest.mark.slow
+
 
 def _folders():
     from sparknet.cluster.resident import spill

@@ -42,6 +42,7 @@ def test_one_process_verbose_levels(capsys, digits):
         mlp(16).fit(X, y, epochs=1, verbose=3)
 
 
+@pytest.mark.slow
 def test_data_parallel_verbose_two_prints_one_line_per_epoch(capsys, spark, digits):
     from sparknet.cluster import DataParallelTrainer
 

@@ -159,6 +159,7 @@ def test_network_costs_measure_times_real_steps(digits):
     assert ff.sample_s > 0 and ff.flops_per_sample == net.flops_per_sample
 
 
+@pytest.mark.slow
 def test_spark_costs_measure_and_a_real_fit_within_a_factor_of_2_5(spark, digits):
     """The probes on the local session are positive and plausible, and the prediction of a
     short synchronous fit on local[2] (job-dominated: digits) is of its size: within a factor

@@ -110,6 +110,7 @@ def test_parser_finds_blocks_in_order_and_bare_literals(tmp_path):
     assert bare == [11]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [p for p in PAGES if any(b.lang == "python"
                                                           for b in parse_blocks(os.path.join(DOCS, p))[0])])
 def test_page_examples_run(page, spark, tmp_path, monkeypatch, request):

@@ -83,6 +83,7 @@ def test_the_failed_tasks_traces_are_logged_at_debug_level():
     assert "Exception in task" in ours and "at sparknet.jvm.ScoreRows" in ours
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_bad_rows_raise_data_error_at_the_action(spark, engine):
     """NaN, 63 values, a null row: DataError (a ValueError) from collect, count and write,

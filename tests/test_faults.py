@@ -56,6 +56,7 @@ def _owned_folders(app_id: str, bases: list[str]) -> list[str]:
 
 
 # ------------------------------------------------------------------------- local Spark
+@pytest.mark.slow
 def test_run_action_timeout_cancels_a_job_that_never_returns(spark):
     from sparknet.cluster.resident.driver import Resident
     from sparknet.errors import RoundTimeout
@@ -99,6 +100,7 @@ def test_driver_memory_is_checked_before_numpy_input_goes_out(spark):
         check_driver_memory(sc, [most, 1])
 
 
+@pytest.mark.slow
 def test_fits_that_end_fail_or_are_interrupted_leave_nothing(spark, digits):
     from sparknet.cluster.testing import inject_faults
 

@@ -92,6 +92,7 @@ def test_classifier_accuracy_and_mllib_schema(frames, fitted, digits):
     assert fitted.predict(Vectors.dense(Xt[0])) == pred[0]
 
 
+@pytest.mark.slow
 def test_array_features_transform_and_fit(spark, frames, fitted, digits):
     """array<double> and array<float> columns score like Vector columns; a classifier
     also trains on an array column."""

@@ -324,6 +324,7 @@ def _resident_folders() -> set[str]:
             for n in os.listdir(b) if n.startswith(spill.PREFIX)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", DF_CASES, ids=[c[0] for c in DF_CASES])
 def test_bad_dataframe_refused_before_training(spark, small, case):
     _, make, build, match = case

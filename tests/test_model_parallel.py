@@ -77,6 +77,7 @@ def check_same(mp, X, y, tol, steps=3, batch=64):
     return ref
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-10), ("float32", 1e-5)])
 @pytest.mark.parametrize("pair", [False, True], ids=["blocks", "paired"])
 @pytest.mark.parametrize("K", [1, 2, 3, 4])

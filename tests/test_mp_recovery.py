@@ -319,6 +319,7 @@ class _Hang(BlockJob):
         return slot
 
 
+@pytest.mark.slow
 def test_a_hung_block_job_is_cancelled_after_job_timeout(spark, digits_xy):
     from pyspark import cloudpickle
 

@@ -60,6 +60,7 @@ def _cases(spark, X, y):
     }
 
 
+@pytest.mark.slow
 def test_packed_shards_equal_the_arrow_paths(jvm, digits, monkeypatch):
     before = _rows_files()
     X, y, _, _ = digits

@@ -112,6 +112,7 @@ def test_async_bf16_fit_matches_fp32_accuracy(spark, digits):
     assert len(hfb.updates) > 2
 
 
+@pytest.mark.slow
 def test_bf16_under_connect_matches_fp32(connect_spark, digits):
     mode_kw, fit_kw, _ = MODES["sync-average"]
     w32, acc32, h32, _ = _fit(connect_spark, digits, mode_kw, fit_kw)

@@ -193,6 +193,7 @@ def test_keyboard_interrupt_returns_the_model_of_the_last_round(spark, digits):
     assert not left, f"jobs still active after the interrupted fit: {left}"
 
 
+@pytest.mark.slow
 def test_hung_async_task_fails_the_fit_with_round_timeout(spark, digits):
     X, y, _, _ = digits
     model = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")], seed=0)

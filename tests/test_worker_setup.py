@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 HIDE = textwrap.dedent('''
     import importlib.abc
     import sys
@@ -45,6 +47,7 @@ JOB = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_executors_without_sparknet_get_one_clear_error(tmp_path):
     hide = tmp_path / "hide"
     hide.mkdir()
