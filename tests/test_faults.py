@@ -35,6 +35,7 @@ from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 from sparknet.cluster.resident import spill
 
 TRAIN_ROWS = 3000
+LOCALITY_WAIT_S = 180
 BASE_FIT = {"input": "numpy", "mode": "sync", "sync": "average", "local_steps": 25, "epochs": 3,
             "batch_size": 32}
 
@@ -185,7 +186,17 @@ def faults(mnist_dir, _standalone):
     from helpers.faults_job import FaultDriver
 
     cluster = _standalone.ensure_workers()  # the run's shared cluster (conftest.py)
-    driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)
+    # spark.locality.wait.process of the driver: long, so that a job waiting for a dead
+    # executor's locality would be unmistakable (each test bounds what a loss may cost)
+    saved = os.environ.get("SPARKNET_FAULTS_LOCALITY_WAIT")
+    os.environ["SPARKNET_FAULTS_LOCALITY_WAIT"] = f"{LOCALITY_WAIT_S}s"
+    try:
+        driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)
+    finally:
+        if saved is None:
+            os.environ.pop("SPARKNET_FAULTS_LOCALITY_WAIT", None)
+        else:
+            os.environ["SPARKNET_FAULTS_LOCALITY_WAIT"] = saved
     state = {"cluster": cluster, "driver": driver, "apps": set(), "keys": set()}
     try:
         yield state
@@ -276,7 +287,14 @@ def test_async_fit_survives_a_lost_executor(faults):
     out = driver.fit(name="async-killed", mode="async", kill_after=2, epochs=6, on_kill=_lose_worker(cluster))
     faults["apps"].add(out["app_id"])
     assert "error" not in out, out.get("trace")
-    assert any("lost" in w for w in out["warnings"]) and any("rebuilt" in w for w in out["warnings"])
+    warnings = out["warnings"]
+    # the line sync mode logs (Resident.rebuild): which executor, which partitions, rebuilt
+    rebuilt = [w for w in warnings if "lost (partition(s)" in w and "rebuilt partition(s)" in w]
+    assert len(rebuilt) == 1, warnings
+    assert "executor" in rebuilt[0] and "(their optimizer state restarts)" in rebuilt[0]
+    # and, as in sync mode, what became of the rebuilt partitions' optimizer state
+    state = [w for w in warnings if "optimizer state of rebuilt partition(s)" in w]
+    assert state and "restarts from zero" in state[0], warnings
     worst = min(r["accuracy"] for r in refs)
     assert round(out["accuracy"] - worst, 9) >= -0.005, (out["accuracy"], [r["accuracy"] for r in refs])
     print(f"async: accuracy {out['accuracy']:.4f} (undisturbed {[r['accuracy'] for r in refs]}), "
@@ -303,3 +321,28 @@ def test_no_executor_left_fails_clearly_in_bounded_time(faults):
     assert "no executor left" in out["error"] and "none registered within 8 s" in out["error"]
     assert "start workers again" in out["error"]
     assert took < 60, f"failing took {took:.0f} s after the last executor went"
+
+
+@pytest.mark.standalone
+@pytest.mark.slow
+def test_a_loss_just_after_the_last_round_does_not_hold_the_clean_up(faults):
+    """The driver stops after the last epoch's last round until the worker is dead, then goes
+    on to the clean-up of the fit's shards, one of them on the dead executor: the fit returns
+    in seconds, not after the locality wait (180 s) nor the clean-up's own 60 s timeout."""
+    driver, cluster = faults["driver"], faults["cluster"].ensure_workers()
+    killed: list[float] = []
+    lose = _lose_worker(cluster)
+
+    def on_kill():
+        lose()
+        killed.append(time.time())
+
+    out = driver.fit(name="sync-killed-at-end", kill_after=BASE_FIT["epochs"], hold_for_kill=True,
+                     on_kill=on_kill, timeout=600)
+    faults["apps"].add(out["app_id"])
+    assert killed and "error" not in out, out.get("trace")
+    assert out["epochs_run"] == BASE_FIT["epochs"]
+    after = out["returned"] - killed[0]
+    print(f"fit returned {after:.1f} s after the kill (locality wait {LOCALITY_WAIT_S} s)")
+    assert after < 30, f"the fit returned {after:.1f} s after the executor was lost"
+    assert out["persisted_left"] == 0

@@ -54,19 +54,24 @@ spark.stop()
 """
 
 
-def _fit_in_a_process(how: str) -> dict:
+def _fits_in_two_processes(*hows: str) -> list[dict]:
+    """One fit per ``how``, each in its own fresh process, the processes run at once (they
+    contend for the same cores: anything sized from a clock would come out differently)."""
     env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-c", FIT, how], capture_output=True, text=True, env=env,
-                          timeout=600)
-    got = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert done.returncode == 0 and got, done.stderr[-3000:]
-    return json.loads(got[-1][len("RESULT "):])
+    procs = [subprocess.Popen([sys.executable, "-c", FIT, how], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for how in hows]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        got = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and got, err[-3000:]
+        results.append(json.loads(got[-1][len("RESULT "):]))
+    return results
 
 
 @pytest.mark.slow
 def test_the_same_seed_trains_bit_identical_weights_in_two_processes():
-    first = _fit_in_a_process("quiet")
-    second = _fit_in_a_process("busy")
+    first, second = _fits_in_two_processes("quiet", "busy")
     print(f"rounds per epoch {first['rounds']} and {second['rounds']}; "
           f"losses {first['loss']} and {second['loss']}")
     assert first["rounds"] == second["rounds"] and first["local_steps"] == second["local_steps"]
