@@ -29,7 +29,7 @@ import numpy as np
 from sparknet import precision as precision_mod
 from sparknet.cluster.data_parallel.layer_state import merge, shipped
 from sparknet.cluster.data_parallel.wire import decode, is_encoded
-from sparknet.cluster.engine.base import Engine, Shipped, SumParam, engine_for
+from sparknet.cluster.engine.base import Engine, Shipped, engine_for
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
@@ -105,19 +105,6 @@ class RoundResult:
         return float(np.sum(self.stats[..., STATS.index(name)]))
 
 
-def add_results(acc: RoundResult, r: RoundResult) -> RoundResult:
-    """``acc`` plus ``r``, in place (what the engine sums a round's results with)."""
-    return acc.add(r)
-
-
-class RoundResultParam(SumParam[RoundResult]):
-    """A numpy ``AccumulatorParam`` over :class:`RoundResult` (its zero carries no
-    vector, so nothing parameter-sized travels with the task closure)."""
-
-    def __init__(self) -> None:
-        super().__init__(RoundResult, add_results)
-
-
 class ParameterServer:
     """The driver-side parameter server of a fit.
 
@@ -167,7 +154,7 @@ class ParameterServer:
     def gather(self, rdd: Any) -> RoundResult:
         """Sum the :class:`RoundResult` s of ``rdd`` (one per task; a resident state's
         ``mapPartitions``) with the chosen primitive."""
-        total = self.engine.gather(rdd, RoundResult, add_results, self.reduce, self.tree_depth)
+        total = self.engine.gather(rdd, RoundResult, RoundResult.add, self.reduce, self.tree_depth)
         return self.received(total)
 
     def received(self, res: RoundResult) -> RoundResult:
