@@ -7,7 +7,7 @@ subclasses with ``fuses_input_activations``: ``Dense`` and ``Activation``) can o
 """
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeGuard
 
 import numpy as np
 
@@ -81,6 +81,12 @@ class FusedActivation:
     def _kernel_act(self) -> int:
         """The activation id the kernel applies: identity when the loss owns the softmax."""
         return 0 if (self.emit_logits and self.activation == "softmax") else self._act
+
+
+def is_softmax_head(layer: object) -> TypeGuard[FusedActivation]:
+    """Whether ``layer``, ending a model, is a softmax whose kernel the loss can take over (the
+    layer then emits logits: :attr:`FusedActivation.emit_logits`)."""
+    return isinstance(layer, FusedActivation) and layer.activation == "softmax"
 
 
 def _as_2d(a: np.ndarray) -> np.ndarray:

@@ -23,8 +23,8 @@ from sparknet._validation import (
     non_negative_int,
     positive_int,
 )
-from sparknet.activations import FusedActivation, softmax
 from sparknet.activations import grad as act_grad
+from sparknet.activations import is_softmax_head, softmax
 from sparknet.callbacks import CallbackList, FitControl, check_callbacks
 from sparknet.divergence import StepGuard
 from sparknet.epochs import run_epochs
@@ -151,7 +151,7 @@ class Sequential:
         # a trailing softmax is fused into the loss: the last layer then emits logits
         last = self.layers[-1]
         self._softmax_head = False
-        if isinstance(last, FusedActivation) and last.activation == "softmax":
+        if is_softmax_head(last):
             last.emit_logits = True
             self._softmax_head = True
         self.built = True

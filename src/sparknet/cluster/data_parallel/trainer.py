@@ -72,6 +72,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int, refuse_pandas
+from sparknet.activations import is_softmax_head
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
@@ -576,5 +577,4 @@ def _is_classifier(model: Sequential) -> bool:
     """Whether the model's loss takes class ids (known before the model is built)."""
     if model.built or model._loss is not None:
         return model.loss.is_classification
-    last = model.layers[-1] if model.layers else None
-    return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
+    return bool(model.layers) and is_softmax_head(model.layers[-1])

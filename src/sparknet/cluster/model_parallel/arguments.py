@@ -86,12 +86,6 @@ def check_job_timeout(job_timeout: Any) -> float | None:
     return job_timeout
 
 
-def has_softmax_head(layers: Sequence[Layer]) -> bool:
-    """The last layer is a softmax that can emit logits (the loss then takes them)."""
-    last = layers[-1]
-    return getattr(last, "activation", None) == "softmax" and hasattr(last, "emit_logits")
-
-
 def layer_shapes(layers: Sequence[Layer], plan: BlockPlan, input_shape: tuple[int, ...],
                  dtype: np.dtype) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
     """Per-sample input shape of every layer and the network's output shape, building the

@@ -13,6 +13,7 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
 from sparknet._validation import positive_int
+from sparknet.activations import is_softmax_head
 from sparknet.checkpoint import Checkpoint, CheckpointStore
 from sparknet.cluster.model_parallel import arguments, inference, persistence, recovery, stages
 from sparknet.cluster.model_parallel.backends import Backend, LocalBlocks, SparkBlocks
@@ -139,7 +140,7 @@ class ModelParallel:
         self.checkpoint_dir = checkpoint_dir
         self.name = name
         self._loss = None if loss is None else losses_mod.get(loss)
-        self._softmax_head = arguments.has_softmax_head(layers)
+        self._softmax_head = is_softmax_head(layers[-1])
 
     def _reset_counters(self) -> None:
         self._steps = {s.index: 0 for s in self.blocked}
