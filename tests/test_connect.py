@@ -280,7 +280,8 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
     """A partition's task that raises fails the fit with its message; Ctrl-C after a round
     returns the model of the last applied round (``history.interrupted``); neither leaves
     a resident folder, and the next fit runs."""
-    from sparknet.cluster.testing import inject_faults, on_round
+    from sparknet.callbacks import LambdaCallback
+    from sparknet.cluster.testing import inject_faults
 
     X, y, _, _ = digits
 
@@ -292,13 +293,13 @@ def test_a_failing_partition_and_ctrl_c_under_connect(connect_spark, digits, not
         trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)
     t, seen = trainer(), []
 
-    def interrupt(event):
+    def interrupt(_round, logs):
         seen.append(t.model.params.copy())
-        if event.rounds_done == 3:
+        if logs["rounds_done"] == 3:
             raise KeyboardInterrupt
 
-    with on_round(interrupt):
-        model, h = t.fit(X, y, epochs=2, batch_size=256, verbose=0)
+    model, h = t.fit(X, y, epochs=2, batch_size=256, verbose=0,
+                     callbacks=[LambdaCallback(on_round_end=interrupt)])
     assert h.interrupted and h.epoch == []
     assert np.array_equal(model.params, seen[-1])
     _, h = trainer().fit(X, y, epochs=1, batch_size=256, verbose=0)

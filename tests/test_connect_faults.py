@@ -62,18 +62,16 @@ def _wait_for_executors(session, n: int, timeout: float = 120.0) -> None:
 
 
 def _fit(session, X, y, on_round=None):
-    from sparknet.cluster.testing import on_round as hook
+    """The test's fit; ``on_round(logs)`` runs after each of its rounds."""
+    from sparknet.callbacks import LambdaCallback
 
     model = Sequential([Dense(64, activation="relu"), Dense(10, activation="softmax")], input_shape=(64,),
                        seed=3)
     trainer = DataParallelTrainer(model, session, num_partitions=2, sync="gradient",
                                   optimizer=RMSprop(lr=2e-3), seed=7)
     t0 = time.monotonic()
-    if on_round is None:
-        trainer.fit(X, y, epochs=3, batch_size=64, verbose=0)
-    else:
-        with hook(on_round):
-            trainer.fit(X, y, epochs=3, batch_size=64, verbose=0)
+    callbacks = [] if on_round is None else [LambdaCallback(on_round_end=lambda _r, logs: on_round(logs))]
+    trainer.fit(X, y, epochs=3, batch_size=64, verbose=0, callbacks=callbacks)
     return model, time.monotonic() - t0
 
 
@@ -90,8 +88,8 @@ def test_a_lost_executor_under_connect_is_rebuilt_and_the_fit_ends_as_undisturbe
     ref, ref_s = _fit(session, X, y)
     killed = []
 
-    def kill(event):
-        if event.rounds_done == 3 and not killed:
+    def kill(logs):
+        if logs["rounds_done"] == 3 and not killed:
             assert cluster.executor_pids(1), "worker 1 runs no executor"
             killed.append(cluster.kill_worker(1))
             threading.Thread(target=cluster.restart_worker, args=(1,), daemon=True).start()

@@ -188,8 +188,8 @@ def test_gradient_sync_under_connect_carries_the_state_as_classic_does(spark, co
 
 # ------------------------------------------------------------------------------ resume
 def test_interrupted_gradient_fit_resumes_bit_identically_state_included(spark, digits, tmp_path):
+    from sparknet.callbacks import LambdaCallback
     from sparknet.checkpoint import CheckpointStore
-    from sparknet.cluster.testing import on_round
 
     X, y, _, _ = digits
 
@@ -201,13 +201,13 @@ def test_interrupted_gradient_fit_resumes_bit_identically_state_included(spark, 
     full = trainer()
     full.fit(X, y, epochs=2, batch_size=256, verbose=0)
 
-    def interrupt(event):
-        if event.rounds_done == 6:
+    def interrupt(_round, logs):
+        if logs["rounds_done"] == 6:
             raise KeyboardInterrupt
 
     first = trainer(str(tmp_path))
-    with on_round(interrupt):
-        _, h = first.fit(X, y, epochs=2, batch_size=256, verbose=0)
+    _, h = first.fit(X, y, epochs=2, batch_size=256, verbose=0,
+                     callbacks=[LambdaCallback(on_round_end=interrupt)])
     assert h.interrupted
     ckpt = CheckpointStore(str(tmp_path)).latest()
     assert ckpt.step == 4 and "state" in ckpt.arrays

@@ -526,8 +526,8 @@ def _killed_driver(directory, kill_at):
     Estimator fit with checkpoints, SIGKILLed after round ``kill_at``, as a crashed driver."""
     from pyspark.sql import SparkSession
 
+    from sparknet.callbacks import LambdaCallback
     from sparknet.cluster.resident import driver as resident
-    from sparknet.cluster.testing import on_round
     from sparknet.datasets import load_digits
 
     X, y, _, _ = load_digits(test_size=0.25, seed=0)
@@ -536,16 +536,17 @@ def _killed_driver(directory, kill_at):
              .config("spark.python.worker.reuse", "true").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
 
-    def crash(event):
-        if event.rounds_done >= kill_at:
+    def crash(_round, logs):  # after each round and its checkpoint
+        if logs["rounds_done"] >= kill_at:
             for res in list(resident._OPEN):  # what the killed driver leaves, for the test to remove
                 for info in res.infos:
                     print(f"SHARD {os.path.dirname(info.directory)}", flush=True)
-            print(f"KILLED at round {event.rounds_done} (epoch {event.epoch + 1})", flush=True)
+            print(f"KILLED at round {int(logs['rounds_done'])} (epoch {int(logs['epoch']) + 1})",
+                  flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    with on_round(crash):
-        _resume_clf(epochs=RESUME_EPOCHS, checkpointDir=directory).fit(_digits_df(spark, X, y))
+    _resume_clf(epochs=RESUME_EPOCHS, checkpointDir=directory,
+                callbacks=[LambdaCallback(on_round_end=crash)]).fit(_digits_df(spark, X, y))
     return 3  # not reached
 
 

@@ -19,10 +19,11 @@ import pytest
 from helpers import resume_job as job
 from helpers.jobs import wait_no_active_jobs
 from sparknet import optim
+from sparknet.callbacks import LambdaCallback
 from sparknet.checkpoint import CheckpointStore
 from sparknet.cluster import DataParallelTrainer
 from sparknet.cluster.data_parallel import checkpoints, timeouts
-from sparknet.cluster.testing import inject_faults, on_round
+from sparknet.cluster.testing import inject_faults
 from sparknet.errors import RoundTimeout, TrainingDiverged
 from sparknet.layers import Dense
 from sparknet.model import Sequential
@@ -167,9 +168,9 @@ def test_divergence_stops_async_fit_before_the_bad_delta_is_applied(spark, digit
     X, y, _, _ = digits
     trainer = _diverging(spark, None, mode="async", sync="average", local_steps=7)
     applied = [trainer.model.params.copy()]   # the parameters after every applied delta
-    with on_round(lambda event: applied.append(trainer.model.params.copy())), \
-            pytest.raises(TrainingDiverged, match=r"epoch 1, round \d+, partition [01]") as err:
-        trainer.fit(X, y, epochs=2, batch_size=128, verbose=0)
+    record = LambdaCallback(on_round_end=lambda _r, _logs: applied.append(trainer.model.params.copy()))
+    with pytest.raises(TrainingDiverged, match=r"epoch 1, round \d+, partition [01]") as err:
+        trainer.fit(X, y, epochs=2, batch_size=128, verbose=0, callbacks=[record])
     assert err.value.epoch == 1 and err.value.what in ("loss", "delta")
     assert np.isfinite(trainer.model.params).all()
     assert np.array_equal(trainer.model.params, applied[-1])    # the bad delta never applied
@@ -180,13 +181,13 @@ def test_keyboard_interrupt_returns_the_model_of_the_last_round(spark, digits):
     trainer = job.make_trainer("gradient", spark, None)
     seen = []
 
-    def interrupt(event):
+    def interrupt(_round, logs):
         seen.append(trainer.model.params.copy())
-        if event.rounds_done == 3:
+        if logs["rounds_done"] == 3:
             raise KeyboardInterrupt
 
-    with on_round(interrupt):
-        model, h = trainer.fit(X, y, epochs=2, batch_size=256, verbose=0)
+    model, h = trainer.fit(X, y, epochs=2, batch_size=256, verbose=0,
+                           callbacks=[LambdaCallback(on_round_end=interrupt)])
     assert h.interrupted and h.epoch == []
     assert np.array_equal(model.params, seen[-1])
     left = wait_no_active_jobs(spark.sparkContext, timeout=30.0)
@@ -222,15 +223,16 @@ def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, d
     trainer = job.make_trainer("average", spark, str(tmp_path))
     from sparknet.cluster.resident import driver as resident
 
-    def lose(event):
-        if event.rounds_done == 4:  # after the epoch-1 checkpoint: delete this fit's shard files
+    def lose(_round, logs):
+        if logs["rounds_done"] == 4:  # epoch 1 done (its states came back with the round): delete the shards
             for res in list(resident._OPEN):
                 for info in res.infos:
                     if info.key.startswith("train-"):
                         shutil.rmtree(info.directory, ignore_errors=True)
 
-    with caplog.at_level(logging.WARNING, logger="sparknet"), on_round(lose):
-        _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0)
+    with caplog.at_level(logging.WARNING, logger="sparknet"):
+        _, h = trainer.fit(X, y, epochs=2, batch_size=32, verbose=0,
+                           callbacks=[LambdaCallback(on_round_end=lose)])
     assert any("partition(s) [0, 1] restored from checkpoint" in r.getMessage() for r in caplog.records), \
         [r.getMessage() for r in caplog.records]
     assert h.epoch == [0, 1]

@@ -14,8 +14,11 @@ objects, or plain callables ``f(epoch, logs)`` (run at each epoch's end; returni
   and the trainer's own figures);
 * ``on_batch_end(batch, logs)`` after every step of a fit whose steps run on the driver
   (one process, model parallel: ``loss`` of the batch), or ``on_round_end(round, logs)``
-  after every round of a data-parallel fit (``epoch``, running ``loss``; async mode:
-  the arriving update's record);
+  after every round of a data-parallel fit, and after the checkpoint written after it
+  when one was due (``epoch``, running ``loss``, ``rounds_done`` -- the rounds the fit
+  has run, resumed ones included -- and ``checkpoint``, that checkpoint's step; async
+  mode: the arriving update's record).  Raising ``KeyboardInterrupt`` there interrupts
+  the fit as Ctrl-C does: it returns the model of that round;
 * ``on_fit_end(logs)`` once after the last epoch (not after an error).
 
 **Stopping**: a callback sets ``self.stop_training = True``; the fit ends after the
@@ -142,7 +145,9 @@ class Callback:
         """After step ``batch`` of the epoch (fits whose steps run on the driver)."""
 
     def on_round_end(self, round: int, logs: Logs) -> None:
-        """After round ``round`` of the epoch (data-parallel fits)."""
+        """After round ``round`` of the epoch (data-parallel fits) and its checkpoint, if one
+        was due: ``logs`` holds ``epoch``, ``loss`` (running), ``rounds_done`` and, when a
+        checkpoint was written after the round, its step as ``checkpoint``."""
 
     def on_fit_end(self, logs: Logs) -> None:
         """After the last epoch."""

@@ -316,7 +316,8 @@ def _pid_alive(pid: int) -> bool:
     return process_start(pid) is not None   # the one liveness check (resident folders too)
 
 
-def _is_uri(directory: str) -> bool:
+def is_uri(directory: str) -> bool:
+    """Whether ``directory`` is a URI (``scheme://...`` or ``file:``) rather than a local path."""
     return bool(re.match(r"^[A-Za-z][A-Za-z0-9+.\-]*://",
                          directory)) or directory.startswith("file:")
 
@@ -346,7 +347,7 @@ class CheckpointStore:
         self.keep = positive_int(keep, "keep")
         self.directory = directory
         self.stale_after = float(stale_after)
-        if _is_uri(directory):
+        if is_uri(directory):
             if spark is None:
                 from pyspark.sql import SparkSession
                 spark = SparkSession.getActiveSession()

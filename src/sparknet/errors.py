@@ -9,6 +9,8 @@ column or value; the classes here are for what happens *during* a run:
   trainer's ``round_timeout``; its Spark jobs were cancelled.
 * :class:`CheckpointError` -- a checkpoint or model file that cannot be trusted
   (truncated, tampered, sizes that do not match its content, another network's).
+* :class:`CheckpointMismatch` -- ``resume=True`` found a checkpoint of another fit (another
+  network, setting, optimizer, or past the epochs asked for).
 * :class:`DataError` -- a row that a task on an executor cannot use (a null, a row of
   the wrong length, NaN), found while scoring or loading.
 * :class:`TaskError` -- any other failure of sparknet's own code in a task.
@@ -68,6 +70,53 @@ class RoundTimeout(TimeoutError):
 class CheckpointError(ValueError):
     """A checkpoint or model file that cannot be read safely: missing or truncated files,
     a checksum that does not match, declared sizes that do not match the content."""
+
+
+class CheckpointMismatch(ValueError):
+    """``resume=True`` found a checkpoint written by another fit: the first of its settings that
+    differs from this fit's.  ``ValueError`` is its base (a wrong argument: the folder).
+
+    The message names the option that sets the folder, ``folder_option``: the trainers'
+    ``checkpoint_dir`` or the Estimators' ``checkpointDir`` (:meth:`for_option`).
+
+    Attributes:
+        path: the checkpoint's folder.
+        setting: what differs: ``"layers"``, a trainer setting (``"sync"``, ``"mode"``...),
+            ``"optimizer"`` or ``"epochs"``.
+        saved: the checkpoint's value of it.
+        current: this fit's value.
+        folder_option: the name of the option that sets the checkpoint folder.
+    """
+
+    def __init__(self, path: str, setting: str, saved: Any, current: Any,
+                 folder_option: str = "checkpoint_dir") -> None:
+        self.path, self.setting, self.saved, self.current = path, setting, saved, current
+        self.folder_option = folder_option
+        super().__init__(self._message())
+
+    def for_option(self, folder_option: str) -> "CheckpointMismatch":
+        """The same mismatch, its message naming ``folder_option`` as the folder's option."""
+        return CheckpointMismatch(self.path, self.setting, self.saved, self.current,
+                                  folder_option)
+
+    def _message(self) -> str:
+        where, new = f"checkpoint {self.path}", f"a new {self.folder_option}"
+        if self.setting == "layers":
+            return (f"{where} belongs to another network (its layers differ from the model's); "
+                    f"resume with the same architecture or {new}")
+        if self.setting == "optimizer":
+            return (f"{where} holds {self.saved!r} optimizer state, this trainer's optimizer is "
+                    f"{self.current!r}: resume with the same optimizer or {new}")
+        if self.setting == "epochs":
+            return (f"{where} is at epoch {self.saved}, past epochs={self.current}: epochs is the "
+                    "total to reach, pass a larger one")
+        return (f"{where} was written with {self.setting}={self.saved!r}, this fit has "
+                f"{self.setting}={self.current!r}: resume with the same setting (and data), or "
+                f"{new}")
+
+    def __reduce__(self) -> tuple:
+        return (CheckpointMismatch, (self.path, self.setting, self.saved, self.current,
+                                     self.folder_option))
 
 
 class WorkerSetupError(RuntimeError):

@@ -206,7 +206,11 @@ class Sequential:
 
     @property
     def is_classifier(self) -> bool:
-        return self.loss.is_classification
+        """Whether the loss takes class ids: the given loss's kind, else whether the last layer
+        is a softmax the loss takes over (known before the model is built)."""
+        if self._loss is not None:
+            return self._loss.is_classification
+        return bool(self.layers) and is_softmax_head(self.layers[-1])
 
     # ----------------------------------------------------- forward/backward
     def forward(self, x: np.ndarray, training: bool = False,

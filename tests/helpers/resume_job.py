@@ -71,21 +71,21 @@ def session() -> Any:
 def main() -> int:
     directory = sys.argv[1]
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from sparknet.cluster.testing import on_round
+    from sparknet.callbacks import LambdaCallback
     from sparknet.datasets import load_digits
 
     X, y, _Xt, _yt = load_digits(test_size=0.25, seed=0)
     spark = session()
     modes = list(SETTINGS)
     at_kill: dict[str, threading.Event] = {m: threading.Event() for m in modes}
-    mode_of: dict[int, str] = {}
     errors: list[BaseException] = []
 
-    def crash(event: Any) -> None:
-        mode = mode_of[threading.get_ident()]   # the hook runs in the thread of the fit
-        if event.rounds_done < SETTINGS[mode]["kill_at"]:
+    def crash(mode: str, logs: dict[str, Any]) -> None:
+        """After each round (and its checkpoint) of ``mode``'s fit."""
+        done = int(logs["rounds_done"])
+        if done < SETTINGS[mode]["kill_at"]:
             return
-        sys.stdout.write(f"KILLED {mode} at round {event.rounds_done} (epoch {event.epoch + 1})\n")
+        sys.stdout.write(f"KILLED {mode} at round {done} (epoch {int(logs['epoch']) + 1})\n")
         at_kill[mode].set()
         for ev in at_kill.values():   # the first fits to get there wait for the others
             ev.wait(timeout=600)
@@ -97,22 +97,21 @@ def main() -> int:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def run(mode: str) -> None:
-        mode_of[threading.get_ident()] = mode
         try:
             trainer = make_trainer(mode, spark, os.path.join(directory, mode))
-            trainer.fit(X, y, verbose=0, **SETTINGS[mode]["fit"])
+            kill = LambdaCallback(on_round_end=lambda _r, logs: crash(mode, logs))
+            trainer.fit(X, y, verbose=0, callbacks=[kill], **SETTINGS[mode]["fit"])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
             at_kill[mode].set()
 
     from pyspark import InheritableThread
 
-    with on_round(crash):
-        threads = [InheritableThread(target=run, args=(m,), daemon=True) for m in modes]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = [InheritableThread(target=run, args=(m,), daemon=True) for m in modes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     sys.stderr.write(f"not killed: {errors!r}\n")
     return 3  # not reached: the fits must have been killed
 

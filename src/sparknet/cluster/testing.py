@@ -5,9 +5,9 @@ No production module imports this one.  It enters through the documented hook
 every training task a driver builds is wrapped by a :class:`FaultyTask`, which is pickled by
 reference to this module, so the executors run the same code.
 
-:func:`on_round` enters through the other hook,
-:func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`: a function called after every
-training round on the driver (to interrupt a fit, or kill the driver, at a chosen round).
+To act at a chosen round on the driver (interrupt a fit, kill the driver, kill a worker),
+tests pass a callback, as users do: ``on_round_end`` runs after every round and its
+checkpoint, with ``logs["rounds_done"]`` (:class:`sparknet.callbacks.Callback`).
 
 Example::
 
@@ -22,9 +22,8 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from sparknet.cluster.data_parallel import fit_context as fit
 from sparknet.cluster.data_parallel import round_task as rounds
 from sparknet.cluster.data_parallel.parameter_server import RoundResult
 
@@ -147,20 +146,3 @@ def _fail_messages(fail: "dict[int, str] | list[int] | tuple[int, ...] | None") 
                         "(sparknet.cluster.testing.inject_faults)"
                 for p in fail}
     return {int(k): str(v) for k, v in (fail or {}).items()}
-
-
-@contextlib.contextmanager
-def on_round(hook: Callable[[fit.RoundEnd], Any]) -> Iterator[None]:
-    """Call ``hook(event)`` on the driver after every training round of the data-parallel
-    fits run inside the ``with`` block
-    (:class:`~sparknet.cluster.data_parallel.fit_context.RoundEnd`: epoch, round, rounds done, the
-    checkpoint written after it); raising ``KeyboardInterrupt`` from it interrupts the fit as Ctrl-C
-    would, ``os.kill(os.getpid(), SIGKILL)`` plays a driver crash.  Installed with
-    :func:`sparknet.cluster.data_parallel.fit_context.set_round_hook`."""
-    with _LOCK:
-        previous = fit.set_round_hook(hook)
-    try:
-        yield
-    finally:
-        with _LOCK:
-            fit.set_round_hook(previous)

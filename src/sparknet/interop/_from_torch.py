@@ -41,7 +41,7 @@ from sparknet.layers import (
     MaxPool2D,
     SimpleRNN,
 )
-from sparknet.layers.conv import _out_and_pad
+from sparknet.layers.conv import out_and_pad
 from sparknet.model import Sequential
 
 #: the modules that read channels-first input (the others read features on the last axis)
@@ -107,7 +107,7 @@ def _padding(
     if not any(pads):
         return "valid"
     for size, extent, stride, p in zip(sizes, extents, strides, pads):
-        out, lead = _out_and_pad(size, extent, stride, "same")
+        out, lead = out_and_pad(size, extent, stride, "same")
         if lead != p or (size + 2 * p - extent) // stride + 1 != out:
             raise ValueError(
                 f"{_where(i, module)}: padding={pad} is neither 'valid' (0) nor sparknet's "
@@ -170,7 +170,7 @@ def _conv(i: int, m: nn.Conv1d | nn.Conv2d, w: _Walk) -> None:
             layer.params["bias"][...] = _np(m.bias)
 
     w.add(layer, setter)
-    outs = [_out_and_pad(s, e, t, padding)[0] for s, e, t in zip(sizes, extents, st)]
+    outs = [out_and_pad(s, e, t, padding)[0] for s, e, t in zip(sizes, extents, st)]
     w.shape = (m.out_channels, *outs)
 
 
@@ -203,7 +203,7 @@ def _pool(i: int, m: nn.Module, w: _Walk) -> None:
     }
     args = (ks, st) if n == 2 else (ks[0], st[0])
     w.add(kind[(n, is_max)](args[0], strides=args[1], padding=padding))
-    outs = [_out_and_pad(s, k, t, padding)[0] for s, k, t in zip(w.shape[1:], ks, st)]
+    outs = [out_and_pad(s, k, t, padding)[0] for s, k, t in zip(w.shape[1:], ks, st)]
     w.shape = (w.shape[0], *outs)
 
 

@@ -38,7 +38,7 @@ from sparknet.layers import (
     MaxPool2D,
     SimpleRNN,
 )
-from sparknet.layers.conv import _out_and_pad
+from sparknet.layers.conv import out_and_pad
 
 
 def activation(name: str, dim: int = -1) -> nn.Module:
@@ -55,7 +55,7 @@ def activation(name: str, dim: int = -1) -> nn.Module:
     return table[name]()
 
 
-def _dd(layer: Layer) -> dict[str, Any]:
+def factory_kwargs(layer: Layer) -> dict[str, Any]:
     """The factory arguments of a torch module in ``layer``'s float type."""
     return {"dtype": torch.float64 if layer.dtype == np.float64 else torch.float32}
 
@@ -64,12 +64,14 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.array(a, copy=True))
 
 
-def _copy_in(param: Any, value: np.ndarray) -> None:
+def copy_in(param: Any, value: np.ndarray) -> None:
+    """Copy ``value`` into the torch parameter or buffer ``param``, in its dtype."""
     with torch.no_grad():
         param.copy_(_tensor(np.asarray(value)).to(param.dtype))
 
 
-def _numpy(t: Any) -> np.ndarray:
+def to_numpy(t: Any) -> np.ndarray:
+    """The values of tensor ``t`` as a numpy array."""
     return t.detach().cpu().numpy()
 
 
@@ -89,19 +91,20 @@ class DenseAdapter(Adapter):
 
     def __init__(self, layer: Dense) -> None:
         super().__init__()
-        self.linear = nn.Linear(layer.in_features, layer.units, bias=layer.use_bias, **_dd(layer))
-        _copy_in(self.linear.weight, layer.params["kernel"])
+        self.linear = nn.Linear(layer.in_features, layer.units, bias=layer.use_bias,
+                                **factory_kwargs(layer))
+        copy_in(self.linear.weight, layer.params["kernel"])
         if layer.use_bias:
-            _copy_in(self.linear.bias, layer.params["bias"])
+            copy_in(self.linear.bias, layer.params["bias"])
         self.act = activation(layer.activation)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         return self.act(self.linear(x)), mask
 
     def store(self, layer: Layer) -> None:
-        layer.params["kernel"][...] = _numpy(self.linear.weight)
+        layer.params["kernel"][...] = to_numpy(self.linear.weight)
         if self.linear.bias is not None:
-            layer.params["bias"][...] = _numpy(self.linear.bias)
+            layer.params["bias"][...] = to_numpy(self.linear.bias)
 
 
 class ModuleAdapter(Adapter):
@@ -132,7 +135,7 @@ def same_pads(
     """``F.pad``'s list (last axis first, ``(before, after)`` each) for sparknet's padding."""
     pads: list[int] = []
     for size, extent, stride in reversed(list(zip(sizes, extents, strides))):
-        out, lead = _out_and_pad(size, extent, stride, padding)
+        out, lead = out_and_pad(size, extent, stride, padding)
         total = max((out - 1) * stride + extent - size, 0) if padding == "same" else 0
         pads += [lead, total - lead]
     return pads
@@ -170,12 +173,12 @@ class ConvAdapter(Adapter):
             stride=st,
             dilation=dl,
             bias=layer.use_bias,
-            **_dd(layer),
+            **factory_kwargs(layer),
         )
         kernel = layer.params["kernel"]
-        _copy_in(self.conv.weight, np.moveaxis(kernel, (-1, -2), (0, 1)))
+        copy_in(self.conv.weight, np.moveaxis(kernel, (-1, -2), (0, 1)))
         if layer.use_bias:
-            _copy_in(self.conv.bias, layer.params["bias"])
+            copy_in(self.conv.bias, layer.params["bias"])
         self.pads = same_pads(
             in_shape[:-1], [d * (k - 1) + 1 for k, d in zip(ks, dl)], st, layer.padding
         )
@@ -188,9 +191,9 @@ class ConvAdapter(Adapter):
         return _to_channels_last(self.act(self.conv(x))), None
 
     def store(self, layer: Layer) -> None:
-        layer.params["kernel"][...] = np.moveaxis(_numpy(self.conv.weight), (0, 1), (-1, -2))
+        layer.params["kernel"][...] = np.moveaxis(to_numpy(self.conv.weight), (0, 1), (-1, -2))
         if self.conv.bias is not None:
-            layer.params["bias"][...] = _numpy(self.conv.bias)
+            layer.params["bias"][...] = to_numpy(self.conv.bias)
 
 
 class PoolAdapter(Adapter):
@@ -270,7 +273,7 @@ class RecurrentAdapter(Adapter):
         self.return_sequences = cell.return_sequences
         self.return_state = bool(getattr(cell, "return_state", False))
         self.H = cell.units
-        kw = dict(batch_first=True, bidirectional=self.bidirectional, **_dd(layer))
+        kw = dict(batch_first=True, bidirectional=self.bidirectional, **factory_kwargs(layer))
         if isinstance(cell, SimpleRNN):
             if cell.activation not in ("tanh", "relu"):
                 raise ValueError(
@@ -286,7 +289,7 @@ class RecurrentAdapter(Adapter):
             )
         for c, suffix in zip(cells, ("", "_reverse")):
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                _copy_in(getattr(self.rnn, f"{name}_l0{suffix}"), c.params[name])
+                copy_in(getattr(self.rnn, f"{name}_l0{suffix}"), c.params[name])
 
     def _states(self, x: torch.Tensor, lengths: torch.Tensor | None) -> tuple[Any, Any]:
         if lengths is None:
@@ -333,7 +336,7 @@ class RecurrentAdapter(Adapter):
         )
         for c, suffix in zip(cells, ("", "_reverse")):
             for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                c.params[name][...] = _numpy(getattr(self.rnn, f"{name}_l0{suffix}"))
+                c.params[name][...] = to_numpy(getattr(self.rnn, f"{name}_l0{suffix}"))
 
 
 class EmbeddingAdapter(Adapter):
@@ -341,8 +344,8 @@ class EmbeddingAdapter(Adapter):
 
     def __init__(self, layer: Embedding) -> None:
         super().__init__()
-        self.embedding = nn.Embedding(layer.vocab, layer.dim, **_dd(layer))
-        _copy_in(self.embedding.weight, layer.params["embeddings"])
+        self.embedding = nn.Embedding(layer.vocab, layer.dim, **factory_kwargs(layer))
+        copy_in(self.embedding.weight, layer.params["embeddings"])
         self.mask_zero = layer.mask_zero
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
@@ -353,7 +356,7 @@ class EmbeddingAdapter(Adapter):
         return self.embedding(ids), mask
 
     def store(self, layer: Layer) -> None:
-        layer.params["embeddings"][...] = _numpy(self.embedding.weight)
+        layer.params["embeddings"][...] = to_numpy(self.embedding.weight)
 
 
 class SequenceMaskAdapter(Adapter):
@@ -374,26 +377,26 @@ class BatchNormAdapter(Adapter):
             eps=layer.eps,
             momentum=layer.momentum,
             affine=layer.center or layer.scale,
-            **_dd(layer),
+            **factory_kwargs(layer),
         )
         if self.bn.affine:
-            _copy_in(self.bn.weight, layer.params.get("gamma", np.ones(layer.features)))
-            _copy_in(self.bn.bias, layer.params.get("beta", np.zeros(layer.features)))
+            copy_in(self.bn.weight, layer.params.get("gamma", np.ones(layer.features)))
+            copy_in(self.bn.bias, layer.params.get("beta", np.zeros(layer.features)))
             self.bn.weight.requires_grad_(layer.scale)
             self.bn.bias.requires_grad_(layer.center)
-        _copy_in(self.bn.running_mean, layer.state["running_mean"])
-        _copy_in(self.bn.running_var, layer.state["running_var"])
+        copy_in(self.bn.running_mean, layer.state["running_mean"])
+        copy_in(self.bn.running_var, layer.state["running_var"])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         return self.bn(x.reshape(-1, x.shape[-1])).reshape(x.shape), mask
 
     def store(self, layer: Layer) -> None:
         if "gamma" in layer.params:
-            layer.params["gamma"][...] = _numpy(self.bn.weight)
+            layer.params["gamma"][...] = to_numpy(self.bn.weight)
         if "beta" in layer.params:
-            layer.params["beta"][...] = _numpy(self.bn.bias)
-        layer.state["running_mean"][...] = _numpy(self.bn.running_mean)
-        layer.state["running_var"][...] = _numpy(self.bn.running_var)
+            layer.params["beta"][...] = to_numpy(self.bn.bias)
+        layer.state["running_mean"][...] = to_numpy(self.bn.running_mean)
+        layer.state["running_var"][...] = to_numpy(self.bn.running_var)
 
 
 class LayerNormAdapter(Adapter):
@@ -406,19 +409,19 @@ class LayerNormAdapter(Adapter):
             eps=layer.eps,
             elementwise_affine=layer.center or layer.scale,
             bias=layer.center,
-            **_dd(layer),
+            **factory_kwargs(layer),
         )
         if self.ln.weight is not None:
-            _copy_in(self.ln.weight, layer.params.get("gamma", np.ones(layer.features)))
+            copy_in(self.ln.weight, layer.params.get("gamma", np.ones(layer.features)))
             self.ln.weight.requires_grad_(layer.scale)
         if self.ln.bias is not None:
-            _copy_in(self.ln.bias, layer.params["beta"])
+            copy_in(self.ln.bias, layer.params["beta"])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         return self.ln(x), mask
 
     def store(self, layer: Layer) -> None:
         if "gamma" in layer.params:
-            layer.params["gamma"][...] = _numpy(self.ln.weight)
+            layer.params["gamma"][...] = to_numpy(self.ln.weight)
         if "beta" in layer.params:
-            layer.params["beta"][...] = _numpy(self.ln.bias)
+            layer.params["beta"][...] = to_numpy(self.ln.bias)

@@ -8,7 +8,7 @@ from typing import Any, Callable, cast
 import torch
 from torch import nn
 
-from sparknet.interop._torch_adapters import Adapter, _copy_in, _dd, _numpy
+from sparknet.interop._torch_adapters import Adapter, copy_in, factory_kwargs, to_numpy
 from sparknet.layers import (
     ColumnEmbedding,
     Layer,
@@ -30,14 +30,15 @@ class AttentionAdapter(Adapter):
         super().__init__()
         D, H = layer.width, layer.num_heads
         self.attn = nn.MultiheadAttention(
-            D, H, dropout=layer.dropout, bias=layer.use_bias, batch_first=True, **_dd(layer)
+            D, H, dropout=layer.dropout, bias=layer.use_bias, batch_first=True,
+            **factory_kwargs(layer),
         )
         p = layer.params
-        _copy_in(self.attn.in_proj_weight, p["in_proj_weight"])
-        _copy_in(self.attn.out_proj.weight, p["out_proj_weight"])
+        copy_in(self.attn.in_proj_weight, p["in_proj_weight"])
+        copy_in(self.attn.out_proj.weight, p["out_proj_weight"])
         if layer.use_bias:
-            _copy_in(self.attn.in_proj_bias, p["in_proj_bias"])
-            _copy_in(self.attn.out_proj.bias, p["out_proj_bias"])
+            copy_in(self.attn.in_proj_bias, p["in_proj_bias"])
+            copy_in(self.attn.out_proj.bias, p["out_proj_bias"])
         self.causal = layer.causal
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
@@ -52,11 +53,11 @@ class AttentionAdapter(Adapter):
 
     def store(self, layer: Layer) -> None:
         p = layer.params
-        p["in_proj_weight"][...] = _numpy(self.attn.in_proj_weight)
-        p["out_proj_weight"][...] = _numpy(self.attn.out_proj.weight)
+        p["in_proj_weight"][...] = to_numpy(self.attn.in_proj_weight)
+        p["out_proj_weight"][...] = to_numpy(self.attn.out_proj.weight)
         if "in_proj_bias" in p:
-            p["in_proj_bias"][...] = _numpy(self.attn.in_proj_bias)
-            p["out_proj_bias"][...] = _numpy(self.attn.out_proj.bias)
+            p["in_proj_bias"][...] = to_numpy(self.attn.in_proj_bias)
+            p["out_proj_bias"][...] = to_numpy(self.attn.out_proj.bias)
 
 
 class PositionalAdapter(Adapter):
@@ -64,14 +65,14 @@ class PositionalAdapter(Adapter):
 
     def __init__(self, layer: PositionalEmbedding) -> None:
         super().__init__()
-        self.positions = nn.Embedding(layer.max_length, layer.width, **_dd(layer))
-        _copy_in(self.positions.weight, layer.params["embeddings"])
+        self.positions = nn.Embedding(layer.max_length, layer.width, **factory_kwargs(layer))
+        copy_in(self.positions.weight, layer.params["embeddings"])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         return x + self.positions.weight[: x.shape[1]], mask
 
     def store(self, layer: Layer) -> None:
-        layer.params["embeddings"][...] = _numpy(self.positions.weight)
+        layer.params["embeddings"][...] = to_numpy(self.positions.weight)
 
 
 class TransformerAdapter(Adapter):
@@ -136,8 +137,8 @@ class ColumnEmbeddingAdapter(Adapter):
         self.tables = nn.ModuleList()
         for k in range(len(self.columns)):
             table = layer.params[layer._table(k)]
-            emb = nn.Embedding(table.shape[0], table.shape[1], **_dd(layer))
-            _copy_in(emb.weight, table)
+            emb = nn.Embedding(table.shape[0], table.shape[1], **factory_kwargs(layer))
+            copy_in(emb.weight, table)
             self.tables.append(emb)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
@@ -147,7 +148,7 @@ class ColumnEmbeddingAdapter(Adapter):
     def store(self, layer: Layer) -> None:
         table = cast(ColumnEmbedding, layer)._table
         for k, emb in enumerate(self.tables):
-            layer.params[table(k)][...] = _numpy(cast(nn.Embedding, emb).weight)
+            layer.params[table(k)][...] = to_numpy(cast(nn.Embedding, emb).weight)
 
 
 def block_adapters(make: MakeAdapter) -> dict[type[Layer], Callable[[Any], Adapter]]:

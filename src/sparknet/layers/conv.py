@@ -58,13 +58,15 @@ def _pair(value: IntPair, what: str) -> tuple[int, int]:
         raise ValueError(msg) from None
 
 
-def _padding(value: Any, what: str) -> str:
+def check_padding(value: Any, what: str) -> str:
+    """``value`` (``"valid"``/``"same"``, any case) in lower case; ``ValueError`` naming the
+    layer kind ``what`` otherwise."""
     if not isinstance(value, str) or value.lower() not in PADDINGS:
         raise ValueError(f"{what} padding must be 'valid' or 'same', got {value!r}")
     return value.lower()
 
 
-def _out_and_pad(size: int, extent: int, stride: int, padding: str) -> tuple[int, int]:
+def out_and_pad(size: int, extent: int, stride: int, padding: str) -> tuple[int, int]:
     """Output size and leading zero padding of one spatial axis."""
     if padding == "same":
         out = -(-size // stride)
@@ -104,7 +106,8 @@ def _check_batch(layer: Layer, x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=layer.dtype)
 
 
-def _writable(a: np.ndarray, dtype: DTypeLike) -> np.ndarray:
+def writable(a: np.ndarray, dtype: DTypeLike) -> np.ndarray:
+    """``a`` as a C-contiguous, writable array of ``dtype`` (a copy only when needed)."""
     a = np.ascontiguousarray(a, dtype=dtype)
     return a if a.flags.writeable else a.copy()
 
@@ -150,7 +153,7 @@ class Conv2D(FusedActivation, Layer):
         self.filters = positive_int(filters, "Conv2D filters")
         self.kernel_size = _pair(kernel_size, "Conv2D kernel_size")
         self.strides = _pair(strides, "Conv2D strides")
-        self.padding = _padding(padding, "Conv2D")
+        self.padding = check_padding(padding, "Conv2D")
         self.dilation = _pair(dilation, "Conv2D dilation")
         self._set_activation(activation)
         self.use_bias = check_bool(use_bias, "Conv2D use_bias")
@@ -167,8 +170,8 @@ class Conv2D(FusedActivation, Layer):
                 f"Conv2D {self.name!r}: kernel extent {eh}x{ew} (kernel {kh}x{kw}, dilation "
                 f"{dh}x{dw}) is larger than the padded input {H}x{W} (padding 'valid')")
         self.in_channels = int(C)
-        oh, self._pt = _out_and_pad(H, eh, sh, self.padding)
-        ow, self._pl = _out_and_pad(W, ew, sw, self.padding)
+        oh, self._pt = out_and_pad(H, eh, sh, self.padding)
+        ow, self._pl = out_and_pad(W, ew, sw, self.padding)
         return (oh, ow, self.filters)
 
     def param_specs(self) -> list[ParamSpec]:
@@ -208,7 +211,7 @@ class Conv2D(FusedActivation, Layer):
         return self.params["kernel"].reshape(-1, self.filters)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
-        d = _writable(dy, self.dtype)
+        d = writable(dy, self.dtype)
         if d.shape != self._y.shape:
             raise ValueError(f"Conv2D {self.name!r}: gradient has shape {d.shape}, "
                              f"the output was {self._y.shape}")
@@ -238,7 +241,7 @@ class _Pool2D(Layer):
         kind = type(self).__name__
         self.pool_size = _pair(pool_size, f"{kind} pool_size")
         self.strides = self.pool_size if strides is None else _pair(strides, f"{kind} strides")
-        self.padding = _padding(padding, kind)
+        self.padding = check_padding(padding, kind)
         self._n = 0
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -250,8 +253,8 @@ class _Pool2D(Layer):
         if H * W * C >= 2 ** 31:
             raise ValueError(f"{type(self).__name__} {self.name!r}: images of {H}x{W}x{C} values "
                              f"are too large (the pooling kernels index a sample with int32)")
-        oh, self._pt = _out_and_pad(H, ph, sh, self.padding)
-        ow, self._pl = _out_and_pad(W, pw, sw, self.padding)
+        oh, self._pt = out_and_pad(H, ph, sh, self.padding)
+        ow, self._pl = out_and_pad(W, pw, sw, self.padding)
         return (oh, ow, C)
 
     def _geometry(self) -> dict[str, int]:

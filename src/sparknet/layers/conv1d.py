@@ -30,7 +30,7 @@ from sparknet import initializers
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.layers.base import Layer, ParamSpec, register
-from sparknet.layers.conv import _out_and_pad, _padding, _writable
+from sparknet.layers.conv import check_padding, out_and_pad, writable
 
 #: a window size, stride or dilation: an int, or a sequence of one int
 IntOne = Union[int, "tuple[int]", "list[int]"]
@@ -133,7 +133,7 @@ class Conv1D(FusedActivation, Layer):
         self.filters = positive_int(filters, "Conv1D filters")
         self.kernel_size = _single(kernel_size, "Conv1D kernel_size")
         self.strides = _single(strides, "Conv1D strides")
-        self.padding = _padding(padding, "Conv1D")
+        self.padding = check_padding(padding, "Conv1D")
         self.dilation = _single(dilation, "Conv1D dilation")
         self._set_activation(activation)
         self.use_bias = check_bool(use_bias, "Conv1D use_bias")
@@ -150,7 +150,7 @@ class Conv1D(FusedActivation, Layer):
                 f"Conv1D {self.name!r}: kernel extent {extent} (kernel_size {k}, dilation {d}) "
                 f"is longer than the input's {T} steps (padding 'valid')")
         self.in_channels = int(C)
-        out, self._pad = _out_and_pad(T, extent, self.strides, self.padding)
+        out, self._pad = out_and_pad(T, extent, self.strides, self.padding)
         return (out, self.filters)
 
     def param_specs(self) -> list[ParamSpec]:
@@ -186,7 +186,7 @@ class Conv1D(FusedActivation, Layer):
         return y4.reshape(x4.shape[0], T_out, F)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
-        d = _writable(dy, self.dtype)
+        d = writable(dy, self.dtype)
         N, _, T_out, F = self._y4.shape
         if d.shape != (N, T_out, F):
             raise ValueError(f"Conv1D {self.name!r}: gradient has shape {d.shape}, "
@@ -218,7 +218,7 @@ class _Pool1D(Layer):
         kind = type(self).__name__
         self.pool_size = _single(pool_size, f"{kind} pool_size")
         self.strides = self.pool_size if strides is None else _single(strides, f"{kind} strides")
-        self.padding = _padding(padding, kind)
+        self.padding = check_padding(padding, kind)
         self._n = 0
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -230,7 +230,7 @@ class _Pool1D(Layer):
         if T * C >= 2 ** 31:
             raise ValueError(f"{kind} {self.name!r}: sequences of {T}x{C} values are too "
                              f"large (the pooling kernels index a sample with int32)")
-        out, self._pad = _out_and_pad(T, self.pool_size, self.strides, self.padding)
+        out, self._pad = out_and_pad(T, self.pool_size, self.strides, self.padding)
         return (out, C)
 
     def _geometry(self) -> dict[str, int]:

@@ -111,11 +111,11 @@ def features_to_numpy(arr: Union[pa.Array, pa.ChunkedArray], dim: int, column: s
         sparknet.errors.DataError: null rows, rows of another length than ``dim``, NaN or
             infinity (raised on the driver as itself: :mod:`sparknet.cluster.engine.task_errors`).
     """
-    from sparknet.cluster.data.sharding import _list_column
+    from sparknet.cluster.data.sharding import list_column
     from sparknet.errors import DataError
 
     info: dict[str, Any] = {}          # the reader's notes: null rows, row lengths
-    x = _list_column(arr, "x", info)
+    x = list_column(arr, "x", info)
     if "x_null" in info:
         raise DataError(f"features column {column!r} has a null row (row {info['x_null']} of a "
                          f"batch); fill or drop it first")

@@ -9,6 +9,7 @@ import numpy as np
 from pyspark.ml.base import Predictor, _FitMultipleIterator
 
 from sparknet._validation import refuse_pandas
+from sparknet.errors import CheckpointMismatch
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns, _jvm
 from sparknet.ml._params import _EstimatorParams
@@ -122,9 +123,7 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
         return model, dataset
 
     def _check_network(self, model: Sequential) -> None:
-        from sparknet.cluster.data_parallel.trainer import _is_classifier
-
-        if self._classification and not _is_classifier(model):
+        if self._classification and not model.is_classifier:
             raise ValueError("SparkNetClassifier needs a network whose last layer is "
                              "Dense(numClasses, activation='softmax') (cross-entropy loss)")
 
@@ -177,15 +176,13 @@ class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
                                features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
                                verbose=self.getVerbose(), callbacks=self.getCallbacks(),
                                **fit_options)
+        except CheckpointMismatch as exc:  # named with the Estimator's Param
+            raise exc.for_option("checkpointDir") from None
         except Exception as exc:
             if _columns.NULL_VECTOR in str(exc):
                 # Spark's vector_to_array fails on a null row (in the JVM, while the data load)
                 raise ValueError(_columns.null_vector_message(dataset, self.getFeaturesCol(),
                                                               self.getLabelCol())) from None
-            if isinstance(exc, ValueError) and resume and "checkpoint_dir" in str(exc):
-                # a checkpoint of another fit: named with the Estimator's Param, not the
-                # trainer's argument
-                raise ValueError(str(exc).replace("checkpoint_dir", "checkpointDir")) from exc
             raise
 
     def _check_targets(self, dataset: DataFrame, model: Sequential) -> None:

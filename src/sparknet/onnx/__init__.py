@@ -75,7 +75,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 EXTERNAL_DATA_BYTES = 1_800_000_000
 
 
-def _check_model(model: Any) -> Sequential:
+def check_model(model: Any) -> Sequential:
+    """``model`` if it is a built :class:`~sparknet.model.Sequential` (what every export
+    takes); ``TypeError``/``ValueError`` naming what it is otherwise."""
     if not isinstance(model, Sequential):
         raise TypeError(f"export takes a sparknet Sequential, got {type(model).__name__}")
     if not model.built or model.input_shape is None or model.output_shape is None:
@@ -182,7 +184,7 @@ def to_onnx(
         ValueError: an unbuilt model, a bad ``opset`` or ``mask``, or a layer of a class
             that has no exporter (the message names the layer and its class).
     """
-    model = _check_model(model)
+    model = check_model(model)
     opset = check_opset(opset)
     if mask not in (None, True, False):
         raise ValueError(f"mask must be None, True or False, got {mask!r}")

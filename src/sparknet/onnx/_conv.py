@@ -9,7 +9,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D, _out_and_pad
+from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D, out_and_pad
 from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
@@ -31,7 +31,7 @@ def explicit_pads(
     ``"valid"`` or ``"same"`` padding (half before, the rest after)."""
     begin, end = [], []
     for size, extent, stride in zip(sizes, extents, strides):
-        out, lead = _out_and_pad(size, extent, stride, padding)
+        out, lead = out_and_pad(size, extent, stride, padding)
         total = max((out - 1) * stride + extent - size, 0) if padding == "same" else 0
         begin.append(lead)
         end.append(total - lead)

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from sparknet.onnx import PathLike, _check_model, check_opset, finish, network_graph, save
+from sparknet.onnx import PathLike, check_model, check_opset, finish, network_graph, save
 from sparknet.onnx._builder import BATCH, DOUBLE, INT64, Builder
 
 
@@ -31,7 +31,7 @@ def spark_model_to_onnx(stage: Any, opset: int | None = None) -> onnx.ModelProto
     # a classifier by Spark ML's own type (the sparknet classifier Model is one)
     from pyspark.ml.classification import ProbabilisticClassificationModel
 
-    model = _check_model(stage.network)
+    model = check_model(stage.network)
     in_shape, out_shape = model._built_shapes()
     k = int(np.prod(out_shape))
     b = Builder(model.dtype, check_opset(opset))

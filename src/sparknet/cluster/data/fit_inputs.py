@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from sparknet.cluster.data.labels import check_label_range, label_desc
-from sparknet.cluster.data.sharding import ShardedData, _is_dataframe, _is_rdd, shard_data
+from sparknet.cluster.data.sharding import ShardedData, is_dataframe, is_rdd, shard_data
 from sparknet.cluster.engine.base import engine_for, is_connect
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ def n_outputs(model: "Sequential") -> int:
 
 def split_validation(validation_data: Any) -> tuple[Any, Any]:
     """``validation_data`` as ``(data, y)``: a DataFrame or RDD (``y`` None) or ``(X, y)``."""
-    if _is_dataframe(validation_data) or _is_rdd(validation_data):
+    if is_dataframe(validation_data) or is_rdd(validation_data):
         return validation_data, None
     if isinstance(validation_data, (tuple, list)) and len(validation_data) == 2:
         return validation_data[0], validation_data[1]
@@ -71,11 +71,11 @@ def _partitions(trainer: "DataParallelTrainer", data: Any,
     """The training shards' count, known before they are built."""
     if num_partitions is not None:
         return int(num_partitions)
-    if _is_dataframe(data):
+    if is_dataframe(data):
         if is_connect(data):  # a Connect DataFrame's partitions are known once it runs
             return None
         return int(data.rdd.getNumPartitions())
-    if _is_rdd(data):
+    if is_rdd(data):
         return int(data.getNumPartitions())
     return engine_for(trainer.spark).default_parallelism()
 

@@ -85,7 +85,7 @@ class ShardedData:
 
 
 # ----------------------------------------------------------------- executor side builds
-def _list_column(col: Any, what: str, found: dict[str, Any]) -> np.ndarray:
+def list_column(col: Any, what: str, found: dict[str, Any]) -> np.ndarray:
     """An Arrow list column -> (values (n, d) float array, lengths info) or a 1-D column."""
     import pyarrow as pa
 
@@ -132,8 +132,8 @@ class _ArrowBuild:
             return no_rows(self.dtype, np.int64 if self.classification
                            else self.dtype), ShardReport()
         table = pa.Table.from_batches(batches)
-        x = _list_column(table.column(0), "x", found)
-        y = _list_column(table.column(1), "y", found)
+        x = list_column(table.column(0), "x", found)
+        y = list_column(table.column(1), "y", found)
         if "x_null" in found or "x_lengths" in found:
             x = np.zeros((table.num_rows, 0))
         if "y_null" in found or "y_lengths" in found:
@@ -189,7 +189,8 @@ def resident_from_numpy(engine: Engine, X: np.ndarray, Y: np.ndarray, num_partit
 
 
 # ------------------------------------------------------------------------- driver side
-def _is_dataframe(data: Any) -> bool:
+def is_dataframe(data: Any) -> bool:
+    """Whether ``data`` is a Spark DataFrame, Classic or Connect."""
     try:
         from pyspark.sql import DataFrame
     except ImportError:  # pragma: no cover
@@ -203,7 +204,8 @@ def _is_dataframe(data: Any) -> bool:
         return False
 
 
-def _is_rdd(data: Any) -> bool:
+def is_rdd(data: Any) -> bool:
+    """Whether ``data`` is a Spark RDD."""
     from pyspark import RDD
     return isinstance(data, RDD)
 
@@ -330,13 +332,13 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
                 raise
             hit.phases = {"reuse lookup": time.perf_counter() - t0}
             return hit
-    if _is_dataframe(data):
+    if is_dataframe(data):
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
         res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions,
                               name, engine)
         source = "dataframe"
-    elif _is_rdd(data):
+    elif is_rdd(data):
         if y is not None:
             raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
         res = _from_rdd(data, dtype, classification, num_partitions, name)
@@ -484,7 +486,7 @@ def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col
     of the cache's RDD, the columns, dtype and partitions; ``None`` for anything else
     (numpy input, uncached data whose source may change, Spark Connect)."""
     try:
-        if y is None and _is_dataframe(data):
+        if y is None and is_dataframe(data):
             manager = data.sparkSession._jsparkSession.sharedState().cacheManager()
             cached = manager.lookupCachedData(data._jdf)
             if cached.isEmpty():
@@ -493,7 +495,7 @@ def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col
             rdd_id = int(buffers.id())
             return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype,
                     classification, num_partitions)
-        if y is None and _is_rdd(data) and data.is_cached:
+        if y is None and is_rdd(data) and data.is_cached:
             return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification,
                     num_partitions)
     except Exception as exc:  # internals of another Spark version: no reuse

@@ -117,19 +117,21 @@ import queue
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from sparknet.cluster.data_parallel import async_recovery as recovery
 from sparknet.cluster.data_parallel import guards, layer_state
-from sparknet.cluster.data_parallel import trainer as dp
 from sparknet.cluster.data_parallel.async_recovery import AsyncPartitionError  # noqa: F401
-from sparknet.cluster.data_parallel.async_threads import Launch, PartitionThread, _AsyncLog, _Epoch
-from sparknet.cluster.data_parallel.fit_context import FitContext, RoundEnd, round_hook
+from sparknet.cluster.data_parallel.async_threads import AsyncEpoch, Launch, PartitionThread
+from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
 from sparknet.cluster.data_parallel.round_task import chunk_lrs
 from sparknet.errors import RoundTimeout
+
+if TYPE_CHECKING:
+    from sparknet.cluster.data_parallel import trainer as dp
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +173,9 @@ class AsyncOptions:
     coalesce: float = 0.15
 
 
-def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None,
-             stale: str = "reject", on_update: Callable[[dict], Any] | None = None,
-             delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
+def check_options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None,
+                  stale: str = "reject", on_update: Callable[[dict], Any] | None = None,
+                  delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
     if max_staleness is not None and (isinstance(max_staleness, bool) or
                                       not isinstance(max_staleness, (int, np.integer)) or
@@ -201,11 +203,14 @@ def _options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None,
 
 
 # ---------------------------------------------------------------------- driver side
-class _AsyncRun:
+class AsyncRun:
     """The asynchronous parameter server of one fit (lives across its epochs)."""
 
     def __init__(self, trainer: dp.DataParallelTrainer, ctx: FitContext) -> None:
         self.trainer, self.ctx = trainer, ctx
+        if trainer.mode_options is None:
+            raise RuntimeError("an asynchronous epoch of a trainer built with mode="
+                               f"{trainer.mode!r}")
         self.opts: AsyncOptions = trainer.mode_options
         self.model = ctx.model
         self.engine = ctx.engine
@@ -277,7 +282,7 @@ class _AsyncRun:
         done = [e for e in self.est.values() if e is not None]
         return state.timeout("async", max(done) if done else None)
 
-    def _check_deadlines(self, st: _Epoch) -> None:
+    def _check_deadlines(self, st: AsyncEpoch) -> None:
         """``RoundTimeout`` when a partition's round has run past the round timeout (the
         epoch's ``finally`` cancels every job)."""
         now = time.perf_counter()
@@ -308,7 +313,7 @@ class _AsyncRun:
         self.dispatched += rows
         w.submit(job)
 
-    def _may_launch(self, w: PartitionThread, st: _Epoch) -> bool:
+    def _may_launch(self, w: PartitionThread, st: AsyncEpoch) -> bool:
         if self.rows[w.index] == 0:
             return False
         if self.dispatched < st.target:
@@ -323,16 +328,16 @@ class _AsyncRun:
         mine = self.est[w.index]
         return bool(ends) and mine is not None and now + mine <= max(ends)
 
-    def _launch_if_due(self, w: PartitionThread, st: _Epoch) -> None:
+    def _launch_if_due(self, w: PartitionThread, st: AsyncEpoch) -> None:
         if self._may_launch(w, st):
             self._launch(w)
 
     # -- one epoch --------------------------------------------------------
-    def epoch(self, epoch: int) -> _AsyncLog:
+    def epoch(self, epoch: int) -> RoundLog:
         """Run the rounds of ``epoch`` until its budget of rows is processed and every
         round in flight has come back (or the fit is interrupted)."""
         target = (epoch + 1) * self.total
-        st = _Epoch(epoch, epoch == self.ctx.epochs - 1, target,
+        st = AsyncEpoch(epoch, epoch == self.ctx.epochs - 1, target,
                     [PartitionThread(self, p) for p in range(self.P)])
         bar = self.ctx.bar
         if bar is not None:
@@ -359,7 +364,7 @@ class _AsyncRun:
         st.log.logs = self._epoch_logs(st)
         return st.log
 
-    def _serve(self, st: _Epoch) -> None:
+    def _serve(self, st: AsyncEpoch) -> None:
         """The driver loop: launch, then take each arriving result until none is out."""
         for w in st.workers:
             self._launch_if_due(w, st)
@@ -385,11 +390,11 @@ class _AsyncRun:
             else:
                 self._arrive(st, p, job, self.ctx.ps.received(out[0]) if out else None)
 
-    def _recover(self, st: _Epoch, p: int, job: Launch, exc: BaseException) -> None:
+    def _recover(self, st: AsyncEpoch, p: int, job: Launch, exc: BaseException) -> None:
         """A failed job (:func:`~sparknet.cluster.data_parallel.async_recovery.recover`)."""
         recovery.recover(self, st, p, job, exc)
 
-    def _arrive(self, st: _Epoch, p: int, job: Launch, res: RoundResult | None) -> None:
+    def _arrive(self, st: AsyncEpoch, p: int, job: Launch, res: RoundResult | None) -> None:
         """A partition's delta is back: weigh it by its staleness, apply it, record it,
         then relaunch the partition (now, or held for a round due soon)."""
         w = st.workers[p]
@@ -412,9 +417,6 @@ class _AsyncRun:
         if self.opts.on_update is not None:  # before its relaunch: it sees this update's model
             self.opts.on_update(dict(rec))
         self._callbacks(st, p, job, rec)
-        state = self.ctx.state
-        round_hook(RoundEnd(st.epoch, st.log.rounds - 1, 0, (state.rounds_done if state else 0)
-                            + st.log.rounds))
         if hold > 0:
             st.held[p] = (time.perf_counter() + hold, rec)
         else:
@@ -426,7 +428,7 @@ class _AsyncRun:
             bar.set_postfix({"loss": f"{st.log.stats[0] / w_sum:.4f}", "stale": staleness},
                             refresh=False)
 
-    def _callbacks(self, st: _Epoch, p: int, job: Launch, rec: dict) -> None:
+    def _callbacks(self, st: AsyncEpoch, p: int, job: Launch, rec: dict) -> None:
         """The fit's callbacks hear of the update; the rates its local steps ran at are recorded."""
         cbl, schedule = self.ctx.callbacks, self.ctx.schedule
         if cbl is None:
@@ -434,9 +436,12 @@ class _AsyncRun:
         if schedule is not None:
             cbl.record_steps(chunk_lrs(schedule, self.rows[p], self.ctx.batch_size, job.epoch,
                                        job.chunk, self.rounds), partition=p)
-        cbl.on_round_end(st.log.rounds - 1, {k: float(v) for k, v in rec.items()})
+        state = self.ctx.state
+        logs = {k: float(v) for k, v in rec.items()}
+        logs["rounds_done"] = float((state.rounds_done if state else 0) + st.log.rounds)
+        cbl.on_round_end(st.log.rounds - 1, logs)
 
-    def _weigh(self, st: _Epoch, staleness: int) -> tuple[float, bool]:
+    def _weigh(self, st: AsyncEpoch, staleness: int) -> tuple[float, bool]:
         """(weight, whether to apply) of a delta ``staleness`` updates old."""
         if staleness <= self.max_staleness:
             return self.delta_weight, True
@@ -446,7 +451,7 @@ class _AsyncRun:
         st.downweighted += 1
         return self.delta_weight * (1.0 + self.max_staleness) / (1.0 + staleness), True
 
-    def _apply(self, st: _Epoch, res: RoundResult, staleness: int, weight: float,
+    def _apply(self, st: AsyncEpoch, res: RoundResult, staleness: int, weight: float,
                ok: bool, p: int) -> tuple[int, float, bool]:
         """``params += weight * delta / rows``, the layers' state from the partitions' newest,
         when ``ok`` and the round had rows; returns (rows, mean loss, whether it was applied).
@@ -473,13 +478,13 @@ class _AsyncRun:
             self._destroy(self.version - 1)
         return rows, loss, True
 
-    def _relaunch_held(self, st: _Epoch, q: int) -> None:
+    def _relaunch_held(self, st: AsyncEpoch, q: int) -> None:
         """A deferred relaunch goes now; its update's record says how long it waited."""
         _deadline, rec = st.held.pop(q)
         rec["held"] = time.perf_counter() - self.t_start - rec["time"]
         self._launch_if_due(st.workers[q], st)
 
-    def _end(self, st: _Epoch, cancel: bool) -> None:
+    def _end(self, st: AsyncEpoch, cancel: bool) -> None:
         if cancel:
             self._cancel(st.workers)
         for w in st.workers:
@@ -488,7 +493,7 @@ class _AsyncRun:
             w.thread.join(timeout=5.0)
         self._drop_broadcasts()
 
-    def _epoch_logs(self, st: _Epoch) -> dict[str, float]:
+    def _epoch_logs(self, st: AsyncEpoch) -> dict[str, float]:
         """The epoch's history entries besides the synchronous ones."""
         rl = st.log
         stats = dict(zip(STATS, rl.stats))
@@ -552,13 +557,9 @@ class _AsyncRun:
         return len(busy)
 
 
-def async_epoch(trainer: dp.DataParallelTrainer, ctx: FitContext, epoch: int) -> _AsyncLog:
-    """The epoch runner of ``mode="async"`` (registered with
-    :func:`~sparknet.cluster.data_parallel.trainer.register_mode`); the fit's asynchronous
-    server lives in ``ctx.mode_state`` across its epochs."""
+def async_epoch(trainer: dp.DataParallelTrainer, ctx: FitContext, epoch: int) -> RoundLog:
+    """One epoch of ``mode="async"``, as the trainer runs it; the fit's asynchronous server
+    lives in ``ctx.mode_state`` across its epochs."""
     if ctx.mode_state is None:
-        ctx.mode_state = _AsyncRun(trainer, ctx)
+        ctx.mode_state = AsyncRun(trainer, ctx)
     return ctx.mode_state.epoch(epoch)
-
-
-dp.register_mode("async", async_epoch, options=_options)

@@ -19,16 +19,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from sparknet.cluster.data_parallel.async_threads import (
+    AsyncEpoch,
     Launch,
     PartitionThread,
-    _Epoch,
     executor_message,
 )
 from sparknet.cluster.resident.driver import ResidentStateLost, lost_reason
 from sparknet.cluster.resident.executors import live_executors
 
 if TYPE_CHECKING:
-    from sparknet.cluster.data_parallel.async_mode import _AsyncRun
+    from sparknet.cluster.data_parallel.async_mode import AsyncRun
 
 log = logging.getLogger("sparknet.cluster.data_parallel.async_mode")
 
@@ -45,7 +45,7 @@ class AsyncPartitionError(RuntimeError):
         self.partition = partition
 
 
-def lost_homes(run: "_AsyncRun") -> set[str]:
+def lost_homes(run: "AsyncRun") -> set[str]:
     """Executors holding a training shard that are no longer registered (none in local mode
     or under Spark Connect, where the shards' executors are not known)."""
     homes = set(getattr(run.resident, "homes", {}).values())
@@ -56,7 +56,7 @@ def lost_homes(run: "_AsyncRun") -> set[str]:
     return set() if live is None else homes - live
 
 
-def watch(run: "_AsyncRun", st: _Epoch) -> None:
+def watch(run: "AsyncRun", st: AsyncEpoch) -> None:
     """Between results: an executor holding a shard is gone, so its partition's round would
     wait for it (``spark.locality.wait.process``) and find its state gone: rebuild now."""
     gone = lost_homes(run)
@@ -70,7 +70,7 @@ def watch(run: "_AsyncRun", st: _Epoch) -> None:
     relaunch(run, st)
 
 
-def recover(run: "_AsyncRun", st: _Epoch, p: int, job: Launch, exc: BaseException) -> None:
+def recover(run: "AsyncRun", st: AsyncEpoch, p: int, job: Launch, exc: BaseException) -> None:
     """A failed job: lost shards are rebuilt and every partition relaunched (at most twice per
     fit); anything else ends the fit."""
     if lost_reason(exc) is None or not may_rebuild(run):
@@ -79,14 +79,14 @@ def recover(run: "_AsyncRun", st: _Epoch, p: int, job: Launch, exc: BaseExceptio
     relaunch(run, st)
 
 
-def relaunch(run: "_AsyncRun", st: _Epoch) -> None:
+def relaunch(run: "AsyncRun", st: AsyncEpoch) -> None:
     st.held.clear()  # relaunched here with the others
     for x in st.workers:
         if x.busy is None:
             run._launch_if_due(x, st)
 
 
-def failure(run: "_AsyncRun", p: int, job: Launch, exc: BaseException) -> BaseException:
+def failure(run: "AsyncRun", p: int, job: Launch, exc: BaseException) -> BaseException:
     """The error a failed job of partition ``p`` ends the fit with."""
     if isinstance(exc, KeyboardInterrupt):
         return exc
@@ -99,11 +99,11 @@ def failure(run: "_AsyncRun", p: int, job: Launch, exc: BaseException) -> BaseEx
            f"Spark's task retries: {executor_message(exc)}")
 
 
-def may_rebuild(run: "_AsyncRun") -> bool:
+def may_rebuild(run: "AsyncRun") -> bool:
     return run.resident.on_lost == "rebuild" and run.rebuilds < 2
 
 
-def rebuild(run: "_AsyncRun", workers: list[PartitionThread], lost: Launch | None,
+def rebuild(run: "AsyncRun", workers: list[PartitionThread], lost: Launch | None,
             gone: set[str]) -> None:
     """Stop the other rounds, rebuild the lost shards from the source (the others re-attach
     with their state), as the synchronous rounds do, and put the rebuilt partitions'

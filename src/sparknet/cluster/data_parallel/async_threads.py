@@ -3,7 +3,7 @@ single-partition Spark jobs, one at a time, in its own Spark job group.
 
 Used by :mod:`sparknet.cluster.data_parallel.async_mode`: the driver loop there hands a thread a
 :class:`Launch` and reads ``(partition, launch, result, exception)`` back from the
-run's result queue, keeping one :class:`_Epoch` per epoch.
+run's result queue, keeping one :class:`AsyncEpoch` per epoch.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sparknet.cluster.data_parallel.fit_context import RoundLog
 from sparknet.cluster.data_parallel.round_task import TaskKind, make_task
 
 if TYPE_CHECKING:
-    from sparknet.cluster.data_parallel.async_mode import _AsyncRun
+    from sparknet.cluster.data_parallel.async_mode import AsyncRun
 
 
 def executor_message(exc: BaseException) -> str:
@@ -51,23 +51,14 @@ class Launch:
 
 
 @dataclass
-class _AsyncLog(RoundLog):
-    """What one asynchronous epoch returns to the trainer (see ``register_mode``): the
-    synchronous epoch's log plus history entries and whether the fit was interrupted."""
-
-    logs: dict = field(default_factory=dict)
-    stop: bool = False
-
-
-@dataclass
-class _Epoch:
+class AsyncEpoch:
     """The state of one asynchronous epoch on the driver."""
 
     epoch: int
     last: bool                       # the fit's last epoch: stop at the budget
     target: int                      # rows dispatched by the end of this epoch
     workers: list[PartitionThread]
-    log: _AsyncLog = field(default_factory=_AsyncLog)
+    log: RoundLog = field(default_factory=RoundLog)
     applied: int = 0
     rejected: int = 0
     downweighted: int = 0
@@ -83,7 +74,7 @@ class PartitionThread:
     """A driver thread that runs one partition's single-partition jobs, one at a time,
     in its own Spark job group."""
 
-    def __init__(self, run: "_AsyncRun", index: int) -> None:
+    def __init__(self, run: "AsyncRun", index: int) -> None:
         self.run, self.index = run, index
         self.group = f"{run.group}-p{index}"
         self.inbox: "queue.Queue[Launch | None]" = queue.Queue()

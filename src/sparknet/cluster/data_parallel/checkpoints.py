@@ -82,7 +82,7 @@ from sparknet.cluster.data_parallel.partition_state import (
     state_prefix,
 )
 from sparknet.cluster.data_parallel.timeouts import check_round_timeout, job_timeout
-from sparknet.errors import CheckpointError
+from sparknet.errors import CheckpointError, CheckpointMismatch
 from sparknet.stateful import Part, compose, state_of
 
 if TYPE_CHECKING:
@@ -518,26 +518,22 @@ def resume(state: FitState, ctx: FitContext) -> bool:
 
 
 def _check_same(ckpt: Checkpoint, ctx: FitContext, tr: DataParallelTrainer) -> None:
-    """``ValueError`` naming the first setting of ``ckpt`` that differs from this fit's."""
+    """:class:`~sparknet.errors.CheckpointMismatch` naming the first setting of ``ckpt`` that
+    differs from this fit's."""
     meta = ckpt.meta
     arch = meta.get("architecture") or {}
     mine = ctx.model.get_config()
     if arch.get("layers") != mine.get("layers"):
-        raise ValueError(f"checkpoint {ckpt.path} belongs to another network (its layers differ "
-                         "from the model's); resume with the same architecture or a new "
-                         "checkpoint_dir")
+        raise CheckpointMismatch(ckpt.path, "layers", arch.get("layers"), mine.get("layers"))
     saved, now = meta.get("settings") or {}, settings(tr, ctx)
     for k in _MUST_MATCH:
         if saved.get(k) != now[k]:
-            raise ValueError(f"checkpoint {ckpt.path} was written with {k}={saved.get(k)!r}, this "
-                             f"fit has {k}={now[k]!r}: resume with the same setting (and data), or "
-                             "a new checkpoint_dir")
+            raise CheckpointMismatch(ckpt.path, k, saved.get(k), now[k])
     if saved.get("optimizer", [None])[0] != now["optimizer"][0]:
-        raise ValueError(f"checkpoint {ckpt.path} holds {saved['optimizer'][0]!r} optimizer state, "
-                         f"this trainer's optimizer is {now['optimizer'][0]!r}")
+        raise CheckpointMismatch(ckpt.path, "optimizer", saved.get("optimizer", [None])[0],
+                                 now["optimizer"][0])
     if int(meta["position"]["epoch"]) > ctx.epochs:
-        raise ValueError(f"checkpoint {ckpt.path} is at epoch {meta['position']['epoch']}, past "
-                         f"epochs={ctx.epochs}: epochs is the total to reach, pass a larger one")
+        raise CheckpointMismatch(ckpt.path, "epochs", meta["position"]["epoch"], ctx.epochs)
 
 
 def epoch_carry(pos: Position, rl_factory: Callable[[], RoundLog]) -> RoundLog:

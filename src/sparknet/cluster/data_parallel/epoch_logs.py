@@ -28,7 +28,7 @@ def record_epochs(ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_ti
         "local_steps": (rows[:, STATS.index("steps")].sum() /
                         max(rl.rounds * max(1, ctx.train.num_partitions), 1)),
         "spark_overhead": 1.0 - rl.compute / rl.wall if rl.wall > 0 else 0.0,
-        **getattr(rl, "logs", {})}
+        **rl.logs}
     loss, entries = math.nan, []
     for i in range(span):
         last = i == span - 1

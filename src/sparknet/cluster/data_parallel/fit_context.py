@@ -2,14 +2,13 @@
 the synchronous rounds and evaluation on the executors.
 
 :class:`~sparknet.cluster.data_parallel.trainer.DataParallelTrainer` makes one
-:class:`FitContext` per ``fit`` (or ``evaluate``); the epoch runner of a registered
-mode (``mode="async"``) receives it too.
+:class:`FitContext` per ``fit`` (or ``evaluate``); an asynchronous epoch
+(:mod:`~sparknet.cluster.data_parallel.async_mode`) receives it too.
 """
 from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
@@ -64,50 +63,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-@dataclass(frozen=True)
-class RoundEnd:
-    """What the round hook (:func:`set_round_hook`) is told after each round.
-
-    Attributes:
-        epoch: 0-based epoch of the round (its first, for a multi-epoch round).
-        round: 0-based round of that epoch (async: the arriving update's index in it).
-        rounds: rounds of the epoch (async: 0, not known in advance).
-        rounds_done: rounds the fit has run (with the fits it resumed).
-        epoch_end: whether the round ended an epoch (its checkpoint, if due, is written).
-        checkpoint: the step of the checkpoint written after this round, or ``None``.
-    """
-
-    epoch: int
-    round: int
-    rounds: int
-    rounds_done: int
-    epoch_end: bool = False
-    checkpoint: int | None = None
-
-
-_HOOK: Callable[[RoundEnd], Any] | None = None
-_HOOK_LOCK = threading.Lock()
-
-
-def set_round_hook(hook: Callable[[RoundEnd], Any] | None) -> Callable[[RoundEnd], Any] | None:
-    """Install ``hook(RoundEnd)``, called on the driver after every training round of every
-    data-parallel fit (after its checkpoint, if one was due), or remove it (``None``);
-    returns the hook it replaces.  For tests and benchmarks
-    (:func:`sparknet.cluster.testing.on_round`): a hook may raise ``KeyboardInterrupt``
-    to interrupt the fit, or end the process to play a driver crash."""
-    global _HOOK
-    with _HOOK_LOCK:
-        previous, _HOOK = _HOOK, hook
-    return previous
-
-
-def round_hook(event: RoundEnd) -> None:
-    """Call the installed round hook, if any."""
-    hook = _HOOK
-    if hook is not None:
-        hook(event)
-
-
 def run_action(resident: "Resident", action: Callable[[], Any], timeout: float | None) -> Any:
     """``resident.run_action(action, timeout=timeout)``: past ``timeout`` seconds the
     action's Spark job group is cancelled and :class:`~sparknet.errors.RoundTimeout` raised."""
@@ -116,7 +71,7 @@ def run_action(resident: "Resident", action: Callable[[], Any], timeout: float |
 
 @dataclass
 class RoundLog:
-    """What the rounds of one epoch (or of one multi-epoch round) add up to."""
+    """What the rounds of one epoch (or of one multi-epoch round) add up to, in either mode."""
 
     wall: float = 0.0
     compute: float = 0.0
@@ -124,6 +79,10 @@ class RoundLog:
     stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
     #: each round's wall seconds less its slowest task's compute: Spark's fixed cost
     fixed: list[float] = field(default_factory=list)
+    #: the mode's own figures for the epoch's history entry (async: staleness, updates...)
+    logs: dict[str, float] = field(default_factory=dict)
+    #: the epoch was cut short (async: interrupted): the fit ends after it, unvalidated
+    stop: bool = False
 
 
 @dataclass
@@ -144,12 +103,12 @@ class FitContext:
         rounds: rounds per epoch.
         steps_per_round: local steps per partition in one round.
         epochs_per_round: epochs one round spans (``sync="average"``).
-        bar: the progress bar of the running epoch (registered modes update it).
-        mode_state: what a registered mode keeps across the epochs of the fit.
+        bar: the progress bar of the running epoch (the async mode updates it).
+        mode_state: what the async mode keeps across the epochs of the fit.
         state: checkpoints, resident optimizer state and job times of the fit
             (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`; ``None`` for
             ``evaluate``).
-        mode_resume: what a registered mode stored in the checkpoint the fit resumed from.
+        mode_resume: what the async mode stored in the checkpoint the fit resumed from.
         callbacks: the fit's :class:`~sparknet.callbacks.CallbackList` (``None`` for ``evaluate``).
         schedule: the per-step learning-rate schedule of the fit, if any (set on the
             driver's steps with ``sync="gradient"``, carried by the tasks otherwise).
@@ -426,13 +385,14 @@ class FitContext:
             step = None
             if self.state is not None:
                 step = self.state.round_end(self, epoch, r, R, rl, time.perf_counter() - t_epoch)
-            if r + 1 < R:  # the epoch's last round is reported at the epoch's end
-                round_hook(RoundEnd(epoch, r, R, self.state.rounds_done if self.state else 0,
-                                    checkpoint=step))
-            if self.callbacks is not None:
+            if self.callbacks is not None:  # after the round's checkpoint, when one was due
                 run = np.atleast_2d(rl.stats).sum(axis=0)
-                self.callbacks.on_round_end(r, {"epoch": float(epoch), "rounds": float(R),
-                                                "loss": run[0] / max(run[1], 1e-12)})
+                logs = {"epoch": float(epoch), "rounds": float(R),
+                        "loss": run[0] / max(run[1], 1e-12),
+                        "rounds_done": float(self.state.rounds_done if self.state else r + 1)}
+                if step is not None:
+                    logs["checkpoint"] = float(step)
+                self.callbacks.on_round_end(r, logs)
         return rl
 
     def _round_lr(self, epoch: int, r: int, R: int) -> dict[str, Any]:

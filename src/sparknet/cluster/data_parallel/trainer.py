@@ -60,31 +60,23 @@ one fit (round sizing, the synchronous rounds, evaluation) is
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet._validation import positive_int, refuse_pandas
-from sparknet.activations import is_softmax_head
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.sharding import release_shards
-from sparknet.cluster.data_parallel import checkpoints
+from sparknet.cluster.data_parallel import async_mode, checkpoints
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
-from sparknet.cluster.data_parallel.fit_context import (
-    FitContext,
-    FitHistory,
-    RoundEnd,
-    RoundLog,
-    round_hook,
-)
+from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundLog
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
 from sparknet.cluster.data_parallel.parameter_server import ParameterServer
 from sparknet.cluster.data_parallel.round_task import FitSpec
@@ -107,36 +99,15 @@ log = logging.getLogger(__name__)
 _SYNC = ("gradient", "average")
 
 # ------------------------------------------------------------------------ training modes
-#: Extra training modes registered by other modules: name -> ``f(trainer, ctx, epoch)``
-#: running one epoch and returning ``(stats array, wall seconds, compute seconds, rounds)``.
-EPOCH_RUNNERS: dict[str, Callable] = {}
-#: Option validators of registered modes: name -> ``f(trainer, **mode_options) -> options``.
-MODE_OPTIONS: dict[str, Callable] = {}
-#: Modes that register themselves when their module is imported.
-_BUILTIN_MODES = {"async": "sparknet.cluster.data_parallel.async_mode"}
-
-
-def register_mode(name: str, runner: Callable, options: Callable | None = None) -> None:
-    """Register an epoch runner for ``DataParallelTrainer(mode=name)`` (e.g. asynchronous rounds).
-
-    The runner may return an object with, besides ``stats``/``wall``/``compute``/``rounds``,
-    a dict ``logs`` (merged into the epoch's history) and ``stop`` (end the fit after this
-    epoch, without validation).  ``options(trainer, **mode_options)`` validates the
-    trainer's extra keyword arguments; its result is ``trainer.mode_options``.
-    """
-    EPOCH_RUNNERS[name] = runner
-    if options is not None:
-        MODE_OPTIONS[name] = options
+#: The training modes: synchronous rounds (this module, with :class:`FitContext`) and
+#: asynchronous ones (:mod:`sparknet.cluster.data_parallel.async_mode`).
+MODES = ("sync", "async")
 
 
 def resolve_mode(mode: str) -> str:
-    """``mode`` checked against the known training modes (``"sync"`` and every registered
-    one), importing a built-in mode's module (``"async"``) on first use."""
-    if mode in _BUILTIN_MODES and mode not in EPOCH_RUNNERS:
-        importlib.import_module(_BUILTIN_MODES[mode])
-    if mode != "sync" and mode not in EPOCH_RUNNERS:
-        known = ["sync", *sorted(set(EPOCH_RUNNERS) | set(_BUILTIN_MODES))]
-        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in known)}, got {mode!r}")
+    """``mode`` checked against the training modes (:data:`MODES`)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(repr(m) for m in MODES)}, got {mode!r}")
     return mode
 
 
@@ -158,8 +129,7 @@ class DataParallelTrainer:
             (:func:`sparknet.cluster.planning.planner.auto_partitions`: the session's costs
             measured once, a few seconds).
         mode: ``"sync"`` (synchronous rounds) or ``"async"`` (asynchronous Downpour
-            rounds, see :mod:`sparknet.cluster.data_parallel.async_mode`); other modes can be added
-            with :func:`register_mode`.
+            rounds, see :mod:`sparknet.cluster.data_parallel.async_mode`).
         sync: ``"average"`` (default: tau local steps then average the deltas) or
             ``"gradient"`` (exact minibatch SGD, one global step per round).
         local_steps: tau for ``sync="average"``: an int; ``"auto"`` (default) for the
@@ -218,9 +188,9 @@ class DataParallelTrainer:
         wire: ``"fp32"`` (default) or ``"bf16"``: how ``sync="average"`` and ``mode="async"``
             tasks send their deltas back: ``"bf16"`` halves the bytes, rounding to nearest even
             with error feedback (:mod:`sparknet.cluster.data_parallel.wire`).
-        **mode_options: options of a registered mode (``mode="async"``:
+        **mode_options: the options of ``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
-            see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`).
+            see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`.
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``/``precision``/``wire``, bad
@@ -271,9 +241,9 @@ class DataParallelTrainer:
         self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
         checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep,
                               round_timeout)
-        self.mode_options: Any = None
-        if mode in MODE_OPTIONS:
-            self.mode_options = MODE_OPTIONS[mode](self, **mode_options)
+        self.mode_options: async_mode.AsyncOptions | None = None
+        if mode == "async":
+            self.mode_options = async_mode.check_options(self, **mode_options)
         elif mode_options:
             raise TypeError(f"mode={mode!r} takes no options {sorted(mode_options)}")
 
@@ -366,7 +336,7 @@ class DataParallelTrainer:
         cbl = CallbackList(callbacks, self.model, self, FitControl(self.model, self.optimizer))
         store = checkpoints.open_store(self, resume)
         model = self.model
-        classification = _is_classifier(model)
+        classification = model.is_classifier
         t_fit = time.perf_counter()
         # numpy input: build the model from its shape before splitting (labels checked on the
         # driver)
@@ -484,7 +454,7 @@ class DataParallelTrainer:
             lrs = self._epochs_begin(ctx, epoch, span)
             rl = self._run_epochs(ctx, epoch, span, verbose, start, carry, t0)
             start = 0
-            stop = bool(getattr(rl, "stop", False))
+            stop = rl.stop
             ctx.history.interrupted = ctx.history.interrupted or stop
             train_time = time.perf_counter() - t0
             val_logs: dict[str, float] = {}
@@ -501,10 +471,7 @@ class DataParallelTrainer:
                 break
             if not np.isfinite(loss):
                 raise TrainingDiverged.describe("loss", loss, lr=self.optimizer.lr, epoch=epoch)
-            step = state.epochs_end(ctx, epoch, rounds=0 if self.mode == "sync" else rl.rounds)
-            round_hook(RoundEnd(epoch - span, max(rl.rounds - 1, 0),
-                                ctx.rounds if self.mode == "sync" else 0,
-                                state.rounds_done, epoch_end=True, checkpoint=step))
+            state.epochs_end(ctx, epoch, rounds=0 if self.mode == "sync" else rl.rounds)
             if ctx.callbacks.stop_training:
                 log.info("sparknet: a callback stopped the fit after epoch %d", epoch)
                 break
@@ -522,7 +489,7 @@ class DataParallelTrainer:
                     carry: RoundLog | None = None, t0: float | None = None) -> RoundLog:
         """The rounds of epoch ``epoch`` (``span`` epochs for a multi-epoch round; from round
         ``start`` on, ``carry`` holding the rounds before it), under a progress bar:
-        synchronous rounds, or the registered mode's epoch runner."""
+        synchronous rounds, or an asynchronous epoch."""
         epochs = ctx.epochs
         desc = (f"epoch {epoch + 1}/{epochs}" if span == 1
                 else f"epochs {epoch + 1}-{epoch + span}/{epochs}")
@@ -535,7 +502,7 @@ class DataParallelTrainer:
             return rl
         ctx.bar = bar
         try:
-            return EPOCH_RUNNERS[self.mode](self, ctx, epoch)
+            return async_mode.async_epoch(self, ctx, epoch)
         finally:
             ctx.bar = None
 
@@ -571,10 +538,3 @@ def _shape(shape: "tuple[int, ...] | None") -> tuple[int, ...]:
     if shape is None:
         raise RuntimeError("the model is not built")
     return tuple(shape)
-
-
-def _is_classifier(model: Sequential) -> bool:
-    """Whether the model's loss takes class ids (known before the model is built)."""
-    if model.built or model._loss is not None:
-        return model.loss.is_classification
-    return bool(model.layers) and is_softmax_head(model.layers[-1])

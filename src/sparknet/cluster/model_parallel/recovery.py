@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from sparknet.checkpoint import FORMAT as CHECKPOINT_FORMAT
-from sparknet.checkpoint import MANIFEST, Checkpoint, CheckpointStore, _is_uri
+from sparknet.checkpoint import MANIFEST, Checkpoint, CheckpointStore, is_uri
 from sparknet.cluster.model_parallel.backends import BlockStateLost
 from sparknet.cluster.model_parallel.jobs import SaveJob, SaveResult
 from sparknet.cluster.model_parallel.stages import (
@@ -129,7 +129,7 @@ def check_resumable(pos: FitPosition, settings: dict[str, Any], path: str) -> No
 def open_store(directory: str, keep: int) -> CheckpointStore:
     """The checkpoint store of ``directory`` (a local or shared folder: the executors write
     their block files into it themselves)."""
-    if _is_uri(directory):
+    if is_uri(directory):
         raise ValueError(f"checkpoint_dir={directory!r}: model-parallel checkpoints are written by "
                          "the executors themselves, so checkpoint_dir must be a folder path that "
                          "every executor and the driver reach (local or a shared filesystem "
