@@ -25,6 +25,13 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 # through _ext/reexports.py).  Without intersphinx (no network at build time) the other
 # projects' names cannot; nor can the words Napoleon reads as types in prose-like type
 # fields, the private bases that show-inheritance names, or the compiled kernels.
+# torch is an optional extra: where it is absent, autodoc documents sparknet.interop against a
+# stand-in (the classes' torch bases are named, not imported)
+try:
+    import torch  # noqa: F401
+except ImportError:
+    autodoc_mock_imports = ["torch"]
+
 nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(numpy|np|pyspark|py4j|pandas|pyarrow|mlflow|os|pathlib|enum|threading|typing|collections)(\..*)?"),

@@ -30,7 +30,7 @@ def canonical(target: str) -> str | None:
         try:
             for attr in parts[cut:]:
                 owner, obj = obj, getattr(obj, attr)
-        except AttributeError:
+        except (AttributeError, ImportError):  # ImportError: a name that needs an absent extra
             return None
         break
     else:

@@ -1,4 +1,4 @@
-"""Recurrent layers: SimpleRNN, LSTM, GRU and Embedding.
+"""_Recurrent layers: SimpleRNN, LSTM, GRU and Embedding.
 
 Sequences are batch-major, ``(N, T, features)``.  Variable-length sequences are padded
 (see :func:`sparknet.data.pad_sequences`) and described by an ``(N, T)`` mask, where
@@ -54,7 +54,7 @@ def reset_states(model: Any) -> None:
             layer.reset_states()
 
 
-class Recurrent(Layer):
+class _Recurrent(Layer):
     """Shared machinery of :class:`SimpleRNN`, :class:`LSTM` and :class:`GRU`."""
 
     supports_masking = True
@@ -221,7 +221,7 @@ class Recurrent(Layer):
 
 
 @register
-class SimpleRNN(Recurrent):
+class SimpleRNN(_Recurrent):
     """Fully connected recurrent layer (Elman), as ``torch.nn.RNN``:
 
     ``h_t = act(W_ih x_t + b_ih + W_hh h_{t-1} + b_hh)``, ``h_0 = 0`` (or the carried state).
@@ -295,7 +295,7 @@ class SimpleRNN(Recurrent):
 
 
 @register
-class LSTM(Recurrent):
+class LSTM(_Recurrent):
     """Long short-term memory layer (Graves' four-gate cell, no peepholes), equal to
     ``torch.nn.LSTM`` (gate order i, f, g, o; two biases ``b_ih`` and ``b_hh``)::
 
@@ -412,7 +412,7 @@ class LSTM(Recurrent):
 
 
 @register
-class GRU(Recurrent):
+class GRU(_Recurrent):
     """Gated recurrent unit (Cho et al. 2014), equal to ``torch.nn.GRU`` (gate order r, z, n;
     two biases ``b_ih`` and ``b_hh``; the reset gate applied after the recurrent product)::
 

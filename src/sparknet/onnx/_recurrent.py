@@ -23,7 +23,7 @@ import numpy as np
 from sparknet.layers.base import Layer
 from sparknet.layers.bidirectional import Bidirectional
 from sparknet.layers.masking import SequenceMask
-from sparknet.layers.recurrent import GRU, LSTM, Embedding, Recurrent, SimpleRNN
+from sparknet.layers.recurrent import GRU, LSTM, Embedding, SimpleRNN
 from sparknet.onnx._builder import BOOL, INT32, INT64, Builder
 from sparknet.onnx._registry import register_exporter
 
@@ -46,7 +46,8 @@ def _blocks(a: np.ndarray, order: tuple[int, ...], H: int) -> np.ndarray:
     return np.concatenate([a[k * H : (k + 1) * H] for k in order], axis=0)
 
 
-def _weights(layers: Sequence[Recurrent], b: Builder, order: tuple[int, ...]) -> list[str]:
+def _weights(layers: Sequence[SimpleRNN | LSTM | GRU], b: Builder,
+             order: tuple[int, ...]) -> list[str]:
     """ONNX's ``W``, ``R`` and ``B`` (``(D, G, F)``, ``(D, G, H)``, ``(D, 2G)``) of the
     ``D`` directions ``layers``."""
     Ws, Rs, Bs = [], [], []
@@ -139,7 +140,7 @@ def _recurrent(
     layer: Layer,
     b: Builder,
     x: str,
-    cells: Sequence[Recurrent],
+    cells: Sequence[SimpleRNN | LSTM | GRU],
     return_sequences: bool,
     **attrs: object,
 ) -> list[str]:

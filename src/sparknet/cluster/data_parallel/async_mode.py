@@ -131,7 +131,7 @@ from sparknet.cluster.data_parallel.round_task import chunk_lrs
 from sparknet.errors import RoundTimeout
 
 if TYPE_CHECKING:
-    from sparknet.cluster.data_parallel import trainer as dp
+    from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class AsyncOptions:
     coalesce: float = 0.15
 
 
-def check_options(trainer: dp.DataParallelTrainer, max_staleness: int | None = None,
+def check_options(trainer: DataParallelTrainer, max_staleness: int | None = None,
                   stale: str = "reject", on_update: Callable[[dict], Any] | None = None,
                   delta_weight: float | None = None, coalesce: float = 0.15) -> AsyncOptions:
     """Validate the ``mode="async"`` keyword arguments of the trainer."""
@@ -206,7 +206,7 @@ def check_options(trainer: dp.DataParallelTrainer, max_staleness: int | None = N
 class AsyncRun:
     """The asynchronous parameter server of one fit (lives across its epochs)."""
 
-    def __init__(self, trainer: dp.DataParallelTrainer, ctx: FitContext) -> None:
+    def __init__(self, trainer: DataParallelTrainer, ctx: FitContext) -> None:
         self.trainer, self.ctx = trainer, ctx
         if trainer.mode_options is None:
             raise RuntimeError("an asynchronous epoch of a trainer built with mode="
@@ -557,7 +557,7 @@ class AsyncRun:
         return len(busy)
 
 
-def async_epoch(trainer: dp.DataParallelTrainer, ctx: FitContext, epoch: int) -> RoundLog:
+def async_epoch(trainer: DataParallelTrainer, ctx: FitContext, epoch: int) -> RoundLog:
     """One epoch of ``mode="async"``, as the trainer runs it; the fit's asynchronous server
     lives in ``ctx.mode_state`` across its epochs."""
     if ctx.mode_state is None:
