@@ -216,7 +216,7 @@ def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pai
     mp = ModelParallel(mp_layers(), BlockPlan({0: K, 1: K, 2: K}, pair=pair), (64,), spark=spark,
                        dtype="float64", seed=K, optimizer=make_opt(), name=f"clip-{K}")
     try:
-        jobs0 = mp._bytes["jobs"]
+        jobs0 = mp.bytes_moved["jobs"]
         diff, moved = _mp_against_one_process(mp, X[:192], y[:192], make_opt)
         assert diff <= 1e-10, f"model-parallel clipnorm differs from one process: {diff:.3e}"
         assert moved > 1e-3
@@ -224,7 +224,7 @@ def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pai
         # the other stages' forwards, one backward per stage and the clipped apply (with
         # the next batch's forward of the first stage)
         stages = len(mp.stages)
-        assert mp._bytes["jobs"] - jobs0 == 2 * (1 + 3 * (stages - 1 + stages + 1))
+        assert mp.bytes_moved["jobs"] - jobs0 == 2 * (1 + 3 * (stages - 1 + stages + 1))
     finally:
         mp.close()
 

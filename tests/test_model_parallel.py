@@ -120,14 +120,14 @@ def test_fit_with_lookahead_one_exchange_per_step(spark, digits_xy):
                        seed=4, optimizer=RMSprop(lr=2e-3), name="lookahead")
     try:
         ref = mp.to_sequential()
-        jobs0 = mp._bytes["jobs"]
+        jobs0 = mp.bytes_moved["jobs"]
         hist = mp.fit(X[:320], y[:320], epochs=2, batch_size=64, shuffle=False)
         ref_hist = ref.fit(X[:320], y[:320], epochs=2, batch_size=64, shuffle=False,
                            optimizer=RMSprop(lr=2e-3), verbose=0)
         assert mp.t == 10
         # per epoch: one forward job, then one backward (+ next forward) job per step
         # (the softmax head runs on the driver)
-        assert mp._bytes["jobs"] - jobs0 == 2 * (1 + 5)
+        assert mp.bytes_moved["jobs"] - jobs0 == 2 * (1 + 5)
         np.testing.assert_allclose(hist["loss"], ref_hist["loss"], rtol=1e-12)
         assert rel(mp.to_sequential().params, ref.params) <= 1e-10
     finally:

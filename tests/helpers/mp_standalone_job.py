@@ -22,7 +22,7 @@ def main() -> int:
     from pyspark.sql import SparkSession
 
     from sparknet import SGD, Dense
-    from sparknet.cluster.model_parallel import BlockMemoryError, ModelParallel, _vm_size
+    from sparknet.cluster.model_parallel import BlockMemoryError, ModelParallel, vm_size
     from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     spark = (SparkSession.builder.master(master).appName("sparknet-mp-standalone")
@@ -47,7 +47,7 @@ def main() -> int:
             import resource
 
             import sparknet.cluster.model_parallel as mpm
-            return [(os.getppid(), mpm._vm_size(), resource.getrlimit(resource.RLIMIT_AS)[0])]
+            return [(os.getppid(), mpm.vm_size(), resource.getrlimit(resource.RLIMIT_AS)[0])]
         out["worker_vm"] = sc.parallelize(range(2), 2).mapPartitions(probe).collect()
 
         rng = np.random.default_rng(0)
@@ -66,7 +66,7 @@ def main() -> int:
         out["bytes_per_step"] = mp.last_step_bytes
         out["slots"] = mp.status()
         out["tasks"], out["moves"] = mp.backend.tasks, mp.backend.moves
-        out["driver_vm_mib"] = _vm_size() / 2**20
+        out["driver_vm_mib"] = vm_size() / 2**20
         mp.close()
         try:
             mp1 = ModelParallel([Dense(units, activation="relu"), Dense(10, activation="softmax")],

@@ -101,11 +101,11 @@ them) and no checkpoint of the diverged state is written.  ``job_timeout`` cance
 block job that hangs (:class:`~sparknet.errors.RoundTimeout`).
 
 The package: :mod:`~.executor` (slot store, block maths), :mod:`~.files` (block files,
-manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.backends` (in-process and Spark),
-:mod:`~.stages` (driver, blocked and pair stages), :mod:`~.model` (this class), :mod:`~.arguments`
-(its arguments checked), :mod:`~.inference` (output, loss, whole layers gathered),
-:mod:`~.fitting` (the fit loop, resume and replay), :mod:`~.recovery` (checkpoints),
-:mod:`~.persistence` (save, load, restore).
+manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.messages` (their inputs and replies),
+:mod:`~.backends` (in-process and Spark), :mod:`~.stages` (driver, blocked and pair stages),
+:mod:`~.model` (this class), :mod:`~.arguments` (its arguments checked), :mod:`~.inference`
+(output, loss, whole layers gathered), :mod:`~.fitting` (the fit loop, resume and replay),
+:mod:`~.recovery` (checkpoints), :mod:`~.persistence` (save, load, restore).
 
 Example::
 
@@ -130,7 +130,7 @@ from sparknet.cluster.model_parallel.backends import (
            SparkBlocks,
 )
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan
-from sparknet.cluster.model_parallel.executor import MEMORY_TAG, _vm_size
+from sparknet.cluster.model_parallel.executor import MEMORY_TAG, vm_size
 from sparknet.cluster.model_parallel.files import FORMAT, VERSION
 from sparknet.cluster.model_parallel.jobs import Layout
 from sparknet.cluster.model_parallel.model import DEFAULT_COMBINE_BYTES, ModelParallel
@@ -138,4 +138,4 @@ from sparknet.cluster.model_parallel.stages import Stage
 
 __all__ = ["ModelParallel", "BlockPlan", "BlockedLayer", "BlockStateLost", "BlockMemoryError",
            "LocalBlocks", "SparkBlocks", "Layout", "Stage", "FORMAT", "VERSION", "MEMORY_TAG",
-           "DEFAULT_COMBINE_BYTES", "_vm_size"]
+           "DEFAULT_COMBINE_BYTES", "vm_size"]

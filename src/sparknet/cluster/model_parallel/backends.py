@@ -15,8 +15,9 @@ from typing import Any, Iterable, Protocol
 
 import numpy as np
 
-from sparknet.cluster.model_parallel.executor import MEMORY_TAG, MemStore, _mem_limit
-from sparknet.cluster.model_parallel.jobs import BlockJob, Data
+from sparknet.cluster.model_parallel.executor import MEMORY_TAG, MemStore, mem_limit
+from sparknet.cluster.model_parallel.jobs import BlockJob
+from sparknet.cluster.model_parallel.messages import JobInputs, SlotReply
 from sparknet.cluster.resident.driver import lost_reason
 
 
@@ -37,7 +38,7 @@ class Backend(Protocol):
     last_read_s: float
     last_compute_s: float
 
-    def run(self, job: BlockJob, data: Data | None = None) -> list: ...
+    def run(self, job: BlockJob, data: JobInputs | None = None) -> list: ...
 
     def placement(self) -> list: ...
 
@@ -45,14 +46,15 @@ class Backend(Protocol):
 
 
 class _SlotTask:
-    """The picklable job function shipped to the executors: read the broadcast, run the job."""
+    """The picklable job function shipped to the executors: read the broadcast (the job's
+    encoded :class:`JobInputs`), run the job."""
 
     def __init__(self, job: BlockJob, broadcast: Any) -> None:
         self.job, self.broadcast = job, broadcast
 
-    def __call__(self, index: int, shard: Any) -> Any:
+    def __call__(self, index: int, shard: Any) -> SlotReply:
         t0 = time.perf_counter()
-        data = self.broadcast.value if self.broadcast is not None else {}
+        data = JobInputs.decode(self.broadcast.value if self.broadcast is not None else None)
         t1 = time.perf_counter()
         what = type(self.job).__name__
         try:
@@ -60,16 +62,16 @@ class _SlotTask:
         except MemoryError as exc:
             msg = str(exc)
             if MEMORY_TAG not in msg:
-                limit = (_mem_limit() or 0) / 2**20
+                limit = (mem_limit() or 0) / 2**20
                 msg = (f"{MEMORY_TAG}: slot {index} ran out of memory in {what} "
                        f"(limit {limit:.0f} MiB): {msg or type(exc).__name__}")
             raise MemoryError(msg) from None
         except OSError as exc:
             if exc.errno == 12:  # ENOMEM from mmap
                 raise MemoryError(f"{MEMORY_TAG}: slot {index} could not map its block in {what} "
-                                  f"(limit {(_mem_limit() or 0) / 2**20:.0f} MiB): {exc}") from None
+                                  f"(limit {(mem_limit() or 0) / 2**20:.0f} MiB): {exc}") from None
             raise
-        return (out, os.getppid(), t1 - t0, time.perf_counter() - t1)
+        return SlotReply(out, os.getppid(), t1 - t0, time.perf_counter() - t1)
 
 
 class _One:
@@ -101,8 +103,9 @@ def _build_slot(index: int, iterator: Iterable) -> tuple[dict, SlotReport]:
 class LocalBlocks:
     """In-process block executor: every slot's arrays in this process (the reference backend).
 
-    Runs exactly the executor code of :class:`SparkBlocks`; useful to check the
-    maths without Spark and as the single-machine fallback.
+    Runs exactly the executor code of :class:`SparkBlocks`, the job's inputs encoded and
+    decoded as they would travel (the same arrays, no copy); useful to check the maths
+    without Spark and as the single-machine fallback.
     """
 
     def __init__(self, n_slots: int) -> None:
@@ -111,11 +114,12 @@ class LocalBlocks:
         self.jobs = 0
         self.last_read_s = self.last_compute_s = 0.0
 
-    def run(self, job: BlockJob, data: Data | None = None) -> list:
+    def run(self, job: BlockJob, data: JobInputs | None = None) -> list:
         self.jobs += 1
         t0 = time.perf_counter()
+        inputs = JobInputs.decode(None if data is None else data.encode())
         try:
-            return [job.run(self.stores[k], k, data or {}) for k in range(self.n_slots)]
+            return [job.run(self.stores[k], k, inputs) for k in range(self.n_slots)]
         except RuntimeError as exc:
             reason = lost_reason(exc)
             if reason is not None:
@@ -173,12 +177,13 @@ class SparkBlocks:
         self.moves = 0
         self.last_read_s = self.last_compute_s = 0.0
 
-    def run(self, job: BlockJob, data: Data | None = None) -> list:
+    def run(self, job: BlockJob, data: JobInputs | None = None) -> list:
         from sparknet.cluster.resident.driver import ResidentStateLost
 
         # one broadcast for all of the job's arrays: one fetch per executor, not one per array
         # (under Connect: the arrays travel in the query's function)
-        bc = self.engine.ship(dict(data)) if data else None
+        wire = None if data is None else data.encode()
+        bc = self.engine.ship(wire) if wire else None
         task = _SlotTask(job, bc)
 
         # the RDD is built inside the action: a retry runs over a new anchor
@@ -201,15 +206,16 @@ class SparkBlocks:
                 except Exception:  # pragma: no cover - context stopped
                     pass
         self.jobs += 1
+        replies: list[SlotReply] = out
         results = []
-        for k, (res, ppid, _t_read, _t_op) in enumerate(out):
+        for k, reply in enumerate(replies):
             self.tasks += 1
-            if ppid != self.home[k]:
+            if reply.ppid != self.home[k]:
                 self.moves += 1
-            results.append(res)
+            results.append(reply.result)
         # the slowest slot's time reading its broadcasts and computing: the job's critical path
-        self.last_read_s = max(o[2] for o in out)
-        self.last_compute_s = max(o[3] for o in out)
+        self.last_read_s = max(r.read_s for r in replies)
+        self.last_compute_s = max(r.compute_s for r in replies)
         return results
 
     def _lost_what(self, reason: str) -> str:

@@ -28,9 +28,8 @@ factor (:func:`apply_kept`), so it costs one gradient buffer per block.
 """
 from __future__ import annotations
 
-import os
 import resource
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -93,12 +92,13 @@ def lost(slot: int, layer: int, why: str) -> RuntimeError:
     return RuntimeError(f"{LOST_TAG}: weight block {slot} of layer {layer} {why}")
 
 
-def _mem_limit() -> int | None:
+def mem_limit() -> int | None:
+    """This process's address-space limit in bytes (``None``: no limit)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     return None if soft == resource.RLIM_INFINITY else int(soft)
 
 
-def _vm_size() -> int:
+def vm_size() -> int:
     """This process's address-space size in bytes (0 where /proc is missing)."""
     try:
         with open("/proc/self/status") as fh:
@@ -112,10 +112,10 @@ def _vm_size() -> int:
 
 def check_fits(slot: int, need: int, what: str) -> None:
     """Fail early, with a clear message, when ``need`` more bytes cannot be mapped."""
-    limit = _mem_limit()
+    limit = mem_limit()
     if limit is None:
         return
-    used = _vm_size()
+    used = vm_size()
     if used + need > limit:
         raise MemoryError(
             f"{MEMORY_TAG}: slot {slot} needs {need / 2**20:.0f} MiB for {what}, but its Python "
@@ -458,13 +458,10 @@ def gather(store: Store, layer: BlockedLayer, keys: Sequence[str]) -> dict[str, 
     return {k: np.array(arrays[f"{i}.{k}"]) for k in keys if f"{i}.{k}" in arrays}
 
 
-def status(store: Store, layers: Sequence[BlockedLayer], k: int) -> dict[str, Any]:
-    """Each held layer's ``[generation, step, busy]`` and this Python worker's memory."""
+def layer_records(store: Store, layers: Sequence[BlockedLayer], k: int) -> dict[int, Any]:
+    """Each held layer's ``[generation, step, busy]`` record (``None``: not found)."""
     arrays = Arrays(store)
-    out: Mapping[int, Any] = {
-        layer.index: (np.array(arrays[f"{layer.index}.state"]).tolist()
-                      if f"{layer.index}.state" in arrays
-                      else None)
-        for layer in layers if k < layer.blocks}
-    return {"layers": dict(out), "vm": _vm_size(), "limit": _mem_limit(), "pid": os.getpid(),
-            "ppid": os.getppid()}
+    return {layer.index: (np.array(arrays[f"{layer.index}.state"]).tolist()
+                          if f"{layer.index}.state" in arrays
+                          else None)
+            for layer in layers if k < layer.blocks}

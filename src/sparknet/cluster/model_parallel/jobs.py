@@ -2,7 +2,8 @@
 
 Each kind of job is a frozen dataclass whose :meth:`BlockJob.run` runs it on one slot's
 resident store; the small fields travel with the task, the batch-sized arrays in one
-broadcast per job (the ``data`` mapping).  Layers travel as
+broadcast per job (its :class:`~sparknet.cluster.model_parallel.messages.JobInputs`), and each
+answers with a typed reply of :mod:`~sparknet.cluster.model_parallel.messages`.  Layers travel as
 :class:`~sparknet.cluster.model_parallel.block_partition.BlockedLayer` objects and the optimizer as
 an
 :class:`~sparknet.optim.Optimizer` (its hyper-parameters; blocks keep their state).
@@ -25,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -33,9 +34,16 @@ from sparknet import precision as precision_mod
 from sparknet.cluster.model_parallel import executor as ex
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.files import load_block, save_block
+from sparknet.cluster.model_parallel.messages import (
+    ApplyResult,
+    BackwardResult,
+    InitResult,
+    JobInputs,
+    SaveResult,
+    ScaledResult,
+    SlotStatus,
+)
 from sparknet.optim import Optimizer
-
-Data = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -135,7 +143,11 @@ def sum_piece(piece: Piece, gathered: Sequence[Any], layout: Layout) -> tuple[np
 # ------------------------------------------------------------------------------ the jobs
 @dataclass(frozen=True)
 class BlockJob:
-    """A job on every slot; :meth:`run` is what one slot does (``None``: nothing to do)."""
+    """A job on every slot; :meth:`run` is what one slot does (``None``: nothing to do).
+
+    A job reads the inputs it needs before it touches its blocks: one sent without them
+    fails with :class:`~sparknet.cluster.model_parallel.messages.MissingInput` and changes
+    nothing."""
 
     layout: Layout
     layers: tuple[BlockedLayer, ...]
@@ -144,7 +156,7 @@ class BlockJob:
         """Whether ``slot`` holds a block of ``layer`` (default: the job's first layer)."""
         return self.layout.block(slot) < (layer or self.layers[0]).blocks
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         raise NotImplementedError
 
 
@@ -159,7 +171,7 @@ class InitJob(BlockJob):
     generation: int = 0
     load: Optional[str] = None
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         assert self.opt is not None
         k, dtype = self.layout.block(slot), np.dtype(self.dtype)
         mine = [layer for layer in self.layers if self.holds(slot, layer)]
@@ -176,22 +188,23 @@ class InitJob(BlockJob):
             else:
                 load_block(arrays, layer, k, self.load, self.opt.state_keys())
             ex.write_state(store, layer, self.generation, 0)
-        return {"held": held, "pid": os.getpid(), "ppid": os.getppid()}
+        return InitResult(held, os.getpid(), os.getppid())
 
 
 @dataclass(frozen=True)
 class StatusJob(BlockJob):
     """Each held layer's ``[generation, step, busy]`` record and the worker's memory."""
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
-        return ex.status(store, self.layers, self.layout.block(slot))
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
+        return SlotStatus(ex.layer_records(store, self.layers, self.layout.block(slot)),
+                          ex.vm_size(), ex.mem_limit(), os.getpid(), os.getppid())
 
 
 @dataclass(frozen=True)
 class PrecisionJob(BlockJob):
     """Whether each slot's executor runs ``precision="bf16"`` on a bfloat16 kernel."""
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         return precision_mod.available()
 
 
@@ -202,20 +215,11 @@ class GatherJob(BlockJob):
     keys: tuple[str, ...] = ("kernel", "bias")
     replica: int = 0
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         if self.layout.replica(slot) != self.replica:
             return None
         return {layer.index: ex.gather(store, layer, self.keys) for layer in self.layers
                 if self.holds(slot, layer)}
-
-
-class SaveResult(NamedTuple):
-    """A slot's answer to :class:`SaveJob`."""
-
-    #: bytes of parameters and optimizer state written
-    nbytes: int
-    #: the arrays found not finite (``"layer <i> block <k> <param>"``): then nothing was written
-    nonfinite: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -229,7 +233,7 @@ class SaveJob(BlockJob):
     generation: int = 0
     steps: tuple[int, ...] = ()
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         assert self.opt is not None
         if self.layout.replica(slot) != 0:
             return None
@@ -278,14 +282,15 @@ class _StageJob(BlockJob):
 
 @dataclass(frozen=True)
 class ForwardJob(_StageJob):
-    """Forward of the stage for this slot's block (and its replica's shard of ``data["x"]``)."""
+    """Forward of the stage for this slot's block (and its replica's shard of ``data.x``)."""
 
     training: bool = False
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         if not self.holds(slot):
             return None
-        return self.forward(store, slot, self.rows(slot, data["x"]), self.step, self.training)
+        return self.forward(store, slot, self.rows(slot, data.need(self, "x")), self.step,
+                            self.training)
 
 
 def with_precision(job: BlockJob, precision: str) -> BlockJob:
@@ -301,35 +306,20 @@ def with_precision(job: BlockJob, precision: str) -> BlockJob:
 @dataclass(frozen=True)
 class ChainJob(BlockJob):
     """Several jobs as one Spark job: each slot runs ``jobs`` in order, job ``n`` reading
-    ``data[str(n)]``, and returns their results as a tuple."""
+    ``data.part(n)``, and returns their results as a tuple (aligned with ``jobs``)."""
 
     jobs: tuple[BlockJob, ...] = ()
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
-        return tuple(job.run(store, slot, data.get(str(n), {})) for n, job in enumerate(self.jobs))
-
-
-class BackwardResult(NamedTuple):
-    """A slot's answer to :class:`BackwardJob`."""
-
-    #: this slot's share of the input delta (``None`` unless asked)
-    dx: Optional[np.ndarray]
-    #: the next batch's forward output (lookahead), or ``None``
-    ahead: Optional[np.ndarray]
-    #: the slot's partial rows of the first gradient piece (replicas), or ``None``
-    piece: Optional[tuple]
-    #: whether the block's updated parameters are all finite (one replica; replicas: ``True``)
-    finite: bool = True
-    #: ``keep``: this slot's share of the squared gradient norm (clamped by value)
-    sumsq: float = 0.0
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
+        return tuple(job.run(store, slot, data.part(n)) for n, job in enumerate(self.jobs))
 
 
 @dataclass(frozen=True)
 class BackwardJob(_StageJob):
-    """Backward of the stage for this slot's block from ``data["dy"]``.
+    """Backward of the stage for this slot's block from ``data.dy``.
 
     One replica: the block is updated in place (``opt.apply`` row chunk by row chunk) and
-    ``prefetch`` runs the forward of ``data["x_next"]`` with the new weights; with ``keep``
+    ``prefetch`` runs the forward of ``data.x_next`` with the new weights; with ``keep``
     (``clipnorm``) the gradient is kept resident instead, clamped by value, and its squared
     norm returned (the block's record then says busy 1, as with replicas).  Replicas:
     the partial gradient of the replica's shard is kept resident and the first piece to
@@ -343,11 +333,12 @@ class BackwardJob(_StageJob):
     gather: Optional[Piece] = None
     keep: bool = False
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         assert self.opt is not None
         if not self.holds(slot):
             return None
-        dy = self.rows(slot, data["dy"])
+        dy = self.rows(slot, data.need(self, "dy"))
+        x_next = data.need(self, "x_next") if self.prefetch else None
         alone = self.layout.replicas == 1
         now = ex.ApplyNow(self.opt, self.t)
         kept = ex.KeepForClip(self.opt)
@@ -362,17 +353,17 @@ class BackwardJob(_StageJob):
             a, b = self.layers
             dx = ex.backward_pair(store, slot, a, b, dy, self.need_dx, g, step, sink, done,
                                   self.bf16)
-        ahead = self.forward(store, slot, data["x_next"], step + 1, True) if self.prefetch else None
+        ahead = None if x_next is None else self.forward(store, slot, x_next, step + 1, True)
         piece = _gather_piece(store, self.layout.block(slot), self.gather) if self.gather else None
         return BackwardResult(dx, ahead, piece, now.finite, kept.sumsq)
 
 
 @dataclass(frozen=True)
 class ApplyJob(_StageJob):
-    """Replicas: apply the summed gradient piece ``number`` (``data["g"]``, aligned with
+    """Replicas: apply the summed gradient piece ``number`` (``data.g``, aligned with
     ``piece``) to this slot's block, then return its partial rows of the ``gather`` piece --
     or, after the ``last`` piece with ``prefetch``, the forward of its replica's shard of
-    ``data["x_next"]`` with the new weights (lookahead).
+    ``data.x_next`` with the new weights (lookahead).
 
     The ``busy`` field of each block's record counts the pieces applied (``1 + number``
     before, ``-1`` while applying), so a piece applied twice or skipped is caught; after
@@ -390,17 +381,20 @@ class ApplyJob(_StageJob):
     prefetch: bool = False
     store: bool = False
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         assert self.opt is not None
         if not self.holds(slot):
             return None
+        summed = data.need_g(self)
+        x_next = (self.rows(slot, data.need(self, "x_next")) if self.last and self.prefetch
+                  else None)
         arrays, k = ex.Arrays(store), self.layout.block(slot)
         records = [ex.check_state(arrays, slot, layer, self.generation, self.step,
                                   busy=1 + self.number)
                    for layer in self.layers]
         for st in records:
             st[2] = -1
-        for seg, g in zip(self.piece, data["g"]):
+        for seg, g in zip(self.piece, summed):
             if seg.block == k and self.store:
                 ex.store_summed(store, seg.key, seg.r0, seg.r1, g)
             elif seg.block == k:
@@ -410,18 +404,9 @@ class ApplyJob(_StageJob):
                 st[1], st[2] = self.step + 1, 0
             else:
                 st[2] = 2 + self.number
-        if self.last and self.prefetch:
-            return self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True)
-        return _gather_piece(store, k, self.gather) if self.gather else None
-
-
-class ScaledResult(NamedTuple):
-    """A slot's answer to :class:`ScaledApplyJob`."""
-
-    #: whether the block's updated parameters are all finite
-    finite: bool
-    #: the next batch's forward output (``prefetch``), or ``None``
-    ahead: Optional[np.ndarray] = None
+        if x_next is not None:
+            return ApplyResult(ahead=self.forward(store, slot, x_next, self.step + 1, True))
+        return ApplyResult(piece=_gather_piece(store, k, self.gather)) if self.gather else None
 
 
 @dataclass(frozen=True)
@@ -430,7 +415,7 @@ class ScaledApplyJob(_StageJob):
     over every block and driver layer), after checking the record says busy ``busy`` (the
     gradient kept: 1, or ``1 + pieces`` after a replicas' combine); the block then is at
     ``step + 1``.  ``prefetch`` runs the forward of the replica's shard of
-    ``data["x_next"]`` with the new weights (lookahead)."""
+    ``data.x_next`` with the new weights (lookahead)."""
 
     opt: Optional[Optimizer] = None
     t: int = 0
@@ -438,10 +423,11 @@ class ScaledApplyJob(_StageJob):
     busy: int = 1
     prefetch: bool = False
 
-    def run(self, store: ex.Store, slot: int, data: Data) -> Any:
+    def run(self, store: ex.Store, slot: int, data: JobInputs) -> Any:
         assert self.opt is not None
         if not self.holds(slot):
             return None
+        x_next = self.rows(slot, data.need(self, "x_next")) if self.prefetch else None
         arrays, k = ex.Arrays(store), self.layout.block(slot)
         records = [ex.check_state(arrays, slot, layer, self.generation, self.step, busy=self.busy)
                    for layer in self.layers]
@@ -454,6 +440,6 @@ class ScaledApplyJob(_StageJob):
                                        self.factor) and finite
         for st in records:
             st[1], st[2] = self.step + 1, 0
-        ahead = self.forward(store, slot, self.rows(slot, data["x_next"]), self.step + 1, True) \
-            if self.prefetch else None
+        ahead = (None if x_next is None
+                 else self.forward(store, slot, x_next, self.step + 1, True))
         return ScaledResult(finite, ahead)

@@ -29,6 +29,7 @@ from sparknet.cluster.model_parallel.jobs import (
     shard_rows,
     with_precision,
 )
+from sparknet.cluster.model_parallel.messages import JobInputs, SlotStatus, nbytes
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
     HalfStep,
@@ -37,7 +38,6 @@ from sparknet.cluster.model_parallel.stages import (
     Stage,
     build_stages,
     check_finite,
-    nbytes,
 )
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
@@ -160,8 +160,8 @@ class ModelParallel:
         self.restores = 0
         self._next_raw: Any = None
         self._next_checked: np.ndarray | None = None
-        #: a job deferred into the next one (job, data, readers), see :meth:`run_job`
-        self._pending: tuple[BlockJob, dict, int] | None = None
+        #: a job deferred into the next one (job, inputs, readers), see :meth:`run_job`
+        self._pending: tuple[BlockJob, JobInputs, int] | None = None
 
     def _new_backend(self) -> Backend:
         if self._spark is None:
@@ -196,8 +196,9 @@ class ModelParallel:
                                             self.combine_bytes)
         return self._pieces[key]
 
-    def run_job(self, job: BlockJob, data: dict, readers: int, defer: bool = False) -> list:
-        """Run a stage's job and count its bytes (``readers``: slots that read the broadcast).
+    def run_job(self, job: BlockJob, data: JobInputs, readers: int, defer: bool = False) -> list:
+        """Run a stage's job on ``data`` and count its bytes (``readers``: slots that read the
+        broadcast).
 
         ``defer`` keeps a job whose results nobody waits for (a combine's last apply) to
         run in front of the next job, in the same Spark job (:class:`ChainJob`);
@@ -210,7 +211,8 @@ class ModelParallel:
         pending, self._pending = self._pending, None
         if pending is not None:
             first, first_data, first_readers = pending
-            job, data = ChainJob(self.layout, (), jobs=(first, job)), {"0": first_data, "1": data}
+            job = ChainJob(self.layout, (), jobs=(first, job))
+            data = JobInputs(parts=(first_data, data))
             sent, moved = sent + nbytes(first_data), moved + nbytes(first_data) * first_readers
         out = self.backend.run(with_precision(job, "bf16" if precision_mod.active() else "fp32"),
                                data)
@@ -236,6 +238,13 @@ class ModelParallel:
         self._bytes["combined"] += int(n)
 
     # ------------------------------------------------------------------ properties
+    @property
+    def bytes_moved(self) -> dict[str, int]:
+        """Totals since the model was built of what
+        :attr:`last_step_bytes` counts per step: bytes broadcast, collected, moved, Spark jobs
+        and the replicas' combined gradient bytes (a copy: changing it changes nothing)."""
+        return dict(self._bytes)
+
     @property
     def loss(self) -> Loss:
         return losses_mod.or_default(self._loss, self._softmax_head)
@@ -420,7 +429,8 @@ class ModelParallel:
     def status(self) -> list[dict]:
         """Per slot: each layer's ``[generation, step, busy]`` record, and the address space
         (``vm``) and limit of the Python worker that answered (and its ``ppid``)."""
-        return self.backend.run(StatusJob(self.layout, tuple(self.blocked)))
+        replies: list[SlotStatus] = self.backend.run(StatusJob(self.layout, tuple(self.blocked)))
+        return [r.as_dict() for r in replies]
 
     def _architecture(self) -> dict:
         from sparknet.layers.base import architecture

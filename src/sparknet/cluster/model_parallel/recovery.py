@@ -34,7 +34,8 @@ import numpy as np
 from sparknet.checkpoint import FORMAT as CHECKPOINT_FORMAT
 from sparknet.checkpoint import MANIFEST, Checkpoint, CheckpointStore, is_uri
 from sparknet.cluster.model_parallel.backends import BlockStateLost
-from sparknet.cluster.model_parallel.jobs import SaveJob, SaveResult
+from sparknet.cluster.model_parallel.jobs import SaveJob
+from sparknet.cluster.model_parallel.messages import SaveResult
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
     DriverStage,

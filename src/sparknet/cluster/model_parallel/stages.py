@@ -32,6 +32,13 @@ from sparknet.cluster.model_parallel.jobs import (
     ScaledApplyJob,
     sum_piece,
 )
+from sparknet.cluster.model_parallel.messages import (
+    ApplyResult,
+    BackwardResult,
+    JobInputs,
+    ScaledResult,
+    nbytes,
+)
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 from sparknet.optim import Optimizer
@@ -79,15 +86,6 @@ def check_finite(a: np.ndarray, what: str, where: str) -> None:
         raise NonFinite(what, where)
 
 
-def nbytes(a: Any) -> int:
-    """Bytes of the arrays in ``a`` (nested tuples, lists and dicts; anything else counts 0)."""
-    if isinstance(a, dict):
-        return sum(nbytes(v) for v in a.values())
-    if isinstance(a, (tuple, list)):
-        return sum(nbytes(v) for v in a)
-    return int(a.nbytes) if isinstance(a, np.ndarray) else 0
-
-
 class NormClip:
     """Clipping by the norm of the step's whole gradient, over every stage (``clipnorm``).
 
@@ -127,7 +125,7 @@ class NormClip:
             optim_mod.scale(grads, factor)
             opt.step(params, grads, clipped=True)
         jobs: list[BlockJob] = []
-        data: dict[str, Any] = {}
+        parts: tuple[JobInputs, ...] = ()
         at = -1
         for stage, step, busy in self.blocked:
             ahead = stage is first and next_x is not None
@@ -135,7 +133,8 @@ class NormClip:
             if ahead and first is not None and next_x is not None:
                 x2 = np.ascontiguousarray(next_x.reshape(-1, first.layers[0].in_features),
                                           dtype=o.dtype)
-                data[str(len(jobs))], shards, at = {"x_next": x2}, o.shards(x2.shape[0]), len(jobs)
+                at, shards = len(jobs), o.shards(x2.shape[0])
+                parts = (JobInputs(),) * at + (JobInputs(x_next=x2),)
             jobs.append(ScaledApplyJob(o.layout, stage.layers, generation=o.generation, step=step,
                                        shards=shards, opt=o.job_optimizer, t=o.t, factor=factor,
                                        busy=busy, prefetch=ahead))
@@ -143,11 +142,14 @@ class NormClip:
         if not jobs:
             return []
         # per slot, per job
-        out = o.run_job(ChainJob(o.layout, (), jobs=tuple(jobs)), data, o.n_slots)
-        if not all(r is None or r.finite for per_job in out for r in per_job):
+        out = o.run_job(ChainJob(o.layout, (), jobs=tuple(jobs)), JobInputs(parts=parts), o.n_slots)
+        replies: list[tuple[ScaledResult | None, ...]] = out
+        if not all(r is None or r.finite for per_job in replies for r in per_job):
             raise NonFinite("parameters", "blocked layers (clipped step)")
-        return [None if per_job[at] is None else per_job[at].ahead
-                for per_job in out] if at >= 0 else []
+        if at < 0:
+            return []
+        firsts = [per_job[at] for per_job in replies]
+        return [None if r is None else r.ahead for r in firsts]
 
 
 def _starts_step(stage: Any) -> None:
@@ -259,20 +261,21 @@ def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int,
         o.count_combined(nbytes(gathered))
         gathered.clear()
         nxt = pieces[n + 1] if n + 1 < len(pieces) else None
-        data: dict[str, Any] = {"g": summed}
         shards = None
         ahead = nxt is None and x_next is not None
         if ahead and x_next is not None:
-            data["x_next"], shards = x_next, o.shards(x_next.shape[0])
+            shards = o.shards(x_next.shape[0])
+        data = JobInputs(g=summed, x_next=x_next if ahead else None)
         job = ApplyJob(o.layout, layers, generation=o.generation, step=step, shards=shards,
                        opt=o.job_optimizer, t=o.t, piece=piece, number=n, last=nxt is None,
                        gather=nxt, prefetch=ahead, store=clip is not None)
         o.count_combined(nbytes(summed))
-        out = o.run_job(job, data, readers, defer=nxt is None and not ahead)
-        del summed
+        out: list[ApplyResult | None] = o.run_job(job, data, readers,
+                                                  defer=nxt is None and not ahead)
+        del summed, data
         if ahead:
-            return out
-        gathered.extend(out)
+            return [None if r is None else r.ahead for r in out]
+        gathered.extend(None if r is None else r.piece for r in out)
     return None
 
 
@@ -302,7 +305,7 @@ class _Blocked:
         job = ForwardJob(o.layout, self.layers, generation=o.generation,
                          step=o.step_of(self.layers[0]),
                          shards=o.shards(x2.shape[0]), training=bool(training))
-        return o.run_job(job, {"x": x2}, self.blocks * o.layout.replicas)
+        return o.run_job(job, JobInputs(x=x2), self.blocks * o.layout.replicas)
 
     def _backward_job(self, dy: np.ndarray, need_dx: bool,
                       next_x: np.ndarray | None) -> tuple[list, list]:
@@ -316,15 +319,13 @@ class _Blocked:
         x_next = (None if next_x is None or clip is not None else
                   np.ascontiguousarray(next_x.reshape(-1, self.layers[0].in_features),
                                        dtype=o.dtype))
-        data = {"dy": dy}
-        if x_next is not None and not hybrid:
-            data["x_next"] = x_next
+        data = JobInputs(dy=dy, x_next=None if hybrid else x_next)
         job = BackwardJob(o.layout, self.layers, generation=o.generation, step=step,
                           shards=o.shards(dy.shape[0]), need_dx=bool(need_dx), opt=o.job_optimizer,
                           t=o.t, prefetch=x_next is not None and not hybrid,
                           gather=o.pieces(self.layers)[0] if hybrid else None, keep=clip is not None
                           and not hybrid)
-        out = o.run_job(job, data, self.blocks * o.layout.replicas)
+        out: list[BackwardResult | None] = o.run_job(job, data, self.blocks * o.layout.replicas)
         dxs = [None if r is None else r.dx for r in out]
         finite = all(r is None or r.finite for r in out)
         ahead: list | None = [None if r is None else r.ahead for r in out]
