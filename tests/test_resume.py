@@ -224,7 +224,7 @@ def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, d
 
     def lose(event):
         if event.rounds_done == 4:  # after the epoch-1 checkpoint: delete this fit's shard files
-            for res in list(resident._OPEN):
+            for res in resident.open_states():
                 for info in res.infos:
                     if info.key.startswith("train-"):
                         shutil.rmtree(info.directory, ignore_errors=True)
