@@ -183,7 +183,7 @@ def test_lost_shard_files_are_rebuilt_and_training_goes_on(spark, digits):
 
     def on_update(info):
         if info["update"] == 2 and not removed:
-            for res in list(resident._OPEN):
+            for res in resident.open_states():
                 if res.key.startswith("train-"):
                     for shard in res.infos:
                         shutil.rmtree(shard.directory, ignore_errors=True)

@@ -252,6 +252,7 @@ def test_mha_gradcheck_through_attention_dropout():
         return float((model.forward(x, training=True, mask=mask) * R).sum())
 
     f()
+    # the dropped-out attention weights are the layer's own: no output shows which were dropped
     assert layer._Pd is not None and (layer._Pd == 0).any()
     dx = model.backward(R.copy())
     ga = model.grads.copy()
@@ -287,6 +288,7 @@ def test_mha_dropout_drops_weights_at_the_rate_in_training_only():
     layer = model.layers[0]
     x = _x(4, (20, T, D))
     y_eval = model.forward(x, training=False)
+    # the rate and scaling show in the attention weights only (layer internals), not in an output
     assert layer._Pd is None
     np.testing.assert_array_equal(model.forward(x, training=False), y_eval)
     y_train = model.forward(x, training=True)
@@ -305,6 +307,7 @@ def test_mha_padded_tokens_get_no_attention_and_output_zero():
     assert np.all(y[~mask] == 0)
     out_mask = layer.compute_mask(mask)   # what the model hands the next layer
     assert out_mask is mask or np.array_equal(out_mask, mask)
+    # the attention weights themselves (layer internals; the junk check below is the outputs' side)
     assert np.all(layer._P.transpose(0, 2, 1, 3)[~mask] == 0)   # padded queries' rows
     assert np.all(layer._P.transpose(0, 3, 1, 2)[~mask] == 0)   # padded keys' columns
     junk = x.copy()

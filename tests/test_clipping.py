@@ -267,14 +267,14 @@ def test_estimator_clip_params_reach_the_optimizer_and_the_fit(spark, digits):
         net = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=0)
         clf = SparkNetClassifier(network=net, epochs=2, batchSize=32, syncMethod="gradient", numPartitions=2,
                                  optimizer="sgd", learningRate=0.5, seed=0, **clip)
-        return clf, clf.fit(df).network.params.copy()
+        net = clf.fit(df).network
+        return clf, net.params.copy(), net.optimizer   # the optimizer the fit trained with
 
-    clf, clipped = fit(clipNorm=0.05, clipValue=0.01)
-    opt = clf._make_optimizer()
+    clf, clipped, opt = fit(clipNorm=0.05, clipValue=0.01)
     assert (opt.clipnorm, opt.clipvalue) == (0.05, 0.01)
     assert (clf.getClipNorm(), clf.getClipValue()) == (0.05, 0.01)
-    off, plain = fit()
-    assert (off._make_optimizer().clipnorm, off._make_optimizer().clipvalue) == (None, None)
+    off, plain, opt_off = fit()
+    assert (opt_off.clipnorm, opt_off.clipvalue) == (None, None)
     assert np.abs(clipped - plain).max() > 1e-3     # the clip changed the steps taken
     with pytest.raises(TypeError, match="clipNorm must be a finite number >= 0, got -1.0"):  # Spark ML's error type
         SparkNetClassifier(clipNorm=-1.0)

@@ -246,9 +246,9 @@ def test_resident_state_reattaches_and_never_goes_missing(spark):
 
     def _forget_all(_):
         """Executor side: what a restarted Python worker looks like (empty module store)."""
-        from sparknet.cluster.resident import driver as resident
-        resident._STORE.clear()
-        resident._STORE_DIRS.clear()
+        from sparknet.cluster.resident import shards
+        shards.clear_store()
+        assert shards.store_entries() == {}
         return 0
 
     def build(index, rows):

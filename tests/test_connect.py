@@ -188,7 +188,8 @@ def test_shards_stay_on_their_host_and_in_the_workers_over_30_jobs(connect_spark
 
     def where(index, shard):  # (defined here: the server's workers cannot import this module)
         from sparknet.cluster.resident import shards
-        stamp = shards._STORE_STAMPS.get((shard.info.key, index))
+        held = shards.store_entries().get((shard.info.key, index))
+        stamp = held.stamp if held is not None else None
         return index, os.getpid(), shard.info.host, stamp == shard.info.stamp, float(shard.arrays["x"].sum())
 
     with ConnectResident(df, build, name="placement") as res:

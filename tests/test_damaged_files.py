@@ -187,10 +187,10 @@ def test_a_spark_ml_model_with_damaged_metadata_or_history_is_named(spark, tmp_p
     from sparknet.ml import SparkNetClassificationModel
 
     net = Sequential([Dense(10, activation="softmax")], input_shape=(4,), seed=0)
-    model = SparkNetClassificationModel()
-    model._set_network(net)
-    model._history = History()
-    model._history.append(0, loss=1.0)
+    history = History()
+    history.append(0, loss=1.0)
+    model = SparkNetClassificationModel.from_network(net, history=history)
+    assert model.history is history
     path = str(tmp_path / "m")
     model.write().save(path)
     meta = os.path.join(path, "metadata")

@@ -34,8 +34,7 @@ def _model(engine: str) -> SparkNetClassificationModel:
     net = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")])
     net.build((64,))
     net.params[...] = np.random.default_rng(0).normal(0, 0.3, net.params.shape)
-    model = SparkNetClassificationModel()
-    model._set_network(net)
+    model = SparkNetClassificationModel.from_network(net)
     return model.copy({model.inferenceEngine: engine})
 
 

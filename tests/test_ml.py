@@ -374,11 +374,18 @@ def test_bad_columns(spark, small):
 
 def _untrained_model():
     """A Model holding an untrained 64-8-10 network (transform checks need no training)."""
-    m = SparkNetClassificationModel()
     net = mlp(8)
     net.build((64,))
-    m._set_network(net)
-    return m
+    return SparkNetClassificationModel.from_network(net)
+
+
+def test_a_model_from_a_network_holds_it_and_needs_it_built():
+    net = mlp(8)
+    with pytest.raises(ValueError, match="a sparknet Model needs a built Sequential"):
+        SparkNetClassificationModel.from_network(net)
+    net.build((64,))
+    m = SparkNetClassificationModel.from_network(net)
+    assert m.network is net and m.history is None and m.numFeatures == 64 and m.numClasses == 10
 
 
 def _fit_error(spark, clf, df, match):

@@ -41,8 +41,7 @@ def _model(cls, net, seed=0, **params):
     rng = np.random.default_rng(seed)
     p = net.params
     p[...] = rng.normal(0, 0.3, size=p.shape).astype(p.dtype)
-    m = cls()
-    m._set_network(net)
+    m = cls.from_network(net)
     if params:
         m = m.copy({m.getParam(k): v for k, v in params.items()})
     return m
@@ -149,10 +148,9 @@ def test_auto_engine_choice(digits_frames):
     with pytest.raises(ValueError, match="inferenceEngine='jvm' cannot score this model: the "
                                          "features column holds arrays"):
         small.copy({small.inferenceEngine: "jvm"}).transform(arr)
-    conv = SparkNetClassificationModel()
     net = Sequential([Conv2D(4, 3, activation="relu"), Flatten(), Dense(10, activation="softmax")])
     net.build((8, 8, 1))
-    conv._set_network(net)
+    conv = SparkNetClassificationModel.from_network(net)
     with pytest.raises(ValueError, match=r"layer '.*' \(Conv2D\) has no JVM kernel"):
         conv.copy({conv.inferenceEngine: "jvm"}).transform(vec)
     gelu = _model(SparkNetClassificationModel, Sequential([Dense(16, activation="gelu"),

@@ -17,6 +17,7 @@ pytest.importorskip("pyspark")
 
 from pyspark.ml.feature import VectorAssembler  # noqa: E402
 from pyspark.ml.linalg import Vectors  # noqa: E402
+from pyspark.ml.param import Param, Params, TypeConverters  # noqa: E402
 from pyspark.sql import types as T  # noqa: E402
 
 from helpers.models import mlp  # noqa: E402
@@ -349,11 +350,9 @@ def _model(hidden=8, seed=0):
     """A Model holding an untrained 64-hidden-10 network (saving needs no training)."""
     from sparknet.ml import SparkNetClassificationModel
 
-    m = SparkNetClassificationModel()
     net = mlp(hidden, seed=seed)
     net.build((64,))
-    m._set_network(net)
-    return m
+    return SparkNetClassificationModel.from_network(net)
 
 
 def _listing(folder):
@@ -414,9 +413,17 @@ def test_save_over_a_leftover_folder_is_refused_before_writing(spark, tmp_path):
     assert _listing(str(target)) == [] and os.listdir(target) == ["data"]
 
 
+class _LooseClassifier(SparkNetClassifier):
+    """A subclass whose checkpointDir Param takes any value (no converter)."""
+
+    checkpointDir = Param(Params._dummy(), "checkpointDir", "checkpoint folder",
+                          typeConverter=TypeConverters.identity)
+
+
 def test_estimator_save_refuses_a_param_json_cannot_hold(spark, tmp_path):
-    est = _clf(checkpointDir=str(tmp_path / "ck"))
-    est._paramMap[est.checkpointDir] = {1, 2}  # bypassing the converter, as a subclass could
+    est = _LooseClassifier(network=mlp(8), epochs=1, **FAST)
+    est.set(est.checkpointDir, {1, 2})  # past the converter, as a subclass lets it
+    assert est.getCheckpointDir() == {1, 2}
     target = tmp_path / "est"
     with pytest.raises(ValueError, match="Param checkpointDir holds .*JSON cannot store"):
         est.write().save(str(target))
@@ -538,7 +545,7 @@ def _killed_driver(directory, kill_at):
 
     def crash(_round, logs):  # after each round and its checkpoint
         if logs["rounds_done"] >= kill_at:
-            for res in list(resident._OPEN):  # what the killed driver leaves, for the test to remove
+            for res in resident.open_states():  # what the killed driver leaves, for the test to remove
                 for info in res.infos:
                     print(f"SHARD {os.path.dirname(info.directory)}", flush=True)
             print(f"KILLED at round {int(logs['rounds_done'])} (epoch {int(logs['epoch']) + 1})",

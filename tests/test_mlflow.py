@@ -150,8 +150,7 @@ def test_spark_udf_scores_a_dataframe_as_the_model(client, spark, trained, digit
     from sparknet.ml import SparkNetClassificationModel
 
     _, _, X_test, _ = digits
-    ml_model = SparkNetClassificationModel()
-    ml_model._set_network(trained)  # what fit does with the trained network
+    ml_model = SparkNetClassificationModel.from_network(trained)  # as fit makes one of it
     with mlflow.start_run():
         info = snm.log_model(ml_model, "model")
     # one task: each Python worker that runs the UDF imports MLflow and loads the model (seconds of CPU)

@@ -997,11 +997,10 @@ def test_spark_ml_regression_and_sequence_models_export(tmp_path):
     pytest.importorskip("pyspark")
     from sparknet.ml import SparkNetClassificationModel, SparkNetRegressionModel
 
-    reg = SparkNetRegressionModel()
     net = randomize(
         Sequential([Dense(6, activation="tanh"), Dense(1)], input_shape=(4,), dtype="float64")
     )
-    reg._set_network(net)
+    reg = SparkNetRegressionModel.from_network(net)
     reg.exportOnnx(str(tmp_path / "reg.onnx"))
     proto = onnx.load(str(tmp_path / "reg.onnx"))
     x = np.random.default_rng(0).random((7, 4))
@@ -1009,8 +1008,7 @@ def test_spark_ml_regression_and_sequence_models_export(tmp_path):
     assert pred.shape == (7,)
     assert rel(pred, np.array([reg.predict(v) for v in x])) <= 1e-10
 
-    seq = SparkNetClassificationModel()
-    seq._set_network(
+    seq = SparkNetClassificationModel.from_network(
         randomize(
             Sequential(
                 [SequenceMask(), LSTM(5), Dense(3, activation="softmax")],
@@ -1032,12 +1030,11 @@ def test_two_class_raw_prediction_follows_mllib(tmp_path):
     pytest.importorskip("pyspark")
     from sparknet.ml import SparkNetClassificationModel
 
-    stage = SparkNetClassificationModel()
     net = randomize(
         Sequential([Dense(5, activation="relu"), Dense(2, activation="softmax")], input_shape=(4,),
                    dtype="float64")
     )
-    stage._set_network(net)
+    stage = SparkNetClassificationModel.from_network(net)
     stage.exportOnnx(str(tmp_path / "binary.onnx"))
     x = np.random.default_rng(3).random((11, 4))
     raw, prob = session(onnx.load(str(tmp_path / "binary.onnx"))).run(

@@ -164,8 +164,8 @@ def test_switched_off_or_without_a_jvm_there_is_no_packing(jvm, monkeypatch):
 def test_a_task_that_fails_before_reading_leaves_no_rows_file(jvm):
     """The Python side dies before reading the file: the end of the task deletes it."""
     df = jvm.createDataFrame([([1.0, 2.0], 0), ([3.0, 4.0], 1)], "features array<double>, label int")
-    sel, kind = data_mod._dataframe_columns(df.coalesce(1), "features", "label", "float32", True)
-    rows = packed.packed_columns(sel, kind, "float32")
+    sel = df.coalesce(1).selectExpr("features as x", "cast(label as double) as y")  # as a fit selects
+    rows = packed.packed_columns(sel, "double", "float32")
 
     def fail(batches):
         for b in batches:

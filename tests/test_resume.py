@@ -225,7 +225,7 @@ def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, d
 
     def lose(_round, logs):
         if logs["rounds_done"] == 4:  # epoch 1 done (its states came back with the round): delete the shards
-            for res in list(resident._OPEN):
+            for res in resident.open_states():
                 for info in res.infos:
                     if info.key.startswith("train-"):
                         shutil.rmtree(info.directory, ignore_errors=True)

@@ -1,64 +1,77 @@
-"""How ``local_steps="timed"`` sizes averaged rounds from the rounds it measured
-(``FitContext.resize``): Spark's fixed cost per round is the median of the fit's rounds, so
-one slow round does not re-size them, and 4 rounds per epoch are kept while Spark's share
-stays within 4 times ``max_overhead`` (``ROUND_SHARES``), or within ``DROP_MARGIN`` times that
-for a fit already running 4."""
+"""How ``local_steps="timed"`` sizes averaged rounds from the rounds it measured (the rule
+``FitContext.resize`` applies between epochs: ``measured_cost`` and ``resize_rounds`` of
+:mod:`sparknet.cluster.planning.rounds`): Spark's fixed cost per round is
+the median of the fit's last rounds, so one slow round does not re-size them, and 4 rounds
+per epoch are kept while Spark's share stays within 4 times ``max_overhead``
+(``ROUND_SHARES``), or within ``DROP_MARGIN`` times that for a fit already running 4."""
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
-from sparknet.cluster.data_parallel import fit_context as fit_mod
-from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
+from sparknet.cluster.planning.cost import RoundCostModel
+from sparknet.cluster.planning.rounds import (
+    DROP_MARGIN,
+    FIXED_WINDOW,
+    ROUND_SHARES,
+    RoundSize,
+    choose_tau,
+    measured_cost,
+    resize_rounds,
+    size_rounds,
+)
 
 ROWS, BATCH, T_STEP, T_FIXED = 30_000, 128, 0.0044, 0.1   # an MNIST MLP partition, as measured
+MAX_OVERHEAD = 0.1   # DataParallelTrainer's default
+STEPS_EPOCH = math.ceil(ROWS / BATCH)
 
 
-def _ctx() -> FitContext:
-    trainer = SimpleNamespace(sync="average", mode="sync", local_steps="timed", max_overhead=0.1, precision="fp32",
-                              max_epochs_per_round=4, cost=None,
-                              model=SimpleNamespace(params=np.zeros(1000, np.float32)))
-    spec = SimpleNamespace(config={"layers": []})
-    train = SimpleNamespace(rows=[ROWS, ROWS], resident=SimpleNamespace(key="test-round-sizing"))
-    ctx = FitContext(trainer=trainer, spec=spec, train=train, val=None, ps=None, epochs=5, batch_size=BATCH)
-    ctx._size(math.ceil(ROWS / BATCH), math.ceil(ROWS / BATCH) // 4)   # 4 rounds, as the estimate gave
-    return ctx
+def _sized(tau: int) -> RoundSize:
+    """The rounds a synchronous timed fit makes of ``tau`` local steps per round."""
+    return size_rounds(STEPS_EPOCH, tau, sized=True, multi_epoch=True, max_epochs_per_round=4)
 
 
-def _epoch(ctx: FitContext, fixed: list[float]) -> RoundLog:
-    """The RoundLog of an epoch of ``ctx.rounds`` rounds with these fixed costs."""
-    compute = ctx.steps_per_round * T_STEP
-    return RoundLog(wall=sum(f + compute for f in fixed), compute=compute * len(fixed), rounds=len(fixed),
-                    fixed=list(fixed))
+def _first() -> RoundSize:
+    return _sized(STEPS_EPOCH // 4)   # 4 rounds, as the estimate gave
 
 
-@pytest.fixture(autouse=True)
-def _no_measured_costs():
-    saved = dict(fit_mod._MEASURED)
-    yield
-    fit_mod._MEASURED.clear()
-    fit_mod._MEASURED.update(saved)
+def _cost(fixed: list[float], size: RoundSize) -> RoundCostModel:
+    """The cost measured after an epoch of ``size``'s rounds, each local step taking
+    T_STEP, with the fixed costs ``fixed`` (all the fit's rounds so far, oldest first)."""
+    steps = size.rounds * size.steps_per_round
+    return measured_cost(fixed, steps * T_STEP, steps, 4000)
+
+
+def _resize(cost: RoundCostModel, size: RoundSize) -> RoundSize:
+    return resize_rounds(cost, STEPS_EPOCH, size, MAX_OVERHEAD, multi_epoch=True, max_epochs_per_round=4)
 
 
 def test_one_slow_round_does_not_resize_the_rounds():
-    ctx = _ctx()
-    assert ctx.rounds == 4
+    size = _first()
+    assert size.rounds == 4
     # the fit's first round paid 0.6 s (a first broadcast, a GC pause); the mean, 0.225 s,
     # would put Spark's share of a 4-round epoch's round at 47%, past the 40% allowed
-    ctx.resize(_epoch(ctx, [0.6, T_FIXED, T_FIXED, T_FIXED]))
-    assert ctx.cost.t_fixed == pytest.approx(T_FIXED)
-    assert ctx.cost.t_step == pytest.approx(T_STEP)
-    assert ctx.rounds == 4
-    ctx.resize(_epoch(ctx, [T_FIXED] * 4))
-    assert ctx.rounds == 4 and ctx.fixed_seen == [0.6] + [T_FIXED] * 7
+    seen = [0.6, T_FIXED, T_FIXED, T_FIXED]
+    cost = _cost(seen, size)
+    assert cost.t_fixed == pytest.approx(T_FIXED)
+    assert cost.t_step == pytest.approx(T_STEP)
+    assert cost.param_bytes == 4000
+    size = _resize(cost, size)
+    assert size.rounds == 4
+    seen += [T_FIXED] * 4
+    size = _resize(_cost(seen, size), size)
+    assert size.rounds == 4
     # slow rounds, seen again and again (the last 16 rounds' median), do re-size
-    ctx.resize(_epoch(ctx, [0.6] * 4))
-    assert ctx.rounds == 4
-    ctx.resize(_epoch(ctx, [0.6] * 4))
-    assert ctx.cost.t_fixed == pytest.approx(0.6) and ctx.rounds < 4
+    seen += [0.6] * 4
+    size = _resize(_cost(seen, size), size)
+    assert size.rounds == 4
+    seen += [0.6] * 4
+    assert len(seen) == FIXED_WINDOW
+    cost = _cost(seen, size)
+    assert cost.t_fixed == pytest.approx(0.6) and _resize(cost, size).rounds < 4
+    # only the last FIXED_WINDOW rounds count: older fast rounds do not pull the median down
+    assert _cost([T_FIXED] * 8 + seen, size).t_fixed == pytest.approx(0.6)
 
 
 def _fixed_for(share: float, compute: float) -> float:
@@ -68,42 +81,33 @@ def _fixed_for(share: float, compute: float) -> float:
 
 def test_four_rounds_per_epoch_only_within_their_share():
     """4 rounds per epoch stay up to DROP_MARGIN x their share (40%); past it, fewer."""
-    warm = dict(fit_mod.ROUND_SHARES)[4] * _ctx().trainer.max_overhead
-    margin = fit_mod.DROP_MARGIN
-    for share, four in ((0.95 * warm, True), (1.05 * warm, True), (0.98 * margin * warm, True),
-                        (1.05 * margin * warm, False)):
-        ctx = _ctx()
-        steps4 = ctx.steps_per_round
-        ctx.resize(_epoch(ctx, [_fixed_for(share, steps4 * T_STEP)] * 4))
-        assert ctx.cost.overhead(steps4) == pytest.approx(share)
-        assert (ctx.rounds == 4) is four, (share, ctx.rounds)
+    warm = dict(ROUND_SHARES)[4] * MAX_OVERHEAD
+    for share, four in ((0.95 * warm, True), (1.05 * warm, True), (0.98 * DROP_MARGIN * warm, True),
+                        (1.05 * DROP_MARGIN * warm, False)):
+        size = _first()
+        steps4 = size.steps_per_round
+        cost = _cost([_fixed_for(share, steps4 * T_STEP)] * 4, size)
+        assert cost.overhead(steps4) == pytest.approx(share)
+        after = _resize(cost, size)
+        assert (after.rounds == 4) is four, (share, after.rounds)
         if not four:
-            assert ctx.cost.overhead(ctx.steps_per_round) <= 2 * ctx.trainer.max_overhead
+            assert cost.overhead(after.steps_per_round) <= 2 * MAX_OVERHEAD
 
 
 def test_a_fit_at_one_round_per_epoch_returns_to_four_within_their_share():
     """A fit sized to 1 round per epoch (a slow first epoch, or an estimate) goes back to 4
     as soon as the measured share of 4 is within their allowance, not only 0.7 of it."""
-    ctx = _ctx()
-    steps_epoch = math.ceil(ROWS / BATCH)
-    ctx._size(steps_epoch, steps_epoch)
-    assert ctx.rounds == 1
-    compute4 = (steps_epoch // 4) * T_STEP
+    size = _sized(STEPS_EPOCH)
+    assert size.rounds == 1
+    compute4 = (STEPS_EPOCH // 4) * T_STEP
     fixed = _fixed_for(0.3, compute4)   # 30% of a 4-round epoch's round: within 40%, past 0.7 x 40%
-    ctx.resize(RoundLog(wall=fixed + steps_epoch * T_STEP, compute=steps_epoch * T_STEP, rounds=1,
-                        fixed=[fixed]))
-    assert ctx.rounds == 4
+    assert _resize(_cost([fixed], size), size).rounds == 4
 
 
 def test_a_first_epoch_starts_at_four_rounds_unless_the_estimate_is_past_the_margin():
     """``calibrate``'s sizing from the estimate keeps 4 rounds within DROP_MARGIN x 40%."""
-    from sparknet.cluster.planning.cost import RoundCostModel
-
-    steps_epoch = math.ceil(ROWS / BATCH)
-    compute4 = (steps_epoch // 4) * T_STEP
+    compute4 = (STEPS_EPOCH // 4) * T_STEP
     for share, rounds in ((0.45, 4), (0.6, 1)):
-        ctx = _ctx()
         cost = RoundCostModel(_fixed_for(share, compute4), T_STEP, 4000)
-        steps, _ = ctx._tau(cost, steps_epoch, fit_mod.ROUND_SHARES[0][0])
-        ctx._size(steps_epoch, steps)
-        assert ctx.rounds == rounds, (share, ctx.rounds)
+        steps, _ = choose_tau(cost, STEPS_EPOCH, MAX_OVERHEAD, ROUND_SHARES[0][0])
+        assert _sized(steps).rounds == rounds, (share, steps)

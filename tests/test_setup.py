@@ -86,7 +86,7 @@ def test_release_shards_deletes_the_kept_files(spark, digits, no_kept_shards):
     X, y, _, _ = digits
     df = row_frame(spark, X[:400], y[:400], 2, cache=True)
     _fit(spark, df, sync="gradient")
-    kept = [d for d in data_mod._REUSE._entries.values()]
+    kept = data_mod.kept_shards()
     assert len(kept) == 1
     dirs = [i.directory for i in kept[0].resident.infos]
     assert all(os.path.isdir(d) for d in dirs)
@@ -208,7 +208,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
 
     sc = spark.sparkContext
     dirs, rows, rdds = _resident_dirs(), _shm_names("sparknet-rows-"), set(sc._jsc.getPersistentRDDs().keys())
-    kept = len(data_mod._REUSE._entries)
+    kept = len(data_mod.kept_shards())
     group = f"test-warm-up-{os.urandom(4).hex()}"
     sc.setJobGroup(group, "test_setup warm-up")
     try:
@@ -221,7 +221,7 @@ def test_session_warm_up_builds_shards_and_leaves_nothing_behind(spark):
     assert _resident_dirs() <= dirs
     assert _shm_names("sparknet-rows-") <= rows
     assert set(sc._jsc.getPersistentRDDs().keys()) <= rdds
-    assert len(data_mod._REUSE._entries) == kept
+    assert len(data_mod.kept_shards()) == kept
     with pytest.raises(ValueError, match="tasks must be a positive integer, got 0"):
         warm_shard_path(spark, 0)
 
@@ -237,7 +237,7 @@ def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_pat
         "import numpy as np\n"
         "from pyspark.ml.linalg import Vectors\n"
         "from pyspark.sql import SparkSession\n"
-        "from sparknet.cluster.data.sharding import shard_data, _REUSE\n"
+        "from sparknet.cluster.data.sharding import kept_shards, shard_data\n"
         "def session(master):\n"
         "    return (SparkSession.builder.master(master).config('spark.ui.enabled', 'false')\n"
         "            .config('spark.executor.memory', '1g').getOrCreate())\n"
@@ -253,11 +253,11 @@ def test_shards_kept_from_a_stopped_session_are_released_by_the_next_one(tmp_pat
         "d = shard_data(frame(spark, 0), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
         "d.close()  # given back: kept for reuse\n"
         "kept = {p for p in dirs() if d.resident.key in p}\n"
-        "print('KEPT', len(_REUSE._entries), len(kept))\n"
+        "print('KEPT', len(kept_shards()), len(kept))\n"
         "spark.stop()\n"
         "spark = session('local[1]')\n"
         "d2 = shard_data(frame(spark, 1), sc=spark.sparkContext, num_partitions=None, reuse=True)\n"
-        "print('AFTER', len(_REUSE._entries), len(kept & dirs()), d2.total)\n"
+        "print('AFTER', len(kept_shards()), len(kept & dirs()), d2.total)\n"
         "d2.close()\n"
         "spark.stop()\n")
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,

@@ -36,8 +36,7 @@ def main(engines: list[str]) -> None:
     net = Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")])
     net.build((64,))
     net.params[...] = np.random.default_rng(0).normal(0, 0.3, net.params.shape)
-    model = SparkNetClassificationModel()
-    model._set_network(net)
+    model = SparkNetClassificationModel.from_network(net)
     good = [float(i % 7) for i in range(64)]
     df = spark.createDataFrame([(Vectors.dense(good),), (Vectors.dense(good[:63]),)], ["features"])
     for engine in engines:

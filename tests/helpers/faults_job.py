@@ -56,7 +56,7 @@ class _Events(logging.Handler):
                 sys.stdin.readline()
         if msg.startswith("epoch "):
             from sparknet.cluster.resident import driver as resident
-            for res in list(resident._OPEN):
+            for res in resident.open_states():
                 self.keys.add(res.key)
                 if res.key.startswith("train-"):
                     self.placements.append(dict(res.homes))

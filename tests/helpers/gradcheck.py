@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sparknet.activations import is_softmax_head
+
 
 def rel_error(a: np.ndarray, n: np.ndarray, noise: float = 0.0) -> float:
     a, n = np.ravel(a), np.ravel(n)
@@ -28,14 +30,14 @@ def model_gradcheck(model, x, mask=None, eps: float = 1e-6, seed: int = 0,
     ``randomize`` first replaces the parameters by seeded N(0, 0.5^2) draws, so that no
     bias sits exactly at a kink (zero-initialised biases behind a relu would).
     ``keep_softmax`` makes a trailing softmax part of the checked function (instead of
-    being fused into a loss).  ``input_rel_error`` is None for integer inputs.
+    being fused into a loss; the model is then fit for this check only).
+    ``input_rel_error`` is None for integer inputs.
     """
     assert model.dtype == np.float64, "gradient checks run in float64"
     if keep_softmax:
         last = model.layers[-1]
-        if hasattr(last, "emit_logits"):
+        if is_softmax_head(last):  # the softmax the loss took over computed again
             last.emit_logits = False
-        model._softmax_head = False
     rng = np.random.default_rng(seed)
     if randomize and model.params.size:
         model.params[...] = 0.5 * rng.standard_normal(model.params.shape)

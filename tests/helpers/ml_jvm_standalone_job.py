@@ -39,8 +39,7 @@ def main() -> int:
         net = Sequential([Dense(32, activation="relu"), Dense(10, activation="softmax")])
         net.build((64,))
         net.params[...] = np.random.default_rng(0).normal(0, 0.3, net.params.shape)
-        model = SparkNetClassificationModel()
-        model._set_network(net)
+        model = SparkNetClassificationModel.from_network(net)
         out = {}
         for engine in ("jvm", "arrow"):
             m = model.copy({model.inferenceEngine: engine})

@@ -90,7 +90,7 @@ def main() -> int:
         for ev in at_kill.values():   # the first fits to get there wait for the others
             ev.wait(timeout=600)
         from sparknet.cluster.resident import driver as resident
-        for res in list(resident._OPEN):  # what the killed driver leaves behind, for the test to remove
+        for res in resident.open_states():  # what the killed driver leaves behind, for the test to remove
             for info in res.infos:
                 sys.stdout.write(f"SHARD {os.path.dirname(info.directory)}\n")
         sys.stdout.flush()

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark import Broadcast, SparkContext
     from pyspark.sql import Column, DataFrame, SparkSession
+    from typing_extensions import Self
 
 _log = logging.getLogger("sparknet.ml")
 
@@ -50,6 +51,26 @@ class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector
     _history: History | None = None
     #: the engine the last ``transform`` used: ``"jvm"`` or ``"arrow"`` (None before one)
     lastInferenceEngine: str | None = None
+
+    @classmethod
+    def from_network(cls, network: Sequential, history: History | None = None) -> Self:
+        """A Model scoring with ``network``, trained without the Estimator (by
+        :class:`~sparknet.cluster.DataParallelTrainer`, on one machine, or loaded with
+        :func:`sparknet.io.load_model`), its Params at their defaults (set them with
+        ``copy({...})`` or the setters); it transforms, saves, exports and logs as a Model
+        that ``fit`` returned.
+
+        Args:
+            network: the built :class:`~sparknet.model.Sequential` (held, not copied).
+            history: the training history to keep as :attr:`history` (saved with the Model).
+
+        Raises:
+            ValueError: ``network`` is not a built Sequential.
+        """
+        model = cls()
+        model._set_network(network)
+        model._history = history
+        return model
 
     def _set_network(self, network: Sequential) -> None:
         if not isinstance(network, Sequential) or not network.built:

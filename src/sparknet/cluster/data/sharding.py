@@ -14,7 +14,8 @@ partitioning without a job (:func:`shard_data` with ``reuse=True``), keyed by th
 cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus the
 columns, dtype and partitions: different rows are a different cache, built anew, as is
 the data after ``unpersist()`` (the entry is dropped then).  At most :data:`MAX_REUSED`
-sets are kept (least recently used out first); :func:`release_shards` frees them all.
+sets are kept (least recently used out first); :func:`kept_shards` lists them and
+:func:`release_shards` frees them all.
 """
 from __future__ import annotations
 
@@ -557,6 +558,11 @@ class _ShardCache:
             gone = keys
         self.release([k for k in gone if k not in self._busy])
 
+    def kept(self) -> list[ShardedData]:
+        """The entries, least recently used first."""
+        with self._lock:
+            return list(self._entries.values())
+
     def release(self, keys: Iterable[tuple] | None = None) -> int:
         """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
         with self._lock:
@@ -569,6 +575,13 @@ class _ShardCache:
 
 
 _REUSE = _ShardCache()
+
+
+def kept_shards() -> list[ShardedData]:
+    """The sets of training and validation shards kept for reuse, least recently used
+    first (each with its :attr:`~ShardedData.resident`: its shards' folders on the hosts);
+    :func:`release_shards` deletes them."""
+    return _REUSE.kept()
 
 
 def release_shards() -> int:

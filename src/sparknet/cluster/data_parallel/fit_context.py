@@ -23,11 +23,15 @@ from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.cluster.planning.rounds import (  # noqa: F401 - the sizing's constants, re-exported
     DROP_MARGIN,
     FIXED_S_PER_MIB,
+    FIXED_WINDOW,
     MIN_FIXED_S,
     ROUND_SHARES,
     SIZED,
+    RoundSize,
     choose_tau,
+    measured_cost,
     nominal_cost,
+    resize_rounds,
     size_rounds,
 )
 from sparknet.history import FitHistory
@@ -53,9 +57,6 @@ _MEASURED: dict[tuple, RoundCostModel] = {}
 #: for the next one, ``benchmarks/README.md``, "fast AMD EPYC"), which, read as the
 #: fixed cost of every round, made a first fit's rounds span several epochs.
 _ESTIMATED_APPS: set[str] = set()
-
-#: Rounds whose fixed cost :meth:`FitContext.resize` takes the median of.
-FIXED_WINDOW = 16
 
 
 def _count(n: int, noun: str) -> str:
@@ -312,18 +313,15 @@ class FitContext:
         steps_epoch = max(1, math.ceil(max(self.train.rows) / self.batch_size))
         # local steps of one measured round (one global step for sync="gradient")
         steps = 1 if tr.sync == "gradient" else math.ceil(steps_epoch / self.rounds) * span
-        t_step = rl.compute / (rl.rounds * steps)
-        # Spark's fixed cost per round is the session's, not the epoch's: the median of the
-        # fit's last FIXED_WINDOW rounds, so that one slow round (a fit's first, a GC pause)
-        # does not re-size the rounds (it swung 0.08-0.25 s between the rounds of one fit)
+        # the fixed costs of the fit's last rounds (measured_cost takes their median)
         # (a resumed epoch whose rounds all ran before the checkpoint has only their sums)
         seen = self.fixed_seen + (rl.fixed or [max(rl.wall - rl.compute, 0.0) / rl.rounds])
         self.fixed_seen = seen[-FIXED_WINDOW:]
-        t_fixed = float(np.median(self.fixed_seen))
-        if t_step <= 0:
+        if rl.compute <= 0:  # no local step's time to size by
             return
         first = self.cost is None
-        cost = self.cost = RoundCostModel(max(t_fixed, 1e-4), t_step, int(self.model.params.nbytes))
+        cost = self.cost = measured_cost(self.fixed_seen, rl.compute, rl.rounds * steps,
+                                         int(self.model.params.nbytes))
         tr.cost = _MEASURED[self._cost_key()] = cost
         while len(_MEASURED) > 32:
             del _MEASURED[next(iter(_MEASURED))]
@@ -337,19 +335,15 @@ class FitContext:
             return
         if tr.local_steps != "timed":
             return
-        before = (self.rounds, self.epochs_per_round, self.steps_per_round)
-        tau, share = self._tau(cost, steps_epoch, self.rounds if self.epochs_per_round == 1 else 0)
-        self._size(steps_epoch, tau)
-        if (self.steps_per_round < before[2] and before[1] <= 1 and self.rounds > ROUND_SHARES[0][0]
-                and cost.overhead(self.steps_per_round) > 0.7 * share):
-            # more rounds than the first of ROUND_SHARES only with a margin: no flip-
-            # flopping on noise (between its levels, DROP_MARGIN keeps a fit in place);
-            # rounds of several epochs are cut as soon as the measured cost allows (they
-            # average the partitions too rarely and validate only every few epochs)
-            self.rounds, self.epochs_per_round, self.steps_per_round = before
-        if (self.rounds, self.epochs_per_round) != before[:2]:
+        before = RoundSize(self.rounds, self.epochs_per_round, self.steps_per_round)
+        size = resize_rounds(cost, steps_epoch, before, tr.max_overhead,
+                             multi_epoch=tr.mode == "sync",
+                             max_epochs_per_round=tr.max_epochs_per_round)
+        self.rounds, self.epochs_per_round = size.rounds, size.epochs_per_round
+        self.steps_per_round = size.steps_per_round
+        if (self.rounds, self.epochs_per_round) != (before.rounds, before.epochs_per_round):
             log.info("measured round: %.0f ms fixed, %.2f ms per local step: %s from now on",
-                     1e3 * t_fixed, 1e3 * t_step, self.describe_round())
+                     1e3 * cost.t_fixed, 1e3 * cost.t_step, self.describe_round())
 
     # -- rounds -----------------------------------------------------------
     def sync_epoch(self, epoch: int, bar: Any, span: int = 1, start: int = 0,

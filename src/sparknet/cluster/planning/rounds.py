@@ -17,11 +17,16 @@ Where ``tau`` comes from (``DataParallelTrainer(local_steps=...)``):
 * ``"timed"``: :func:`choose_tau` on costs measured in this process (a step timed on the
   driver, then the rounds run), re-sized between epochs: faster where the nominal machine
   is far from the real one, but the rounds (and so the weights) change from run to run.
+  Between epochs, :func:`measured_cost` makes the cost model of the rounds run and
+  :func:`resize_rounds` the next epoch's rounds from it.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 #: ``local_steps`` values that let the trainer size the rounds itself.
 SIZED = ("auto", "timed")
@@ -51,6 +56,11 @@ ROUND_SHARES = ((4, 4.0), (2, 2.0), (1, 2.0))
 #: and a share at the limit moved fits from 4 rounds per epoch to 1 and kept them there
 #: (``benchmarks/README.md``, "Rounds per epoch that stay put").
 DROP_MARGIN = 1.25
+#: Rounds whose fixed cost :func:`measured_cost` takes the median of.
+FIXED_WINDOW = 16
+#: A timed fit goes to more rounds per epoch than the first of :data:`ROUND_SHARES` only
+#: when Spark's share of them is at most this fraction of the share allowed.
+RAISE_MARGIN = 0.7
 
 
 @dataclass
@@ -153,6 +163,55 @@ def choose_tau(cost: RoundCostModel, steps_epoch: int, max_overhead: float,
         if tau > short and cost.overhead(short) <= allowed:
             return short, share
     return tau, max_overhead
+
+
+def measured_cost(fixed: Sequence[float], compute: float, steps: int,
+                  param_bytes: int = 0) -> RoundCostModel:
+    """The round cost measured from the rounds run: Spark's fixed cost per round is the
+    session's, not the epoch's, so ``t_fixed`` is the median of the last
+    :data:`FIXED_WINDOW` rounds' fixed costs in ``fixed`` (the fit's rounds, oldest first;
+    each round's wall seconds less its slowest task's compute): one slow round (a fit's
+    first, a GC pause) does not re-size the rounds (it swung 0.08-0.25 s between the
+    rounds of one fit).  ``t_step`` is ``compute`` seconds over ``steps`` local steps.
+
+    Raises:
+        ValueError: ``fixed`` empty, or ``steps`` below 1.
+    """
+    if not len(fixed) or steps < 1:
+        raise ValueError(f"need the fixed cost of a round and steps >= 1, got {list(fixed)!r} "
+                         f"and {steps!r}")
+    t_fixed = float(np.median(list(fixed)[-FIXED_WINDOW:]))
+    return RoundCostModel(max(t_fixed, 1e-4), compute / steps, int(param_bytes))
+
+
+def resize_rounds(cost: RoundCostModel, steps_epoch: int, current: RoundSize,
+                  max_overhead: float, *, multi_epoch: bool = True,
+                  max_epochs_per_round: int = 4) -> RoundSize:
+    """The rounds of a timed fit's next epoch, from the round cost measured: the ``tau`` of
+    :func:`choose_tau` (the ``current`` rounds per epoch keeping their place up to
+    :data:`DROP_MARGIN` times their share) sized by :func:`size_rounds`.  Shorter rounds
+    than ``current``'s, more than the first of :data:`ROUND_SHARES` per epoch, only when
+    Spark's share of them is at most :data:`RAISE_MARGIN` of the share allowed: no
+    flip-flopping on noise; rounds of several epochs are cut as soon as the measured cost
+    allows (they average the partitions too rarely and validate only every few epochs).
+
+    Args:
+        cost: the measured round cost (:func:`measured_cost`).
+        steps_epoch: local steps of one epoch on the largest partition.
+        current: the rounds run so far.
+        max_overhead: the share of Spark's fixed cost in a round aimed at.
+        multi_epoch: whether a round may span several epochs (see :func:`size_rounds`).
+        max_epochs_per_round: the most epochs one round may span.
+    """
+    held = current.rounds if current.epochs_per_round == 1 else 0
+    tau, share = choose_tau(cost, steps_epoch, max_overhead, held)
+    size = size_rounds(steps_epoch, tau, sized=True, multi_epoch=multi_epoch,
+                       max_epochs_per_round=max_epochs_per_round)
+    if (size.steps_per_round < current.steps_per_round and current.epochs_per_round <= 1
+            and size.rounds > ROUND_SHARES[0][0]
+            and cost.overhead(size.steps_per_round) > RAISE_MARGIN * share):
+        return current
+    return size
 
 
 def nominal_cost(flops_per_sample: float, layers: int, param_bytes: int,

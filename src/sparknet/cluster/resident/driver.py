@@ -76,10 +76,6 @@ from sparknet.cluster.resident import spill as _files
 from sparknet.cluster.resident.executors import JobGuard, block_homes, live_executors
 from sparknet.cluster.resident.shards import (  # noqa: F401 - the executor side, re-exported
     _CHECKPOINT_LOST,
-    _STORE,
-    _STORE_DIRS,
-    _STORE_LOCK,
-    _STORE_STAMPS,
     LOST_TAG,
     Shard,
     ShardInfo,
@@ -126,6 +122,14 @@ class NoExecutorsLeft(ResidentStateLost):
 
 # ---------------------------------------------------------------------------- driver side
 _OPEN: "set[Resident]" = set()
+
+
+def open_states() -> "list[Resident]":
+    """The resident states this driver has open: built and not yet closed (a killed driver
+    leaves their folders behind).  Each says its :attr:`~Resident.key`, its shards'
+    :attr:`~Resident.infos` (host and folder of each) and :attr:`~Resident.homes`.  A
+    snapshot, in no particular order: states opened or closed later do not change it."""
+    return list(_OPEN)
 
 
 #: the JVM logger of an anchor's RDD class (its unpersist warning is silenced, see _unpersist)

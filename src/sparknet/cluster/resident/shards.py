@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -188,6 +188,41 @@ def attach(info: ShardInfo) -> Shard:
             _register(k, arrays, info)
     _files.touch(os.path.dirname(info.directory))
     return Shard(info, arrays)
+
+
+class StoreEntry(NamedTuple):
+    """One shard held in a Python worker's store (see :func:`store_entries`).
+
+    Attributes:
+        directory: the folder of the shard's ``.npy`` files on this host.
+        stamp: the build of the shard the entry is of (:attr:`ShardInfo.stamp`).
+        names: the names of the arrays attached in this worker, sorted.
+    """
+
+    directory: str
+    stamp: str
+    names: tuple[str, ...]
+
+
+def store_entries() -> dict[tuple[str, int], StoreEntry]:
+    """Executor side: the shards this Python worker's store holds, ``(key, partition) ->``
+    :class:`StoreEntry` (a copy: later jobs do not change it).  A job function finds its
+    own shard there once :func:`attach` registered it."""
+    with _STORE_LOCK:
+        return {k: StoreEntry(_STORE_DIRS.get(k, ""), _STORE_STAMPS.get(k, ""),
+                              tuple(sorted(arrays)))
+                for k, arrays in _STORE.items()}
+
+
+def clear_store() -> int:
+    """Executor side: forget every shard this Python worker's store holds, as a Python
+    worker that Spark restarted has none; the spill files stay, so the next job on each
+    shard re-attaches from them.  Returns how many shards were forgotten."""
+    with _STORE_LOCK:
+        keys = list(_STORE)
+        for k in keys:
+            _forget(k)
+    return len(keys)
 
 
 def _drop_local(key: str, base: str | None = None) -> int:
