@@ -11,9 +11,9 @@ from pyspark import keyword_only
 from pyspark.ml.classification import ProbabilisticClassificationModel, ProbabilisticClassifier
 from pyspark.ml.linalg import DenseVector, Vectors
 
-from sparknet.ml._params import NetworkSpec, _ThresholdsParams
-from sparknet.ml._scoring import FeatureVector, OutputSpec, _SparkNetModel
-from sparknet.ml._training import _SparkNetEstimator
+from sparknet.ml._params import NetworkSpec, ThresholdsParams
+from sparknet.ml._scoring import FeatureVector, OutputSpec, SparkNetModel
+from sparknet.ml._training import SparkNetEstimator
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -23,7 +23,7 @@ __all__ = ["SparkNetClassifier", "SparkNetClassificationModel", "SparkNetRegress
 
 
 # -------------------------------------------------------------------------- classifier
-class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _ThresholdsParams,
+class SparkNetClassifier(SparkNetEstimator["SparkNetClassificationModel"], ThresholdsParams,
                          ProbabilisticClassifier):
     """Train a sparknet network as a Spark ML classifier (data parallel, on the cluster).
 
@@ -148,7 +148,7 @@ class SparkNetClassifier(_SparkNetEstimator["SparkNetClassificationModel"], _Thr
         return SparkNetClassificationModel()
 
 
-class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams,
+class SparkNetClassificationModel(SparkNetModel, ThresholdsParams,
                                   ProbabilisticClassificationModel):
     """A fitted sparknet classifier (a Spark ML ``Transformer``).
 
@@ -194,8 +194,8 @@ class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams,
         """Predicted class id for one feature vector (on the driver)."""
         prob = self.predictProbability(value).toArray()[None, :]
         if self.isDefined(self.thresholds):
-            from sparknet.ml._inference import _threshold_scores
-            prob = _threshold_scores(prob, self.getThresholds())
+            from sparknet.ml._inference import threshold_scores
+            prob = threshold_scores(prob, self.getThresholds())
         return float(prob.argmax())
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
@@ -216,7 +216,7 @@ class SparkNetClassificationModel(_SparkNetModel, _ThresholdsParams,
 
 
 # --------------------------------------------------------------------------- regressor
-class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
+class SparkNetRegressor(SparkNetEstimator["SparkNetRegressionModel"]):
     """Train a sparknet network as a Spark ML regressor (mean squared error).
 
     The label column holds the numeric target (a Vector or array column when the
@@ -273,7 +273,7 @@ class SparkNetRegressor(_SparkNetEstimator["SparkNetRegressionModel"]):
         return SparkNetRegressionModel()
 
 
-class SparkNetRegressionModel(_SparkNetModel):
+class SparkNetRegressionModel(SparkNetModel):
     """A fitted sparknet regressor (a Spark ML ``Transformer``).
 
     ``transform`` adds ``predictionCol`` (``"prediction"``): a double, as MLlib's

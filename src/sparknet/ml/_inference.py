@@ -175,7 +175,7 @@ class BatchPredictor:
                 return pa.StructArray.from_arrays([dense_vectors(out)], names=["pred"])
             return pa.StructArray.from_arrays([pa.array(out[:, 0])], names=["pred"])
         prob = softmax(out) if len(out) else out
-        scores = prob if self.thresholds is None else _threshold_scores(prob, self.thresholds)
+        scores = prob if self.thresholds is None else threshold_scores(prob, self.thresholds)
         pred = scores.argmax(axis=1).astype(np.float64)
         return pa.StructArray.from_arrays([dense_vectors(raw_prediction(out)), dense_vectors(prob),
                                            pa.array(pred)],
@@ -214,7 +214,7 @@ class BatchPredictor:
                 names=list(names) + [name for name, _ in fields])
 
 
-def _threshold_scores(prob: np.ndarray, thresholds: list[float]) -> np.ndarray:
+def threshold_scores(prob: np.ndarray, thresholds: list[float]) -> np.ndarray:
     """MLlib's rule: ``probability / threshold``, a zero threshold winning outright."""
     t = np.asarray(thresholds, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -155,7 +155,7 @@ class _InferenceParams(Params):
         return self._set(inferenceBatchSize=value)
 
 
-class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
+class SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
     """Params shared by sparknet's Estimators and kept on their Models (as MLlib's
     Models keep their Estimator's)."""
 
@@ -283,7 +283,7 @@ class _SparkNetParams(_PredictorParams, HasSeed, _InferenceParams):
         return self.getOrDefault(self.precision)
 
 
-class _ThresholdsParams(HasThresholds):
+class ThresholdsParams(HasThresholds):
     """MLlib's ``thresholds`` Param, its values checked when set (MLlib checks them in the
     JVM, which sparknet's Python stages never reach)."""
 
@@ -340,7 +340,7 @@ class _CheckpointParams(HasCheckpointInterval):
         return self._set(resume=value)
 
 
-class _EstimatorParams(_SparkNetParams, _CheckpointParams):
+class EstimatorParams(SparkNetParams, _CheckpointParams):
     """The Estimators' Params: the shared ones, the ``network`` Param (a fitted Model
     holds the trained network instead, as its ``network`` property), the checkpoint
     Params and the setters."""

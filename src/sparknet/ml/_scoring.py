@@ -22,7 +22,7 @@ from sparknet.ml._inference import (
     output_type,
     raw_prediction,
 )
-from sparknet.ml._params import _SparkNetParams
+from sparknet.ml._params import SparkNetParams
 from sparknet.ml._persistence import Persistable
 from sparknet.model import History, Sequential
 
@@ -40,7 +40,7 @@ OutputSpec = Tuple[str, str, Dict[str, Any]]
 FeatureVector = Union[Vector, Sequence[float], np.ndarray]
 
 
-class _SparkNetModel(Persistable, _SparkNetParams, PredictionModel[FeatureVector]):
+class SparkNetModel(Persistable, SparkNetParams, PredictionModel[FeatureVector]):
     """Transform shared by the classifier and regression models."""
 
     _has_network = True

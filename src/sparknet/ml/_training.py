@@ -12,9 +12,9 @@ from sparknet._validation import refuse_pandas
 from sparknet.errors import CheckpointMismatch
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns, _jvm
-from sparknet.ml._params import _EstimatorParams
+from sparknet.ml._params import EstimatorParams
 from sparknet.ml._persistence import Persistable
-from sparknet.ml._scoring import _SparkNetModel
+from sparknet.ml._scoring import SparkNetModel
 from sparknet.model import History, Sequential
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from sparknet.optim import Optimizer
 
-_M = TypeVar("_M", bound=_SparkNetModel)
+_M = TypeVar("_M", bound=SparkNetModel)
 
 
 def _sequence_network(config: dict[str, Any], input_shape: tuple[int, int]) -> Sequential:
@@ -36,7 +36,7 @@ def _sequence_network(config: dict[str, Any], input_shape: tuple[int, int]) -> S
                       loss=config.get("loss"), name=net.name)
 
 
-class _SparkNetEstimator(Persistable, _EstimatorParams, Predictor[_M]):
+class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
     """The fit shared by the classifier and the regressor."""
 
     #: whether the network is trained as a classifier (cross-entropy on class ids)

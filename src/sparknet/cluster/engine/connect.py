@@ -3,7 +3,7 @@ rounds and the parameters with no ``SparkContext``, RDD, broadcast or accumulato
 
 * **Anchor.**  :class:`ConnectResident` builds each partition's shard with a
   ``mapInArrow`` over the source DataFrame (the same builder as on Classic,
-  :class:`~sparknet.cluster.resident.shards._Builder`), which emits one row per partition: its
+  :class:`~sparknet.cluster.resident.shards.ShardBuilder`), which emits one row per partition: its
   pickled :class:`~sparknet.cluster.resident.shards.ShardInfo`.  That one-row-per-partition
   DataFrame is ``localCheckpoint`` ed (eagerly): the rows live in the executors' block
   managers, later queries over it do not run the build again, and their tasks prefer
@@ -41,14 +41,19 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from sparknet.cluster.resident.driver import _OPEN, Resident, ResidentStateLost, lost_reason
+from sparknet.cluster.resident.driver import (
+    Resident,
+    ResidentStateLost,
+    lost_reason,
+    track_open,
+)
 from sparknet.cluster.resident.shards import (
+    ShardBuilder,
     ShardInfo,
-    _arrow_builder,
-    _as_info,
-    _Builder,
-    _drop_local,
-    _Task,
+    ShardTask,
+    arrow_builder,
+    as_info,
+    drop_local,
 )
 from sparknet.errors import RoundTimeout
 
@@ -255,7 +260,7 @@ class _ArrowTask:
 
     def __init__(self, fn: Callable, per_partition: bool, only: int | None = None,
                  joined: bool = False) -> None:
-        self.task, self.only = _Task(fn, per_partition), only
+        self.task, self.only = ShardTask(fn, per_partition), only
         self.joined = joined  # the anchor rows come cross-joined with InRows pieces
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -283,7 +288,7 @@ class _ArrowTask:
             for k, parts in pieces.items():
                 _ROWS_VALUES[k] = pickle.loads(b"".join(parts[i] for i in sorted(parts)))
             pieces.clear()
-            anchor_rows: list[Any] = [(v,) for v in infos]  # read by _as_info
+            anchor_rows: list[Any] = [(v,) for v in infos]  # read by as_info
             out = ([] if skip else [pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
                                     for item in self.task(index, anchor_rows)])
         finally:
@@ -302,7 +307,7 @@ class _ArrowDrop:
 
         for _ in batches:
             pass
-        yield pa.RecordBatch.from_pydict({"n": [int(_drop_local(self.key, self.base))]})
+        yield pa.RecordBatch.from_pydict({"n": [int(drop_local(self.key, self.base))]})
 
 
 # ------------------------------------------------------------------------- driver side
@@ -349,17 +354,17 @@ class ConnectResident(Resident):
         self._start(build, name, on_lost, spill_dir, self.engine.app_id, None, df, cut_lineage=True)
         self._jobs = 0
         self._materialise()
-        _OPEN.add(self)
+        track_open(self)
 
     def _materialise(self, keep: dict[int, ShardInfo] | None = None) -> None:
-        builder = _Builder(self.key, self._build, self.spill_dir, self.owner, keep)
+        builder = ShardBuilder(self.key, self._build, self.spill_dir, self.owner, keep)
         assert self._df is not None
-        built = self._df.mapInArrow(_arrow_builder(builder), _schema("info", "binary"))
+        built = self._df.mapInArrow(arrow_builder(builder), _schema("info", "binary"))
         self.build_started, t0 = time.time(), time.perf_counter()
         try:
             anchor = self._tagged(f"building resident state {self.key}", None,
                                   lambda: _checkpoint(built))
-            infos = sorted((_as_info(r) for r in anchor.collect()), key=lambda i: i.index)
+            infos = sorted((as_info(r) for r in anchor.collect()), key=lambda i: i.index)
         except BaseException:  # bad data found by a task: nothing of the failed build stays behind
             self._discard_partial(0)
             raise
@@ -373,7 +378,7 @@ class ConnectResident(Resident):
         """After a failed build: delete what its tasks wrote on this host (the client's
         host is the server's in a local deployment; elsewhere the owner files let the
         executors' sweep do it once this client is gone)."""
-        _drop_local(self.key, self.spill_dir)
+        drop_local(self.key, self.spill_dir)
 
     def _cleanup_files(self) -> None:
         anchor = self.anchor
@@ -385,7 +390,7 @@ class ConnectResident(Resident):
                          lambda: anchor.mapInArrow(drop, _schema("n", "long")).collect())
         except Exception as exc:  # the server is gone meanwhile
             log.debug("resident %s: executor cleanup failed: %s", self.key, exc)
-        _drop_local(self.key, self.spill_dir)
+        drop_local(self.key, self.spill_dir)
         try:
             anchor.unpersist()
         except Exception:  # pragma: no cover - the session stopped

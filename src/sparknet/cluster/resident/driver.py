@@ -75,17 +75,17 @@ from sparknet.cluster.resident import executors as _executors
 from sparknet.cluster.resident import spill as _files
 from sparknet.cluster.resident.executors import JobGuard, block_homes, live_executors
 from sparknet.cluster.resident.shards import (  # noqa: F401 - the executor side, re-exported
-    _CHECKPOINT_LOST,
+    CHECKPOINT_LOST,
     LOST_TAG,
+    Dropper,
     Shard,
+    ShardBuilder,
     ShardInfo,
-    _arrow_builder,
-    _as_info,
-    _Builder,
-    _drop_local,
-    _Dropper,
-    _Task,
+    ShardTask,
+    arrow_builder,
+    as_info,
     attach,
+    drop_local,
 )
 from sparknet.errors import RoundTimeout
 
@@ -107,7 +107,7 @@ def lost_reason(exc: BaseException) -> str | None:
     if LOST_TAG in text:
         line = next((ln for ln in text.splitlines() if LOST_TAG in ln), LOST_TAG)
         return line.strip().split(f"{LOST_TAG}: ", 1)[-1]
-    if _CHECKPOINT_LOST in text or ("Checkpoint block" in text and "not found" in text):
+    if CHECKPOINT_LOST in text or ("Checkpoint block" in text and "not found" in text):
         return "the executor holding a shard's anchor block is gone"
     return None
 
@@ -130,6 +130,12 @@ def open_states() -> "list[Resident]":
     :attr:`~Resident.infos` (host and folder of each) and :attr:`~Resident.homes`.  A
     snapshot, in no particular order: states opened or closed later do not change it."""
     return list(_OPEN)
+
+
+def track_open(state: "Resident") -> None:
+    """Count ``state`` among this driver's open states (:func:`open_states`) until it is
+    closed: what a subclass built without ``Resident.__init__`` calls once it is built."""
+    _OPEN.add(state)
 
 
 #: the JVM logger of an anchor's RDD class (its unpersist warning is silenced, see _unpersist)
@@ -238,13 +244,13 @@ class Resident:
     def _materialise(self, keep: dict[int, ShardInfo] | None = None) -> None:
         from pyspark import StorageLevel
 
-        builder = _Builder(self.key, self._build, self.spill_dir, self.owner, keep)
+        builder = ShardBuilder(self.key, self._build, self.spill_dir, self.owner, keep)
         anchor: RDD[Any]
         if self._df is not None:
             # the Python map behind the Arrow stage starts the executors' other Python
             # daemon (plain RDD tasks, as every later round is) alongside the Arrow one
-            anchor = self._df.mapInArrow(_arrow_builder(builder), "info binary").rdd.map(
-                _as_info, preservesPartitioning=True)
+            anchor = self._df.mapInArrow(arrow_builder(builder), "info binary").rdd.map(
+                as_info, preservesPartitioning=True)
         else:
             assert self._rdd is not None  # __init__ took an RDD or a DataFrame
             anchor = self._rdd.mapPartitionsWithIndex(builder, preservesPartitioning=True)
@@ -259,7 +265,7 @@ class Resident:
         try:
             with JobGuard(self.sc, f"building resident state {self.key}") as guard:
                 try:
-                    infos = [_as_info(item) for item in anchor.collect()]
+                    infos = [as_info(item) for item in anchor.collect()]
                 except Exception:
                     anchor.unpersist()
                     if guard.reason == "no executors":
@@ -267,7 +273,7 @@ class Resident:
                                                                  f"{self.key}")) from None
                     raise
         except NoExecutorsLeft:
-            _drop_local(self.key, self.spill_dir)
+            drop_local(self.key, self.spill_dir)
             raise
         except Exception:  # bad data found by a task: nothing of the failed build stays behind
             self._discard_partial(anchor.getNumPartitions())
@@ -286,11 +292,11 @@ class Resident:
             with JobGuard(self.sc, f"deleting partial resident state {self.key}",
                           timeout=CLEANUP_TIMEOUT):
                 self.sc.parallelize(range(parts), max(1, parts)).mapPartitions(
-                    _Dropper(self.key, self.spill_dir)).collect()
+                    Dropper(self.key, self.spill_dir)).collect()
         # executors gone meanwhile: the owner files let a later sweep do it
         except Exception as exc:
             log.debug("resident %s: cleanup after a failed build failed: %s", self.key, exc)
-        _drop_local(self.key, self.spill_dir)
+        drop_local(self.key, self.spill_dir)
 
     @property
     def num_partitions(self) -> int:
@@ -371,7 +377,7 @@ class Resident:
         if anchor is None:
             return
         if getattr(self.sc, "_jsc", None) is None:  # its session was stopped: no executor to ask
-            _drop_local(key, self.spill_dir)  # (other hosts' files: their next sweep, owner gone)
+            drop_local(key, self.spill_dir)  # (other hosts' files: their next sweep, owner gone)
             self.anchor = None
             return
         live = live_executors(self.sc)
@@ -383,7 +389,7 @@ class Resident:
             healthy = live is None or set(self.homes.values()) <= live
             if not (healthy and self._drop_job(over_anchor=True)):
                 self._drop_job(over_anchor=False)
-        _drop_local(key, self.spill_dir)
+        drop_local(key, self.spill_dir)
         try:
             _unpersist(anchor)
         except Exception:  # pragma: no cover - context stopped
@@ -401,7 +407,7 @@ class Resident:
         guard = JobGuard(self.sc, f"deleting resident state {self.key}", CLEANUP_TIMEOUT, watch)
         try:
             with guard:
-                rdd.mapPartitions(_Dropper(self.key, self.spill_dir)).collect()
+                rdd.mapPartitions(Dropper(self.key, self.spill_dir)).collect()
         except Exception as exc:  # executors gone meanwhile
             if guard.reason == "lost":
                 log.info("resident %s: executor %s lost during the clean-up; deleting without "
@@ -421,7 +427,7 @@ class Resident:
         """A lazy RDD running ``fn(index, shard) -> iterable`` on each partition's shard
         (use it with any action: ``collect``, ``treeAggregate``, ``foreach`` with an
         accumulator...).  Wrap the action in :meth:`run_action` for lost-state handling."""
-        return self._live_anchor().mapPartitionsWithIndex(_Task(fn, per_partition=True),
+        return self._live_anchor().mapPartitionsWithIndex(ShardTask(fn, per_partition=True),
                                                           preservesPartitioning=True)
 
     def _live_anchor(self) -> "RDD[Any]":
@@ -521,7 +527,7 @@ class Resident:
         """Run ``fn(index, shard)`` once per partition and return the results in
         partition order (a ``collect``; results should be small or param-sized)."""
         def job() -> list:
-            rdd = self._live_anchor().mapPartitionsWithIndex(_Task(fn, per_partition=False),
+            rdd = self._live_anchor().mapPartitionsWithIndex(ShardTask(fn, per_partition=False),
                                                              preservesPartitioning=True)
             if description:
                 self.sc.setJobDescription(description)

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 #: Tag carried by the executor-side error when a shard's state is gone.
 LOST_TAG = "SPARKNET_RESIDENT_LOST"
 #: Spark's error when a locally checkpointed anchor block went with its executor.
-_CHECKPOINT_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
+CHECKPOINT_LOST = "CHECKPOINT_RDD_BLOCK_ID_NOT_FOUND"
 #: Executor side: (key, partition) -> {name: ndarray (memory-mapped view)}.
 _STORE: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 _STORE_DIRS: dict[tuple[str, int], str] = {}
@@ -190,7 +190,8 @@ def attach(info: ShardInfo) -> Shard:
     return Shard(info, arrays)
 
 
-class StoreEntry(NamedTuple):
+@dataclass(frozen=True)
+class StoreEntry:
     """One shard held in a Python worker's store (see :func:`store_entries`).
 
     Attributes:
@@ -225,7 +226,7 @@ def clear_store() -> int:
     return len(keys)
 
 
-def _drop_local(key: str, base: str | None = None) -> int:
+def drop_local(key: str, base: str | None = None) -> int:
     """Executor side: forget and delete every shard of ``key`` on this host (the whole
     ``sparknet-resident-<key>`` folder under every spill base, so also the shards that
     an executor lost since built here)."""
@@ -235,7 +236,7 @@ def _drop_local(key: str, base: str | None = None) -> int:
         return _files.remove_key(key, base)
 
 
-class _Builder:
+class ShardBuilder:
     """The anchor RDD's partition function: build, spill, register, yield one ShardInfo.
     A partition in ``keep`` whose files are on this host is re-attached instead (its
     arrays, optimizer state included, stay as they were)."""
@@ -293,7 +294,7 @@ class _Builder:
         yield self.make(index, iterator)
 
 
-def _arrow_builder(builder: _Builder) -> Callable[[Iterator], Iterator["pa.RecordBatch"]]:
+def arrow_builder(builder: ShardBuilder) -> Callable[[Iterator], Iterator["pa.RecordBatch"]]:
     """A ``mapInArrow`` function that builds the shard of the task's partition from its
     record batches and emits one row holding the pickled :class:`ShardInfo`."""
 
@@ -313,17 +314,19 @@ def _arrow_builder(builder: _Builder) -> Callable[[Iterator], Iterator["pa.Recor
     return run
 
 
-class _Dropper:
+class Dropper:
+    """An executor job that deletes this host's shards of ``key`` (:func:`drop_local`)."""
+
     def __init__(self, key: str, base: str | None = None) -> None:
         self.key, self.base = key, base
 
     def __call__(self, iterator: Iterable) -> Iterator[int]:
         for _ in iterator:
             pass
-        return iter([_drop_local(self.key, self.base)])
+        return iter([drop_local(self.key, self.base)])
 
 
-def _as_info(item: Any) -> ShardInfo:
+def as_info(item: Any) -> ShardInfo:
     """An anchor record: a :class:`ShardInfo`, or the DataFrame row holding it pickled
     (what :meth:`Resident.from_dataframe`'s Arrow stage emits)."""
     if isinstance(item, ShardInfo):
@@ -332,14 +335,14 @@ def _as_info(item: Any) -> ShardInfo:
     return pickle.loads(item[0])
 
 
-class _Task:
+class ShardTask:
     """Wraps a job function: drain the anchor iterator, attach, call ``fn``."""
 
     def __init__(self, fn: Callable, per_partition: bool) -> None:
         self.fn, self.per_partition = fn, per_partition
 
     def __call__(self, index: int, iterator: Iterable[ShardInfo]) -> Iterable:
-        infos = [_as_info(item) for item in iterator]
+        infos = [as_info(item) for item in iterator]
         if len(infos) != 1:
             raise RuntimeError(f"anchor partition {index} holds {len(infos)} shard records, "
                                "expected 1")
