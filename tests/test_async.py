@@ -35,6 +35,7 @@ def test_async_matches_sync_accuracy_on_digits(spark, digits):
     assert acc["async"] >= acc["sync"] - 0.01
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stale", ["reject", "downweight"])
 def test_staleness_bound_holds_in_history(spark, digits, stale):
     """A straggler (0.3 s more per round) makes stale deltas; the bound 1 is enforced."""

@@ -34,6 +34,7 @@ def test_data_parallel_auto_partitions_uses_the_planners_choice(spark, digits, c
         DataParallelTrainer(mlp(64, input_shape=(64,)), spark, num_partitions="many")
 
 
+@pytest.mark.slow
 def test_model_parallel_auto_plan_blocks_the_large_layers(spark, digits_xy):
     from sparknet.cluster.model_parallel import ModelParallel
 

@@ -197,7 +197,8 @@ def _mp_against_one_process(mp, X, y, make_opt):
     return np.linalg.norm(got - ref.params) / norm, np.linalg.norm(plain.params - ref.params) / norm
 
 
-@pytest.mark.parametrize("K,pair,on_spark", [(2, False, True), (3, True, False)],
+@pytest.mark.parametrize("K,pair,on_spark", [pytest.param(2, False, True, marks=pytest.mark.slow),
+                                             (3, True, False)],
                          ids=["K2-blocks-spark", "K3-paired-in-process"])
 def test_model_parallel_global_norm_spans_every_block(request, digits_xy, K, pair, on_spark):
     """Every layer cut into K blocks (paired: a Megatron pair, its second bias on the

@@ -206,6 +206,7 @@ def _bad_fit(spark, data, y=None, match="", **kw):
     np.testing.assert_array_equal(model.params, before)
 
 
+@pytest.mark.slow
 def test_bad_input_fails_before_any_round(spark, digits):
     from pyspark.ml.linalg import Vectors
     X, y, _, _ = digits
@@ -237,6 +238,7 @@ def test_bad_input_fails_before_any_round(spark, digits):
     _bad_fit(spark, good, validation_data=(X[:5, :10], y[:5]), match="X_val has 10 values per row")
 
 
+@pytest.mark.slow
 def test_resident_state_reattaches_and_never_goes_missing(spark):
     import shutil
 

@@ -485,6 +485,7 @@ def test_paper_cnn_from_the_docs_builds_and_trains():
 
 
 # ------------------------------------------------------------------ accuracy
+@pytest.mark.slow
 def test_cnn_reaches_98_percent_on_digits_within_60_seconds():
     Xtr, ytr, Xte, yte = load_digits(flat=False)  # fixed seeded stratified 25% test split
     assert Xtr.shape[1:] == (8, 8, 1) and len(Xte) == 450

@@ -181,6 +181,7 @@ def test_a_model_parallel_checkpoint_with_a_damaged_block_is_named(tmp_path):
 
 
 # ------------------------------------------------------- the Spark ML Models' folders
+@pytest.mark.slow
 def test_a_spark_ml_model_with_damaged_metadata_or_history_is_named(spark, tmp_path):
     from sparknet import Sequential
     from sparknet.history import History

@@ -64,6 +64,7 @@ def test_a_failed_save_leaves_the_old_file(tmp_path, digits):
     assert path.read_text() == before and sorted(p.name for p in tmp_path.iterdir()) == ["h.json"]
 
 
+@pytest.mark.slow
 def test_plot_draws_loss_and_accuracy_panels_and_the_cli_writes_a_png(tmp_path, digits):
     pytest.importorskip("matplotlib", reason="matplotlib not installed: History.plot needs it")
     h = _digits_fit(digits)
@@ -84,6 +85,7 @@ def test_plot_draws_loss_and_accuracy_panels_and_the_cli_writes_a_png(tmp_path, 
     assert bad.returncode == 2 and "cannot read the history" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_async_fit_history_keeps_its_updates_and_plots_spark_share_and_staleness(tmp_path, spark, digits):
     pytest.importorskip("matplotlib", reason="matplotlib not installed: History.plot needs it")
     from sparknet.cluster import DataParallelTrainer

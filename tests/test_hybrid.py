@@ -51,6 +51,7 @@ OPTIMIZERS = {"rmsprop": lambda: RMSprop(lr=2e-3), "sgd-momentum": lambda: SGD(l
     pytest.param(pair, opt, id=f"{'paired' if pair else 'blocks'}-{opt}",
                  marks=[] if (pair, opt) == (True, "rmsprop") else [pytest.mark.slow])
     for pair in (False, True) for opt in sorted(OPTIMIZERS)])
+@pytest.mark.slow
 def test_two_replicas_of_two_blocks_equal_one_process(spark, digits_xy, pair, opt):
     X, y = digits_xy
     mp = ModelParallel(mp_layers(), BlockPlan({0: 2, 1: 2, 2: 2}, pair=pair), (64,), spark=spark,

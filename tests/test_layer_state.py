@@ -143,6 +143,7 @@ def test_gradient_sync_state_is_one_process_or_the_partitions_row_weighted_mean(
 
 
 # ------------------------------------------------------------------ average and async
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["average", "async"])
 def test_average_and_async_modes_learn_digits_and_keep_the_datas_statistics(spark, digits, mode):
     X, y, Xt, yt = digits
@@ -167,6 +168,7 @@ def test_average_and_async_modes_learn_digits_and_keep_the_datas_statistics(spar
 
 
 # ------------------------------------------------------------------------ Spark Connect
+@pytest.mark.slow
 def test_gradient_sync_under_connect_carries_the_state_as_classic_does(spark, connect_spark,
                                                                        digits):
     """The same BatchNormalization fit (sync='gradient', float64, 2 partitions) under
@@ -187,6 +189,7 @@ def test_gradient_sync_under_connect_carries_the_state_as_classic_does(spark, co
 
 
 # ------------------------------------------------------------------------------ resume
+@pytest.mark.slow
 def test_interrupted_gradient_fit_resumes_bit_identically_state_included(spark, digits, tmp_path):
     from sparknet.callbacks import LambdaCallback
     from sparknet.checkpoint import CheckpointStore

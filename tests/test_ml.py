@@ -109,6 +109,7 @@ def test_array_features_transform_and_fit(spark, frames, fitted, digits):
     assert acc > 0.85
 
 
+@pytest.mark.slow
 def test_async_mode_trains_on_the_asynchronous_trainer(frames):
     """mode='async' reaches the asynchronous parameter-server rounds (the trainer's mode
     resolution imports them on demand): the fit's history holds their applied updates,
@@ -256,6 +257,7 @@ def _sequences(X, rng):
     return [x.reshape(8, 8)[:L].astype(np.float64) for x, L in zip(X, lengths)]
 
 
+@pytest.mark.slow
 def test_lstm_on_variable_length_sequences(spark, digits):
     """array<array<double>> rows of different lengths: padded, masked (SequenceMask in
     front of the LSTM), trained; a padded row scores exactly as the same sequence alone

@@ -196,6 +196,7 @@ def test_bytes_per_step_scale_with_batch_and_width_not_weights(spark):
 
 
 # ------------------------------------------------------- the driver never holds a layer
+@pytest.mark.slow
 def test_driver_memory_below_one_blocked_layer_and_streamed_save_load(spark, tmp_path):
     n_in, width, batch = 1024, 16384, 32
     layer_bytes = n_in * width * 4                                   # 64 MiB of float32 weights

@@ -127,7 +127,8 @@ def test_resume_refuses_other_data_or_network_and_starts_fresh_without_checkpoin
 
 
 # ---------------------------------------------------------- lost blocks: exact replay
-@pytest.mark.parametrize("where", ["in-process", "in-process-2-replicas", "spark"])
+@pytest.mark.parametrize("where", ["in-process", "in-process-2-replicas",
+                                   pytest.param("spark", marks=pytest.mark.slow)])
 def test_lost_blocks_mid_fit_replay_the_steps_since_the_checkpoint(request, digits_xy, tmp_path, caplog, where):
     """Block state lost inside step 8 of 16 (checkpoints every 5): the fit restores step 5,
     replays 6..8 and ends with exactly the weights, steps and history of an undisturbed fit."""
@@ -204,7 +205,7 @@ def test_resume_after_the_driver_is_killed_is_bit_identical(spark, digits_xy, tm
 
 
 # ----------------------------------------------------------------------- divergence
-@pytest.mark.parametrize("where", ["in-process", "spark"])
+@pytest.mark.parametrize("where", ["in-process", pytest.param("spark", marks=pytest.mark.slow)])
 def test_divergence_stops_with_the_last_finite_weights(request, digits_xy, tmp_path, where):
     """SGD at lr 1 on a regression overflows: TrainingDiverged names the step, the model holds
     exactly the weights of the step before, and no checkpoint of the diverged state exists."""

@@ -140,6 +140,7 @@ def _digits_fit(spark, digits, outer, epochs=12, local_steps=10, seed=0):
     return model, history
 
 
+@pytest.mark.slow
 def test_fit_with_momentum_0_lr_1_equals_plain_averaging(spark, digits):
     """Same data, schedule and seeds: the outer step with momentum 0 and lr 1 leaves the
     very parameters plain averaging leaves."""

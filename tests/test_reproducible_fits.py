@@ -117,6 +117,7 @@ def _startup_line(caplog) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 def test_the_startup_line_states_the_rounds_the_fit_runs(spark, digits, caplog):
     X, y, _, _ = digits
     caplog.set_level(logging.INFO, logger="sparknet.cluster.data_parallel.trainer")

@@ -207,6 +207,7 @@ def test_hung_async_task_fails_the_fit_with_round_timeout(spark, digits):
     _assert_jobs_end(spark)
 
 
+@pytest.mark.slow
 def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
     X, y, _, _ = digits
     trainer = job.make_trainer("gradient", spark, None)
@@ -218,6 +219,7 @@ def test_hung_sync_task_fails_the_fit_with_round_timeout(spark, digits):
     _assert_jobs_end(spark)
 
 
+@pytest.mark.slow
 def test_lost_shards_get_their_optimizer_state_back_from_the_checkpoint(spark, digits, tmp_path, caplog):
     X, y, _, _ = digits
     trainer = job.make_trainer("average", spark, str(tmp_path))

@@ -39,6 +39,7 @@ def no_kept_shards():
     DataParallelTrainer.release_shards()
 
 
+@pytest.mark.slow
 def test_second_fit_on_the_same_cached_dataframe_reuses_the_shards(spark, digits, no_kept_shards):
     """No job builds the shards of the second fit (training and validation data), and
     it trains exactly as a fit on freshly built shards: a reused shard carries no
@@ -60,6 +61,7 @@ def test_second_fit_on_the_same_cached_dataframe_reuses_the_shards(spark, digits
         pytest.approx(m2.evaluate(Xt, yt)["accuracy"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards):
     """Different rows are a different cache: the shards are built anew and the result
     equals a fresh fit on those rows; after ``unpersist()`` nothing is reused either."""
@@ -82,6 +84,7 @@ def test_changed_or_uncached_data_is_never_reused(spark, digits, no_kept_shards)
     assert not h3.reused_shards and not h4.reused_shards
 
 
+@pytest.mark.slow
 def test_release_shards_deletes_the_kept_files(spark, digits, no_kept_shards):
     X, y, _, _ = digits
     df = row_frame(spark, X[:400], y[:400], 2, cache=True)
@@ -144,6 +147,7 @@ def _training_data_dirs():
     return _shm_names("sparknet-resident-train-") | _shm_names("sparknet-resident-val-")
 
 
+@pytest.mark.slow
 def test_validation_data_loads_beside_the_training_data(spark, digits, no_kept_shards):
     """A built model's validation data loads in a second thread while the training data
     loads (its job in the caller's job group): the fit equals one whose model is built

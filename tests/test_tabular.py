@@ -203,6 +203,7 @@ def _small_frame(spark, n=240, seed=0):
     return spark.createDataFrame(rows, ["color", "size", "v", "label"])
 
 
+@pytest.mark.slow
 def test_estimator_network_param_round_trips_and_fits_a_dataframe(spark, tmp_path):
     from pyspark.ml import Pipeline, PipelineModel
     from pyspark.ml.feature import StringIndexer, VectorAssembler
