@@ -197,10 +197,16 @@ def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True) -> di
             steppers["torch_bf16"] = plain_round(torch_step(name, X, y, True))
         except ImportError as exc:
             print(f"PyTorch not importable ({exc}); sparknet only", file=sys.stderr)
+    with threadpool_limits(1):
+        for k, st in list(steppers.items()):        # warm-up
+            try:
+                st(0, 2)
+            except RuntimeError as exc:  # e.g. oneDNN has no bf16 LSTM without AVX512-BF16
+                print(f"{k} cannot run {name} on this CPU, left out: {str(exc).splitlines()[0]}",
+                      file=sys.stderr)
+                del steppers[k]
     times: dict[str, list[float]] = {k: [] for k in steppers}
     with threadpool_limits(1):
-        for st in steppers.values():        # warm-up
-            st(0, 2)
         for _ in range(rounds):
             for k, st in steppers.items():
                 t0 = time.perf_counter()

@@ -49,7 +49,6 @@ class RoundResult:
         stats: float64 array, see :data:`STATS`; for a round spanning several epochs,
             one row per epoch (shape ``(epochs, len(STATS))``).
         times: compute seconds of each task (inside the task, excluding Spark's costs).
-        step_time: seconds of one local step (the slowest task's).
         nonfinite: ``(partition, what)`` of every task whose loss or vector was NaN or
             infinite (``what``: ``"loss"``, ``"gradient"``, ``"delta"``; see
             :mod:`sparknet.cluster.data_parallel.guards`).
@@ -69,7 +68,6 @@ class RoundResult:
     vec: np.ndarray | None = None
     stats: np.ndarray = field(default_factory=lambda: np.zeros(len(STATS)))
     times: list[float] = field(default_factory=list)
-    step_time: float = 0.0
     nonfinite: list[tuple[int, str]] = field(default_factory=list)
     states: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     state: np.ndarray | None = None
@@ -97,7 +95,6 @@ class RoundResult:
             self.states = {**self.states, **other.states}
         self.state, self.state_rows = merge(self.state, self.state_rows, other.state,
                                             other.state_rows)
-        self.step_time = max(self.step_time, other.step_time)
         return self
 
     def stat(self, name: str) -> float:

@@ -271,7 +271,7 @@ class RoundTask:
         b = self.spec.batch_size
         start = np.array(model.params, copy=True)
         per_epoch = np.zeros((len(segments), len(STATS)))
-        t_loop, n_steps = time.perf_counter(), 0
+        n_steps = 0
         pairs = model.n_state > 0  # layers with batch statistics: no minibatch of one row
         for e, rows in enumerate(segments):
             for lo in range(0, len(rows), b):
@@ -283,10 +283,9 @@ class RoundTask:
                 precision_mod.next_step()  # bf16 copies of the weights are stale
                 per_epoch[e] += _stat_row(s, w, c, xb.shape[0], 1)
                 n_steps += 1
-        step_time = (time.perf_counter() - t_loop) / max(1, n_steps)
         vec = (model.params - start) * model.dtype.type(n_rows)
         stats = per_epoch if self.span > 1 else per_epoch[0]
-        return RoundResult(vec, stats, step_time=step_time)
+        return RoundResult(vec, stats)
 
     def _batch(self, x: np.ndarray, y: np.ndarray,
                rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
