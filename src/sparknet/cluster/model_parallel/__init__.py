@@ -102,10 +102,11 @@ block job that hangs (:class:`~sparknet.errors.RoundTimeout`).
 
 The package: :mod:`~.executor` (slot store, block maths), :mod:`~.files` (block files,
 manifest), :mod:`~.jobs` (typed block jobs), :mod:`~.messages` (their inputs and replies),
-:mod:`~.backends` (in-process and Spark), :mod:`~.stages` (driver, blocked and pair stages),
-:mod:`~.model` (this class), :mod:`~.arguments` (its arguments checked), :mod:`~.inference`
-(output, loss, whole layers gathered), :mod:`~.fitting` (the fit loop, resume and replay),
-:mod:`~.recovery` (checkpoints), :mod:`~.persistence` (save, load, restore).
+:mod:`~.backends` (in-process and Spark), :mod:`~.stages` (driver, blocked and pair stages,
+reaching the model through :class:`~.stage_protocols.StageOwner`), :mod:`~.model` (this class),
+:mod:`~.arguments` (its arguments checked), :mod:`~.inference` (output, loss, whole layers
+gathered), :mod:`~.fitting` (the fit loop, resume and replay), :mod:`~.recovery` (checkpoints),
+:mod:`~.persistence` (save, load, restore).
 
 Example::
 

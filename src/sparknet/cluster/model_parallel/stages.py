@@ -16,7 +16,7 @@ changes nothing here.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,29 +39,10 @@ from sparknet.cluster.model_parallel.messages import (
     ScaledResult,
     nbytes,
 )
+from sparknet.cluster.model_parallel.stage_protocols import Stage, StageOwner
 from sparknet.errors import TrainingDiverged
 from sparknet.layers.base import Layer
 from sparknet.optim import Optimizer
-
-if TYPE_CHECKING:
-    from sparknet.cluster.model_parallel import ModelParallel
-
-
-class Stage(Protocol):
-    """One step of the network's forward and backward pass."""
-
-    kind: str
-
-    def forward(self, x: np.ndarray, training: bool) -> np.ndarray:
-        """The stage's output for ``x``; with ``training`` it keeps what backward needs."""
-        ...
-
-    def backward(self, g: np.ndarray, need_dx: bool,
-                 next_x: np.ndarray | None = None) -> np.ndarray | None:
-        """Backpropagate the output delta ``g``, update the stage's weights, and return the
-        input delta (``None`` unless ``need_dx``).  A blocked stage may run the forward of
-        ``next_x`` in the same job (lookahead)."""
-        ...
 
 
 class NonFinite(ArithmeticError):
@@ -96,7 +77,7 @@ class NormClip:
     computes the factor (``torch.nn.utils.clip_grad_norm_``'s) and applies everything.
     """
 
-    def __init__(self, owner: "ModelParallel") -> None:
+    def __init__(self, owner: StageOwner) -> None:
         self.owner = owner
         self.reset()
 
@@ -175,7 +156,7 @@ class DriverStage:
     #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
     clip: NormClip | None = None
 
-    def __init__(self, owner: "ModelParallel", first: int, layers: list[Layer],
+    def __init__(self, owner: StageOwner, first: int, layers: list[Layer],
                  in_shape: Sequence[int]) -> None:
         from sparknet.model import Sequential
 
@@ -217,7 +198,7 @@ class DriverStage:
         return dx
 
 
-def _per_replica(owner: "ModelParallel", parts: list, blocks: int,
+def _per_replica(owner: StageOwner, parts: list, blocks: int,
                  join: Callable[[list], np.ndarray]) -> np.ndarray:
     """Join each replica's block results (``join``: concatenate or sum over the blocks), then
     stack the replicas' row shards."""
@@ -237,7 +218,7 @@ def _sum(parts: list) -> np.ndarray:
     return acc
 
 
-def combine(owner: "ModelParallel", layers: tuple[BlockedLayer, ...], step: int, gathered: list,
+def combine(owner: StageOwner, layers: tuple[BlockedLayer, ...], step: int, gathered: list,
             x_next: np.ndarray | None = None, clip: NormClip | None = None) -> list | None:
     """Sum each block's partial gradients over the replicas and apply them, piece by piece.
 
@@ -287,7 +268,7 @@ class _Blocked:
     #: the network's clip by global norm (``None``: the optimizer has no ``clipnorm``)
     clip: NormClip | None = None
 
-    def __init__(self, owner: "ModelParallel") -> None:
+    def __init__(self, owner: StageOwner) -> None:
         self.owner = owner
         #: (input object, output) of a forward pass computed ahead, in the previous backward job
         self._pre: tuple[np.ndarray, np.ndarray] | None = None
@@ -363,7 +344,7 @@ class BlockStage(_Blocked):
 
     kind = "block"
 
-    def __init__(self, owner: "ModelParallel", spec: BlockedLayer) -> None:
+    def __init__(self, owner: StageOwner, spec: BlockedLayer) -> None:
         super().__init__(owner)
         self.spec = spec
         self.layers = (spec,)
@@ -398,7 +379,7 @@ class PairStage(_Blocked):
 
     kind = "pair"
 
-    def __init__(self, owner: "ModelParallel", a: BlockedLayer, b: BlockedLayer) -> None:
+    def __init__(self, owner: StageOwner, a: BlockedLayer, b: BlockedLayer) -> None:
         super().__init__(owner)
         self.a, self.b = a, b
         self.layers = (a, b)
@@ -440,7 +421,7 @@ class PairStage(_Blocked):
         return self._input_delta(dxs, lead, need_dx)
 
 
-def build_stages(owner: "ModelParallel", shapes: Sequence[Sequence[int]]) -> list[Stage]:
+def build_stages(owner: StageOwner, shapes: Sequence[Sequence[int]]) -> list[Stage]:
     """The stages of ``owner``'s layers in order: runs of driver layers, blocked layers and
     pairs (``shapes``: each layer's per-sample input shape)."""
     from sparknet.layers.core import Dense
@@ -528,7 +509,7 @@ def state_into(stages: Sequence[Stage], model: Any) -> None:
                     model.state[c:d] = st.seq.state[a:b]
 
 
-def assemble(owner: "ModelParallel", index: int, by_idx: Mapping[int, BlockedLayer],
+def assemble(owner: StageOwner, index: int, by_idx: Mapping[int, BlockedLayer],
              parts_all: list, replica: int) -> dict[str, np.ndarray]:
     """The whole ``kernel``/``bias`` of layer ``index``: concatenated from its blocks'
     copies (``parts_all``: per slot, what a gather job returned) or read from its driver
