@@ -105,6 +105,16 @@ class Engine(Protocol):
         (:meth:`~sparknet.cluster.resident.driver.Resident.from_dataframe`'s contract)."""
         ...
 
+    def resident_slots(self, n: int, build: Callable, name: str) -> Any:
+        """A resident state of ``n`` slots, slot ``i`` built by ``build(i, ...)`` (the
+        model-parallel blocks' home); rebuilt by Spark where the engine can."""
+        ...
+
+    def live_executors(self) -> set[str] | None:
+        """The executors registered now, or ``None`` where that is not known (local mode, a
+        Connect client)."""
+        ...
+
 
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` (a session or a DataFrame) is a Spark Connect one."""
@@ -214,6 +224,21 @@ class ClassicEngine:
         from sparknet.cluster.resident.driver import Resident
 
         return Resident.from_dataframe(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir)
+
+    def resident_slots(self, n: int, build: Callable, name: str) -> Any:
+        from sparknet.cluster.resident.driver import Resident
+
+        # the source is just the slot numbers: its lineage is kept, so that a slot whose anchor
+        # block went with its executor is rebuilt by Spark and re-attaches its mapped files
+        return Resident(self.sc.parallelize(range(n), n), build, name=name, cut_lineage=False)
+
+    def live_executors(self) -> set[str] | None:
+        from sparknet.cluster.resident.executors import live_executors
+
+        try:
+            return live_executors(self.sc)
+        except Exception:  # pragma: no cover - context stopping
+            return None
 
 
 def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:

@@ -241,6 +241,15 @@ class ConnectEngine:
         return ConnectResident(df, build, name=name, on_lost=on_lost, spill_dir=spill_dir,
                                engine=self)
 
+    def resident_slots(self, n: int, build: Callable, name: str) -> "ConnectResident":
+        # one row per slot; the anchor is the checkpointed one-row-per-slot DataFrame
+        return ConnectResident(self.spark.range(n, numPartitions=n), build, name=name,
+                               engine=self)
+
+    def live_executors(self) -> set[str] | None:
+        """Not known: a Connect client cannot list the executors."""
+        return None
+
 
 _ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.WeakKeyDictionary()
 

@@ -156,21 +156,7 @@ class SparkBlocks:
         self.n_slots = int(n_slots)
         #: seconds a job may run before it is cancelled (:class:`~sparknet.errors.RoundTimeout`)
         self.timeout = timeout
-        if self.engine.kind == "connect":
-            from sparknet.cluster.engine.connect import ConnectResident
-
-            # one row per slot; the anchor is the checkpointed one-row-per-slot DataFrame
-            self.sc = None
-            self.res: Any = ConnectResident(spark.range(self.n_slots, numPartitions=self.n_slots),
-                                            _build_slot, name=name)
-        else:
-            from sparknet.cluster.resident.driver import Resident
-
-            self.sc = getattr(spark, "sparkContext", spark)
-            # the source is just the slot numbers: keep its lineage, so that a slot whose anchor
-            # block went with its executor is rebuilt by Spark and re-attaches its mapped files
-            self.res = Resident(self.sc.parallelize(range(self.n_slots), self.n_slots), _build_slot,
-                                name=name, cut_lineage=False)
+        self.res: Any = self.engine.resident_slots(self.n_slots, _build_slot, name)
         self.home = [info.meta.ppid for info in self.res.infos]
         self.jobs = 0
         self.tasks = 0
@@ -220,14 +206,7 @@ class SparkBlocks:
 
     def _lost_what(self, reason: str) -> str:
         """``reason``, prefixed with the executors gone and the slots they held (when known)."""
-        from sparknet.cluster.resident.executors import live_executors
-
-        if self.sc is None:  # a Connect client cannot list the executors
-            return reason
-        try:
-            live = live_executors(self.sc)
-        except Exception:  # pragma: no cover - context stopping
-            live = None
+        live = self.engine.live_executors()
         homes = getattr(self.res, "homes", {}) or {}
         gone = sorted({e for e in homes.values() if live is not None and e not in live})
         if not gone:
