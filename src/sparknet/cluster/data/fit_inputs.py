@@ -11,13 +11,12 @@ training data first, so its validation data is checked against that and loaded a
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 from sparknet.cluster.data.labels import check_label_range, label_desc
 from sparknet.cluster.data.sharding import ShardedData, is_dataframe, is_rdd, shard_data
-from sparknet.cluster.engine.base import engine_for, is_connect
+from sparknet.cluster.engine.base import engine_for
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
@@ -71,10 +70,8 @@ def _partitions(trainer: "DataParallelTrainer", data: Any,
     """The training shards' count, known before they are built."""
     if num_partitions is not None:
         return int(num_partitions)
-    if is_dataframe(data):
-        if is_connect(data):  # a Connect DataFrame's partitions are known once it runs
-            return None
-        return int(data.rdd.getNumPartitions())
+    if is_dataframe(data):  # under Connect: known once it runs
+        return engine_for(data.sparkSession).num_partitions(data)
     if is_rdd(data):
         return int(data.getNumPartitions())
     return engine_for(trainer.spark).default_parallelism()
@@ -87,7 +84,6 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
     """The training (and validation) data on the executors for the ``with`` block, the
     training data in ``num_partitions`` shards (None: the source's); their resident
     shards are deleted after it (or kept for reuse, see ``fit``)."""
-    from pyspark import InheritableThread
 
     engine = engine_for(trainer.spark)
     train = val = None
@@ -108,9 +104,7 @@ def resident_data(trainer: "DataParallelTrainer", data: Any, y: Any, validation_
     thread = None
     try:
         if validation_data is not None and parts is not None:
-            # (a Connect client's queries carry their thread's tags, not a JVM's properties)
-            kind = InheritableThread if engine.kind == "classic" else threading.Thread
-            thread = kind(target=load_val, args=(parts,), name=f"sparknet-val-{key}", daemon=True)
+            thread = engine.thread(load_val, f"sparknet-val-{key}", args=(parts,))
             thread.start()
         engine.describe("sparknet: loading training data onto the executors")
         try:

@@ -180,13 +180,13 @@ def resident_from_numpy(engine: Engine, X: np.ndarray, Y: np.ndarray, num_partit
     :func:`~sparknet.cluster.data.numpy_input.split_indices` (piece ``i`` in partition ``i``): one
     broadcast a piece on Classic, rows of pickled chunks under Connect
     (:mod:`sparknet.cluster.data.numpy_connect`)."""
-    if engine.kind == "connect":
+    sc = engine.sc
+    if sc is None:  # no SparkContext to broadcast with: the pieces go as rows
         from sparknet.cluster.data.numpy_connect import from_numpy as connect_from_numpy
 
         return connect_from_numpy(engine,  # type: ignore[arg-type]
                                   X, Y, num_partitions, seed, name)
-    return from_numpy(engine.sc,  # type: ignore[attr-defined]
-                      X, Y, num_partitions, seed, name, what)
+    return from_numpy(sc, X, Y, num_partitions, seed, name, what)
 
 
 # ------------------------------------------------------------------------- driver side
@@ -395,11 +395,10 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
                           "pip install 'sparknet[arrow]'") from exc
     df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
     # (the select is narrow: ``data``'s partitions, whose ``rdd`` a fit has usually built already)
-    if num_partitions is not None and (engine.kind != "classic"
-                                       or data.rdd.getNumPartitions() != num_partitions):
-        # (a Connect DataFrame's partitions are not known before it runs)
+    if num_partitions is not None and engine.num_partitions(data) != num_partitions:
+        # (a Connect DataFrame's partitions are not known before it runs: None)
         df = df.repartition(int(num_partitions))
-    if kind is not None and engine.kind == "classic":
+    if kind is not None and engine.sc is not None:  # the JVM packs the rows (Classic)
         from sparknet.cluster.data.packed_rows import PackedBuild, packed_columns
 
         packed = packed_columns(df, kind, dtype)

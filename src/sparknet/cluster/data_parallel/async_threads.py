@@ -79,11 +79,7 @@ class PartitionThread:
         self.group = f"{run.group}-p{index}"
         self.inbox: "queue.Queue[Launch | None]" = queue.Queue()
         self.busy: Launch | None = None
-        if run.engine.kind == "classic":  # the JVM thread's job group goes with it
-            from pyspark import InheritableThread as Thread
-        else:  # a Connect client's tags are per thread; the loop sets its own
-            from threading import Thread  # type: ignore[assignment]
-        self.thread = Thread(target=self._loop, name=f"sparknet-async-p{index}", daemon=True)
+        self.thread = run.engine.thread(self._loop, f"sparknet-async-p{index}")
         self.thread.start()
 
     def _loop(self) -> None:

@@ -22,6 +22,7 @@ optimizer state and the checks are the same under both.
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
@@ -57,8 +58,25 @@ class Engine(Protocol):
     kind: str
     app_id: str
 
+    @property
+    def sc(self) -> "SparkContext | None":
+        """The driver's ``SparkContext`` (Classic), or ``None`` where there is none (a Spark
+        Connect client): what needs one (broadcasts, the executors' list, probes) asks here."""
+        ...
+
     def default_parallelism(self) -> int:
         """Partitions of numpy input when none are asked for."""
+        ...
+
+    def num_partitions(self, df: "DataFrame") -> int | None:
+        """``df``'s partitions, or ``None`` when they are known only once it runs (Connect)."""
+        ...
+
+    def thread(self, target: Callable[..., Any], name: str,
+               args: tuple = ()) -> threading.Thread:
+        """A daemon thread (not started) that submits jobs on the driver: Classic's carries
+        the JVM thread's properties (``InheritableThread``: job group, description);
+        Connect's queries carry their own thread's tags."""
         ...
 
     def conf(self, key: str, default: str | None = None) -> str | None:
@@ -182,6 +200,15 @@ class ClassicEngine:
     def __init__(self, sc: "SparkContext") -> None:
         self.sc = sc
         self.app_id = str(sc.applicationId)
+
+    def num_partitions(self, df: "DataFrame") -> int | None:
+        return int(df.rdd.getNumPartitions())
+
+    def thread(self, target: Callable[..., Any], name: str,
+               args: tuple = ()) -> threading.Thread:
+        from pyspark import InheritableThread
+
+        return InheritableThread(target=target, args=args, name=name, daemon=True)
 
     def default_parallelism(self) -> int:
         return int(self.sc.defaultParallelism)

@@ -175,6 +175,8 @@ class ConnectEngine:
     """:class:`~sparknet.cluster.engine.base.Engine` over a Spark Connect session."""
 
     kind = "connect"
+    #: a Connect client has no SparkContext
+    sc = None
 
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
@@ -249,6 +251,14 @@ class ConnectEngine:
     def live_executors(self) -> set[str] | None:
         """Not known: a Connect client cannot list the executors."""
         return None
+
+    def num_partitions(self, df: "DataFrame") -> int | None:
+        """Not known before the query runs."""
+        return None
+
+    def thread(self, target: Callable[..., Any], name: str,
+               args: tuple = ()) -> threading.Thread:
+        return threading.Thread(target=target, args=args, name=name, daemon=True)
 
 
 _ENGINES: "weakref.WeakKeyDictionary[SparkSession, ConnectEngine]" = weakref.WeakKeyDictionary()

@@ -44,8 +44,8 @@ def resolve_plan(plan: Any, layers: list[Layer], input_shape: Sequence[int], spa
     if spark is None:
         raise ValueError("plan='auto' needs a Spark session (spark=...): it sizes the "
                          "blocks for its cluster")
-    from sparknet.cluster.engine.base import is_connect
-    if is_connect(spark):
+    from sparknet.cluster.engine.base import engine_for
+    if engine_for(spark).sc is None:
         raise NotImplementedError("plan='auto' probes the executors through a SparkContext; "
                                   "under Spark Connect pass a BlockPlan (the blocks per layer)")
     from sparknet.cluster.planning.planner import auto_blocks
