@@ -106,7 +106,7 @@ class ParameterServer:
     """The driver-side parameter server of a fit.
 
     Args:
-        sc: the ``SparkContext``, or the fit's :class:`~sparknet.cluster.engine.base.Engine`
+        spark: the ``SparkContext``, or the fit's :class:`~sparknet.cluster.engine.base.Engine`
             (a Spark Connect session sends the parameters inside each round's query).
         params: the flat parameter buffer (the model's ``params``; read, not copied, at
             each :meth:`broadcast`).
@@ -125,12 +125,11 @@ class ParameterServer:
         ValueError: unknown ``reduce``.
     """
 
-    def __init__(self, sc: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
+    def __init__(self, spark: "SparkContext | Engine", params: np.ndarray, reduce: str = "tree",
                  tree_depth: int = 2, state: np.ndarray | None = None) -> None:
         if reduce not in ("tree", "accumulator"):
             raise ValueError(f"reduce must be 'tree' or 'accumulator', got {reduce!r}")
-        self.engine = engine_for(sc)
-        self.sc = getattr(self.engine, "sc", None)  # the SparkContext (None under Spark Connect)
+        self.engine = engine_for(spark)
         self.params, self.reduce, self.tree_depth = params, reduce, int(tree_depth)
         self.state = np.zeros(0, dtype=params.dtype) if state is None else state
         self._bc: Shipped | None = None
