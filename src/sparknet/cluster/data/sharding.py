@@ -8,21 +8,12 @@ the driver, then the conversion job reports per partition its row count, vector
 lengths, the first NaN and the label range, and the driver raises a ``ValueError``
 naming the column and value.
 
-Reuse: the shards of a *cached* DataFrame (``df.cache()``) or a persisted RDD stay on
-the executors after the fit and serve the next fit on the same data, columns and
-partitioning without a job (:func:`shard_data` with ``reuse=True``), keyed by the
-cache's own RDD (a DataFrame's in-memory column buffers, or the persisted RDD) plus the
-columns, dtype and partitions: different rows are a different cache, built anew, as is
-the data after ``unpersist()`` (the entry is dropped then).  At most :data:`MAX_REUSED`
-sets are kept (least recently used out first); :func:`kept_shards` lists them and
-:func:`release_shards` frees them all.
+The shards of a cached DataFrame or a persisted RDD may stay for the next fit on the same
+data (``reuse=True``): :mod:`sparknet.cluster.data.shard_cache` keeps them.
 """
 from __future__ import annotations
 
-import logging
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -35,6 +26,15 @@ from sparknet.cluster.data.numpy_input import (  # noqa: F401 - split_indices: r
     from_numpy,
     split_indices,
 )
+from sparknet.cluster.data.shard_cache import (  # noqa: F401 - the reuse names: re-exported
+    MAX_REUSED,
+    give_back,
+    keep,
+    kept_shards,
+    release_shards,
+    reuse_key,
+    take_kept,
+)
 from sparknet.cluster.data.shard_checks import finish, no_rows
 from sparknet.cluster.data.shard_report import ShardReport, report_of
 from sparknet.cluster.resident.driver import Resident
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
     from sparknet.cluster.engine.base import Engine
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,7 +79,7 @@ class ShardedData:
 
     def close(self) -> None:
         """Done with the shards: reusable ones go back to the cache, others are deleted."""
-        if self.cache_key is None or not _REUSE.give_back(self):
+        if self.cache_key is None or not give_back(self):
             self.resident.close()
 
 
@@ -298,8 +296,9 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
         name: prefix of the resident state's key.
         reuse: take the shards of an earlier call on the same cached DataFrame or
             persisted RDD (same columns, dtype and partitions) when there are some,
-            and leave these for later calls (see the module docstring); ``close()``
-            then gives them back instead of deleting them.
+            and leave these for later calls (see
+            :mod:`~sparknet.cluster.data.shard_cache`); ``close()`` then gives them back
+            instead of deleting them.
 
     Returns:
         :class:`ShardedData` (``phases``: the seconds of each step).
@@ -319,10 +318,11 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
     dtype = np.dtype(dtype).name
     if num_partitions is not None:
         num_partitions = positive_int(num_partitions, "num_partitions")
-    key = _reuse_key(data, y, classic, features_col, label_col, dtype, classification,
-                     num_partitions) if reuse and classic is not None else None
+    source = "dataframe" if is_dataframe(data) else "rdd" if is_rdd(data) else "numpy"
+    key = reuse_key(data, y, source, classic, features_col, label_col, dtype, classification,
+                    num_partitions) if reuse and classic is not None else None
     if key is not None and classic is not None:
-        hit = _REUSE.take(key, classic)
+        hit = take_kept(key, classic)
         if hit is not None:
             try:
                 hit.dim = _check_meta(hit.resident, what, hit.source,
@@ -333,21 +333,18 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
                 raise
             hit.phases = {"reuse lookup": time.perf_counter() - t0}
             return hit
-    if is_dataframe(data):
+    if source == "dataframe":
         if y is not None:
             raise ValueError("pass labels inside the DataFrame (label_col), not as y")
         res = _from_dataframe(data, features_col, label_col, dtype, classification, num_partitions,
                               name, engine)
-        source = "dataframe"
-    elif is_rdd(data):
+    elif source == "rdd":
         if y is not None:
             raise ValueError("an RDD must hold (x, y) pairs; do not pass y separately")
         res = _from_rdd(data, dtype, classification, num_partitions, name)
-        source = "rdd"
     else:
         X, Y = check_numpy(data, y, dtype, classification, n_classes, sample_shape, what)
         res = resident_from_numpy(engine, X, Y, num_partitions, seed, name, what)
-        source = "numpy"
     t_built = time.perf_counter()
     try:
         dim = _check_meta(res, what, source, *_names(source, features_col, label_col),
@@ -358,7 +355,7 @@ def shard_data(data: Any, y: Any = None, *, sc: "SparkContext | Engine", num_par
     phases = _job_phases(res, t_built - t0 - res.build_seconds)
     phases["checks (driver)"] = time.perf_counter() - t_built
     out = ShardedData(res, [report_of(i).rows for i in res.infos], dim, source, phases)
-    if key is not None and _REUSE.put(key, out):
+    if key is not None and keep(key, out):
         out.cache_key = key
     return out
 
@@ -473,118 +470,3 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
         raise ValueError(f"{what}: {fdesc} has {dim} values per row, the model expects "
                          f"{int(np.prod(sample_shape))} (input_shape {tuple(sample_shape)})")
     return dim
-
-
-# --------------------------------------------------------------------------- reuse
-#: Sets of shards kept for reuse (training and validation data count one each).
-MAX_REUSED = 4
-
-
-def _reuse_key(data: Any, y: Any, sc: SparkContext, features_col: str, label_col: str, dtype: str,
-               classification: bool, num_partitions: int | None) -> tuple | None:
-    """The reuse key of a cached DataFrame or a persisted RDD: the application, the id
-    of the cache's RDD, the columns, dtype and partitions; ``None`` for anything else
-    (numpy input, uncached data whose source may change, Spark Connect)."""
-    try:
-        if y is None and is_dataframe(data):
-            manager = data.sparkSession._jsparkSession.sharedState().cacheManager()
-            cached = manager.lookupCachedData(data._jdf)
-            if cached.isEmpty():
-                return None
-            buffers = cached.get().cachedRepresentation().cacheBuilder().cachedColumnBuffers()
-            rdd_id = int(buffers.id())
-            return (sc.applicationId, rdd_id, "dataframe", features_col, label_col, dtype,
-                    classification, num_partitions)
-        if y is None and is_rdd(data) and data.is_cached:
-            return (sc.applicationId, int(data._jrdd.id()), "rdd", dtype, classification,
-                    num_partitions)
-    except Exception as exc:  # internals of another Spark version: no reuse
-        log.debug("shards not reusable: %s", exc)
-    return None
-
-
-class _ShardCache:
-    """The reusable shards of this driver: key -> :class:`ShardedData`, least recently
-    used first.  An entry lent to a fit is not lent again until it is given back."""
-
-    def __init__(self) -> None:
-        self._entries: OrderedDict[tuple, ShardedData] = OrderedDict()
-        self._busy: set[tuple] = set()
-        self._lock = threading.Lock()
-
-    def take(self, key: tuple, sc: SparkContext) -> ShardedData | None:
-        self.prune(sc)
-        with self._lock:
-            d = self._entries.get(key)
-            if d is None or key in self._busy:
-                return None
-            self._busy.add(key)
-            self._entries.move_to_end(key)
-        d.reused = True
-        return d
-
-    def put(self, key: tuple, d: ShardedData) -> bool:
-        """Keep ``d`` (lent to its caller until given back); False when ``key`` is taken."""
-        with self._lock:
-            if key in self._entries:
-                return False
-            self._entries[key] = d
-            self._busy.add(key)
-            old = [k for k in self._entries
-                   if k not in self._busy][:max(0, len(self._entries) - MAX_REUSED)]
-            evicted = [self._entries.pop(k) for k in old]
-        for e in evicted:
-            e.resident.close()
-        return True
-
-    def give_back(self, d: ShardedData) -> bool:
-        """End a loan; False when ``d`` is no longer kept (released meanwhile)."""
-        key = d.cache_key
-        with self._lock:
-            if key is None or self._entries.get(key) is not d:
-                return False
-            self._busy.discard(key)
-            return True
-
-    def prune(self, sc: SparkContext) -> None:
-        """Drop the entries whose cache is gone (``unpersist()``) or whose application ended."""
-        with self._lock:  # fits load their training and validation data side by side
-            keys = list(self._entries)
-        try:
-            kept = sc._jsc.getPersistentRDDs()
-            gone = [k for k in keys if k[0] != sc.applicationId or not kept.containsKey(k[1])]
-        except Exception:  # pragma: no cover - context stopped
-            gone = keys
-        self.release([k for k in gone if k not in self._busy])
-
-    def kept(self) -> list[ShardedData]:
-        """The entries, least recently used first."""
-        with self._lock:
-            return list(self._entries.values())
-
-    def release(self, keys: Iterable[tuple] | None = None) -> int:
-        """Delete the entries ``keys`` (default all); lent ones are deleted when given back."""
-        with self._lock:
-            chosen = list(self._entries) if keys is None else [k
-                                                               for k in keys if k in self._entries]
-            dropped = [self._entries.pop(k) for k in chosen]
-        for d in (d for d in dropped if d.cache_key not in self._busy):
-            d.resident.close()
-        return len(dropped)
-
-
-_REUSE = _ShardCache()
-
-
-def kept_shards() -> list[ShardedData]:
-    """The sets of training and validation shards kept for reuse, least recently used
-    first (each with its :attr:`~ShardedData.resident`: its shards' folders on the hosts);
-    :func:`release_shards` deletes them."""
-    return _REUSE.kept()
-
-
-def release_shards() -> int:
-    """Delete every set of training and validation shards kept for reuse (files on the
-    executors' hosts, store entries, anchors); returns how many sets.  A set a running
-    fit holds is deleted when that fit ends."""
-    return _REUSE.release()

@@ -73,7 +73,7 @@ from sparknet import optim as optim_mod
 from sparknet._validation import positive_int, refuse_pandas
 from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
-from sparknet.cluster.data.sharding import release_shards
+from sparknet.cluster.data.shard_cache import release_shards
 from sparknet.cluster.data_parallel import async_mode, checkpoints
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
 from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundLog
