@@ -5,6 +5,7 @@ from sparknet.layers.bidirectional import Bidirectional
 from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D
 from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
 from sparknet.layers.core import Activation, Dense, Dropout, Flatten
+from sparknet.layers.embedding import Embedding
 from sparknet.layers.masking import SequenceMask
 from sparknet.layers.normalization import BatchNormalization, LayerNormalization
 from sparknet.layers.pooling import (
@@ -13,7 +14,7 @@ from sparknet.layers.pooling import (
     GlobalMaxPooling1D,
     GlobalMaxPooling2D,
 )
-from sparknet.layers.recurrent import GRU, LSTM, Embedding, SimpleRNN, reset_states
+from sparknet.layers.recurrent import GRU, LSTM, SimpleRNN, reset_states
 from sparknet.layers.residual import Residual
 from sparknet.layers.tabular import ColumnEmbedding
 

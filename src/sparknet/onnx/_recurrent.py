@@ -22,8 +22,9 @@ import numpy as np
 
 from sparknet.layers.base import Layer
 from sparknet.layers.bidirectional import Bidirectional
+from sparknet.layers.embedding import Embedding
 from sparknet.layers.masking import SequenceMask
-from sparknet.layers.recurrent import GRU, LSTM, Embedding, SimpleRNN
+from sparknet.layers.recurrent import GRU, LSTM, SimpleRNN
 from sparknet.onnx._builder import BOOL, INT32, INT64, Builder
 from sparknet.onnx._registry import register_exporter
 
