@@ -4,13 +4,14 @@ task, blocks and pairing, chosen from measured costs.
 How it works
 ------------
 :func:`plan` measures what the cost model (:mod:`sparknet.cluster.planning.cost`) needs --
-:meth:`SparkCosts.measure <sparknet.cluster.planning.cost.SparkCosts.measure>` on the live session
-(cached per application) and :meth:`NetworkCosts.measure
-<sparknet.cluster.planning.cost.NetworkCosts.measure>` of the model (cached per architecture) -- and
-enumerates the candidates that apply (:mod:`sparknet.cluster.planning.candidates`): ``"gradient"``
-with partitions ``P``; ``"average"`` and ``"async"`` with ``P`` and ``tau``; ``"model_parallel"``
-with blocks ``K`` and pairing of the large dense layers and ``"hybrid"`` with ``D x K``; each with
-BLAS threads per task ``T`` within the cores.
+:meth:`SparkCosts.measure <sparknet.cluster.planning.cost_inputs.SparkCosts.measure>` on the
+live session (cached per application) and :meth:`NetworkCosts.measure
+<sparknet.cluster.planning.cost_inputs.NetworkCosts.measure>` of the model (cached per
+architecture) -- and enumerates the candidates that apply
+(:mod:`sparknet.cluster.planning.candidates`): ``"gradient"`` with partitions ``P``; ``"average"``
+and ``"async"`` with ``P`` and ``tau``; ``"model_parallel"`` with blocks ``K`` and pairing of the
+large dense layers and ``"hybrid"`` with ``D x K``; each with BLAS threads per task ``T`` within
+the cores.
 
 Every candidate gets a :class:`~sparknet.cluster.planning.cost.Prediction` (time per epoch and its
 breakdown); those that do not fit an executor's memory are set aside with the reason
@@ -165,9 +166,9 @@ def plan_from_costs(net: "NetworkCosts", spark_costs: "SparkCosts", samples: int
 
 def measured_costs(model: "Sequential", spark: Any, batch_size: int,
                    input_shape: Sequence[int] | None = None) -> tuple["SparkCosts", "NetworkCosts"]:
-    """The session's :class:`~sparknet.cluster.planning.cost.SparkCosts` (measured once per
-    application) and the model's :class:`~sparknet.cluster.planning.cost.NetworkCosts` at
-    ``batch_size`` (timed on a copy, once per architecture; from FLOPs past
+    """The session's :class:`~sparknet.cluster.planning.cost_inputs.SparkCosts` (measured once
+    per application) and the model's :class:`~sparknet.cluster.planning.cost_inputs.NetworkCosts`
+    at ``batch_size`` (timed on a copy, once per architecture; from FLOPs past
     :data:`MEASURE_LIMIT`)."""
     from sparknet.model import Sequential
 

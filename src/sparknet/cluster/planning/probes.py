@@ -1,7 +1,7 @@
-"""Short probes behind :class:`~sparknet.cluster.planning.cost.SparkCosts` and
-:class:`~sparknet.cluster.planning.cost.NetworkCosts`: what a job, a task, a MiB of broadcast or of
-results and the driver's update cost on the live session, and what one training step of a
-network costs on one core in this process.
+"""Short probes behind :class:`~sparknet.cluster.planning.cost_inputs.SparkCosts` and
+:class:`~sparknet.cluster.planning.cost_inputs.NetworkCosts`: what a job, a task, a MiB of
+broadcast or of results and the driver's update cost on the live session, and what one training
+step of a network costs on one core in this process.
 
 Every Spark probe runs the code paths a training round runs: a
 :class:`~sparknet.cluster.resident.driver.Resident` anchor with one partition per core, tasks
@@ -162,7 +162,7 @@ def spark_probe(spark: Any, repeats: int = 3, bc_mib: float = 16.0, result_mib: 
     ``job_s`` is the fixed cost of a working round (wall time less the slowest task's
     compute), ``empty_job_s`` that of an empty one.
 
-    Returns the fields of :class:`~sparknet.cluster.planning.cost.SparkCosts` (``job_s``,
+    Returns the fields of :class:`~sparknet.cluster.planning.cost_inputs.SparkCosts` (``job_s``,
     ``empty_job_s``, ``single_job_s``, ``task_s``, ``broadcast_s_per_mib``,
     ``result_s_per_mib``, ``driver_update_s_per_mib``, ``driver_delta_s_per_mib``,
     ``task_speed``, ``hosts``, ``cores_per_host``, ``executors``, ``bandwidth_bytes_s``,

@@ -1,15 +1,15 @@
 """Training on a cluster we do not have, simulated from costs measured on this one.
 
-The inputs are the cost model's (:mod:`sparknet.cluster.planning.cost`): a
-:class:`~sparknet.cluster.planning.cost.NetworkCosts` (seconds per sample on one core, parameter
-and activation bytes, FLOPs, the one-thread GEMM rate) and a
-:class:`~sparknet.cluster.planning.cost.SparkCosts` whose per-job, per-task and per-MiB costs were
-measured on a live session and whose cluster -- ``hosts``, ``cores_per_host``,
+The inputs are the cost model's (:mod:`sparknet.cluster.planning.cost_inputs`): a
+:class:`~sparknet.cluster.planning.cost_inputs.NetworkCosts` (seconds per sample on one core,
+parameter and activation bytes, FLOPs, the one-thread GEMM rate) and a
+:class:`~sparknet.cluster.planning.cost_inputs.SparkCosts` whose per-job, per-task and per-MiB
+costs were measured on a live session and whose cluster -- ``hosts``, ``cores_per_host``,
 ``bandwidth_bytes_s`` and ``latency_s`` between hosts -- is given
-(:meth:`SparkCosts.assumed <sparknet.cluster.planning.cost.SparkCosts.assumed>`).  The terms of a
-round (job, tasks, broadcast, results, the driver's update, the bytes between hosts, the
-compute of ``T`` BLAS threads) are the cost model's, one place for each; what the
-simulation adds is what a closed form cannot say:
+(:meth:`SparkCosts.assumed <sparknet.cluster.planning.cost_inputs.SparkCosts.assumed>`).  The
+terms of a round (job, tasks, broadcast, results, the driver's update, the bytes between hosts,
+the compute of ``T`` BLAS threads) are the cost model's (:mod:`sparknet.cluster.planning.cost`),
+one place for each; what the simulation adds is what a closed form cannot say:
 
 How it works
 ------------
