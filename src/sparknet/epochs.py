@@ -1,22 +1,75 @@
-"""The epoch loop of :meth:`sparknet.Sequential.fit`, one process: minibatches, steps,
-validation."""
+""":meth:`sparknet.Sequential.fit` on one process: its arguments and data checked, the optimizer,
+divergence guard, callbacks and progress bar set up (:func:`fit_one_process`), then the epoch loop
+(:func:`run_epochs`): minibatches, steps, validation."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from sparknet import losses as losses_mod
 from sparknet import precision as precision_mod
-from sparknet.callbacks import CallbackList
+from sparknet._validation import (
+    check_bool,
+    check_mask,
+    check_not_class_labels,
+    check_sample_weight,
+    positive_int,
+)
+from sparknet.callbacks import CallbackList, FitControl, check_callbacks
 from sparknet.divergence import StepGuard
 from sparknet.history import History
 from sparknet.losses import Loss
+from sparknet.model_inputs import prepare_validation, prepare_x, prepare_y
 from sparknet.optim import Optimizer
-from sparknet.progress import FitProgress
+from sparknet.progress import FitProgress, check_verbose
 
 if TYPE_CHECKING:
-    from sparknet.model import Sequential
+    from sparknet.model import Callback, Sequential, ValidationData
+
+
+def fit_one_process(model: Sequential, X: Any, y: Any, epochs: int, batch_size: int,
+                    validation_data: ValidationData | None, optimizer: Optimizer | str | None,
+                    loss: Loss | str | None, shuffle: bool, mask: Any, sample_weight: Any,
+                    verbose: int, callbacks: Sequence[Callback]) -> History:
+    """:meth:`Sequential.fit <sparknet.model.Sequential.fit>` within its BLAS threads and
+    precision (its arguments described there): every argument and the data checked, the
+    optimizer, divergence guard, callbacks and progress bar set up, then :func:`run_epochs`."""
+    epochs = positive_int(epochs, "epochs")
+    batch_size = positive_int(batch_size, "batch_size")
+    shuffle = check_bool(shuffle, "shuffle")
+    verbose = check_verbose(int(verbose) if isinstance(verbose, np.integer) else verbose)
+    callbacks = check_callbacks(callbacks)
+    lo = losses_mod.get(loss) if loss is not None else None
+    was_built = model.built
+    X = prepare_x(model, X)
+    model._ensure_built(X)
+    if not was_built:
+        model.layers[0].check_input(X)
+    if lo is None and model._loss is None and not model._softmax_head:
+        check_not_class_labels(y, model.layers[-1])  # the default loss would be mse
+    lo = lo or model.loss
+    y = prepare_y(model, y, X.shape[0], lo)
+    mask = check_mask(mask, X.shape)
+    if mask is not None and not mask.any():
+        raise ValueError("mask is all zero: every time step is padding, no step would count")
+    if sample_weight is not None:
+        sample_weight = check_sample_weight(sample_weight, X.shape[0], model.dtype)
+    val = prepare_validation(model, validation_data, lo)
+    opt = model._get_optimizer(optimizer)
+    opt.bind_owner(model)  # an optimizer that stepped for another model fails here
+    opt.init_state(model.n_params, model.dtype)  # loaded state of another model fails here
+    model._loss = lo if loss is not None else model._loss
+    guard = StepGuard(model.params, model.grads, opt, model.state)
+    history = History()
+    cbl = CallbackList(callbacks, model, model, FitControl(model, opt))
+    cbl.on_fit_begin()
+    with FitProgress(epochs, verbose, step_unit="batches") as progress:
+        run_epochs(model, X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt,
+                   guard, history, cbl, progress)
+    cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
+    return history
 
 
 def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int,

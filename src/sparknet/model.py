@@ -10,29 +10,15 @@ from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
 from sparknet._model_file import read_model_file, write_model
-from sparknet._validation import (
-    check_array,
-    check_bool,
-    check_labels,
-    check_mask,
-    check_name,
-    check_not_class_labels,
-    check_sample_weight,
-    check_shape,
-    check_targets,
-    non_negative_int,
-    positive_int,
-)
+from sparknet._validation import check_name, check_shape, non_negative_int, positive_int
 from sparknet.activations import grad as act_grad
 from sparknet.activations import is_softmax_head, softmax
-from sparknet.callbacks import CallbackList, FitControl, check_callbacks
-from sparknet.divergence import StepGuard
-from sparknet.epochs import run_epochs
+from sparknet.epochs import fit_one_process
 from sparknet.history import History
 from sparknet.layers.base import Layer, MaskedLayer, architecture, layers_from_config
 from sparknet.losses import Loss
+from sparknet.model_inputs import checked_input, checked_params, checked_state, prepare_y
 from sparknet.optim import Optimizer
-from sparknet.progress import FitProgress, check_verbose
 from sparknet.threads import blas_threads
 
 #: what :meth:`Sequential.fit` takes as validation data: ``(X_val, y_val)`` or
@@ -245,30 +231,6 @@ class Sequential:
             raise RuntimeError("the model is not built yet: call fit() or build(input_shape) first")
         return self.input_shape, self.output_shape
 
-    def _prepare_x(self, X: Any, name: str = "X") -> np.ndarray:
-        first = self.layers[0] if self.layers else None
-        allow_int = bool(first is not None and first.accepts_int_input)
-        arr = check_array(X, name=name, sample_shape=self.input_shape if self.built else None,
-                          dtype=self.dtype, allow_int=allow_int)
-        if first is not None and self.built:
-            first.check_input(arr)
-        return arr
-
-    def _prepare_y(self, y: Any, n: int, loss: Loss, name: str = "y") -> np.ndarray:
-        in_shape, out_shape = self._built_shapes()
-        try:
-            if loss.is_classification:
-                return check_labels(y, n, out_shape[-1], name=name, lead_shape=out_shape[:-1])
-            return check_targets(y, n, out_shape, self.dtype, name=name)
-        except ValueError as exc:
-            if len(out_shape) > 1 and np.ndim(y) == 1:
-                raise ValueError(
-                    f"{exc}: the model gives an output of per-sample shape {out_shape} for inputs "
-                    f"of per-sample shape {in_shape} (Dense acts on the last axis, once per "
-                    f"position), while {name} has one value per sample; add Flatten() (or a global "
-                    f"pooling layer) before the first Dense to get one output per sample") from None
-            raise
-
     def loss_and_grad(self, x: np.ndarray, y: np.ndarray, loss: "Loss | None" = None,
                       mask: np.ndarray | None = None, sample_weight: np.ndarray | None = None,
                       scale: float | None = None, need_grad: bool = True,
@@ -381,59 +343,8 @@ class Sequential:
                              f"{self.dtype.name} (build it with dtype='float32')")
         precision = precision_mod.resolve(precision)  # "fp32", warning once, without bf16
         with blas_threads(num_threads), precision_mod.autocast(precision):
-            return self._fit(X, y, epochs, batch_size, validation_data, optimizer, loss, shuffle,
-                             mask, sample_weight, verbose, callbacks)
-
-    def _fit(self, X: Any, y: Any, epochs: int, batch_size: int,
-             validation_data: ValidationData | None,
-             optimizer: "Optimizer | str | None", loss: "Loss | str | None", shuffle: bool,
-             mask: Any, sample_weight: Any, verbose: int, callbacks: Sequence[Callback]) -> History:
-        epochs = positive_int(epochs, "epochs")
-        batch_size = positive_int(batch_size, "batch_size")
-        shuffle = check_bool(shuffle, "shuffle")
-        verbose = check_verbose(int(verbose) if isinstance(verbose, np.integer) else verbose)
-        callbacks = check_callbacks(callbacks)
-        lo = losses_mod.get(loss) if loss is not None else None
-        was_built = self.built
-        X = self._prepare_x(X)
-        self._ensure_built(X)
-        if not was_built:
-            self.layers[0].check_input(X)
-        if lo is None and self._loss is None and not self._softmax_head:
-            check_not_class_labels(y, self.layers[-1])  # the default loss would be mse
-        lo = lo or self.loss
-        y = self._prepare_y(y, X.shape[0], lo)
-        mask = check_mask(mask, X.shape)
-        if mask is not None and not mask.any():
-            raise ValueError("mask is all zero: every time step is padding, no step would count")
-        if sample_weight is not None:
-            sample_weight = check_sample_weight(sample_weight, X.shape[0], self.dtype)
-        val = self._prepare_validation(validation_data, lo)
-        opt = self._get_optimizer(optimizer)
-        opt.bind_owner(self)  # an optimizer that stepped for another model fails here
-        opt.init_state(self.n_params, self.dtype)  # loaded state of another model fails here
-        self._loss = lo if loss is not None else self._loss
-        guard = StepGuard(self.params, self.grads, opt, self.state)
-        history = History()
-        cbl = CallbackList(callbacks, self, self, FitControl(self, opt))
-        cbl.on_fit_begin()
-        with FitProgress(epochs, verbose, step_unit="batches") as progress:
-            run_epochs(self, X, y, epochs, batch_size, shuffle, mask, sample_weight, lo, val, opt,
-                       guard, history, cbl, progress)
-        cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
-        return history
-
-    def _prepare_validation(self, validation_data: ValidationData | None, lo: Loss
-                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-        if validation_data is None:
-            return None
-        if not isinstance(validation_data, (tuple, list)) or len(validation_data) not in (2, 3):
-            raise ValueError("validation_data must be (X_val, y_val) or (X_val, y_val, mask_val)")
-        Xv = self._prepare_x(validation_data[0], name="X_val")
-        yv = self._prepare_y(validation_data[1], Xv.shape[0], lo, name="y_val")
-        mv = (check_mask(validation_data[2], Xv.shape, "mask_val") if len(validation_data) == 3
-              else None)
-        return Xv, yv, mv
+            return fit_one_process(self, X, y, epochs, batch_size, validation_data, optimizer,
+                                   loss, shuffle, mask, sample_weight, verbose, callbacks)
 
     # ----------------------------------------------------------- inference
     def _batched_forward(self, X: np.ndarray, batch_size: int,
@@ -445,27 +356,21 @@ class Sequential:
                 outs.append(np.array(self.forward(X[i:i + batch_size], training=False, mask=mb)))
         return np.concatenate(outs, axis=0)
 
-    def _checked_input(self, X: Any, mask: Any = None) -> tuple[np.ndarray, np.ndarray | None]:
-        if not self.built:
-            raise RuntimeError("the model is not built yet: call fit() or build(input_shape) first")
-        X = self._prepare_x(X)
-        return X, check_mask(mask, X.shape)
-
     def predict_output(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """The network's output for ``X`` (probabilities when it ends in softmax)."""
-        X, mask = self._checked_input(X, mask)
+        X, mask = checked_input(self, X, mask)
         out = self._batched_forward(X, positive_int(batch_size, "batch_size"), mask)
         return softmax(out) if self._softmax_head else out
 
     def predict_proba(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """Class probabilities (softmax of the logits), shape ``(N, ..., classes)``."""
-        X, mask = self._checked_input(X, mask)
+        X, mask = checked_input(self, X, mask)
         return softmax(self._batched_forward(X, positive_int(batch_size, "batch_size"), mask))
 
     def predict(self, X: Any, batch_size: int = 512, mask: Any = None) -> np.ndarray:
         """Class ids for a classifier (argmax of the output), raw outputs for regression."""
         if self.is_classifier:
-            X, mask = self._checked_input(X, mask)
+            X, mask = checked_input(self, X, mask)
             out = self._batched_forward(X, positive_int(batch_size, "batch_size"), mask)
             return out.argmax(axis=-1)
         return self.predict_output(X, batch_size, mask)
@@ -475,8 +380,8 @@ class Sequential:
         """Mean loss (and accuracy for classifiers) on ``(X, y)`` without training."""
         lo = losses_mod.get(loss) if loss is not None else self.loss
         if not _validated:
-            X, mask = self._checked_input(X, mask)
-            y = self._prepare_y(y, X.shape[0], lo)
+            X, mask = checked_input(self, X, mask)
+            y = prepare_y(self, y, X.shape[0], lo)
         batch_size = positive_int(batch_size, "batch_size")
         tot_s = tot_w = tot_c = 0.0
         precision_mod.next_step()  # bf16 copies of the weights (fit's validation) are stale
@@ -516,28 +421,11 @@ class Sequential:
 
     def set_params(self, flat: np.ndarray) -> None:
         """Copy a flat parameter vector into the model."""
-        flat = np.asarray(flat)
-        if flat.shape != self.params.shape:
-            raise ValueError(f"parameter vector has shape {flat.shape}, the model has "
-                             f"{self.params.shape}")
-        if flat.dtype.kind not in "fiu":
-            raise ValueError(f"parameter vector has dtype {flat.dtype}, expected floats")
-        bad = ~np.isfinite(flat)
-        if bad.any():
-            raise ValueError(f"parameter vector holds {int(bad.sum())} NaN or infinite value(s), "
-                             f"first at index {int(np.argmax(bad))}; the model keeps its "
-                             f"parameters")
-        self.params[...] = flat
+        self.params[...] = checked_params(self, flat)
 
     def set_state(self, flat: np.ndarray) -> None:
         """Copy a flat state vector (see :attr:`state`) into the model."""
-        flat = np.asarray(flat)
-        if flat.shape != self.state.shape:
-            raise ValueError(f"state vector has shape {flat.shape}, the model keeps "
-                             f"{self.state.shape}")
-        if flat.size and not np.isfinite(flat).all():
-            raise ValueError("state vector holds NaN or infinite values")
-        self.state[...] = flat
+        self.state[...] = checked_state(self, flat)
 
     def state_dict(self) -> dict[str, Any]:
         """The model's state for a checkpoint (:mod:`sparknet.stateful`): ``params``,
