@@ -39,8 +39,7 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
-import numpy as np
-
+from sparknet.cluster.engine.sizes import nbytes
 from sparknet.cluster.resident.driver import (
     Resident,
     ResidentStateLost,
@@ -76,9 +75,9 @@ class InClosure:
     """A value carried inside the query's function (Connect has no broadcast)."""
 
     def __init__(self, value: Any) -> None:
-        nbytes = _nbytes(value)
-        if nbytes > MAX_CLOSURE_BYTES:
-            raise ValueError(f"{nbytes / 2**20:.0f} MiB to send with every round is over what a "
+        size = nbytes(value)
+        if size > MAX_CLOSURE_BYTES:
+            raise ValueError(f"{size / 2**20:.0f} MiB to send with every round is over what a "
                              f"Spark Connect query carries ({MAX_CLOSURE_BYTES >> 20} MiB under "
                              f"the server's spark.connect.grpc.maxInboundMessageSize of 128 MiB); "
                              f"use a Classic session (a SparkContext) for a model this large")
@@ -161,16 +160,6 @@ def _rows_in(fn: Any) -> list[InRows]:
         _FOUND.rows = None
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
 class ConnectEngine:
     """:class:`~sparknet.cluster.engine.base.Engine` over a Spark Connect session."""
 
@@ -212,7 +201,7 @@ class ConnectEngine:
     def ship(self, value: Any) -> "InClosure | InRows":
         """``value`` in the next queries' functions (:class:`InClosure`), or past
         :data:`MAX_CLOSURE_BYTES` as broadcast pieces (:class:`InRows`)."""
-        if _nbytes(value) <= MAX_CLOSURE_BYTES:
+        if nbytes(value) <= MAX_CLOSURE_BYTES:
             return InClosure(value)
         return InRows(self.spark, value)
 
