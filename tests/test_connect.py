@@ -115,6 +115,24 @@ def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothi
         trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
 
 
+def test_a_null_vector_row_is_refused_by_the_estimator_under_connect(connect_spark, nothing_left):
+    """A null Vector in the features is refused before training, with its column, its row and
+    a hint to drop the null rows (Spark's vector_to_array never sees it)."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    from sparknet.ml import SparkNetClassifier
+
+    schema = T.StructType([T.StructField("features", VectorUDT()), T.StructField("label", T.DoubleType())])
+    df = connect_spark.createDataFrame([(Vectors.dense([1.0, 2.0]), 0.0), (None, 1.0),
+                                        (Vectors.dense([3.0, 4.0]), 1.0)], schema)
+    est = SparkNetClassifier(network=Sequential([Dense(2, activation="softmax")]), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"^training data: features column 'features' has a null vector "
+                                         r"\(partition \d+, row \d+\); drop or fill the null rows first, "
+                                         r"e\.g\. df\.na\.drop\(\)$"):
+        est.fit(df)
+
+
 @pytest.mark.slow
 def test_async_reaches_classic_accuracy_on_digits(spark, connect_spark, digits, nothing_left):
     """mode='async' under Connect (one query per partition, from its own client thread)
