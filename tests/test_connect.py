@@ -45,6 +45,21 @@ def test_the_session_is_a_connect_one_with_no_spark_context(connect_spark):
         connect_spark.sparkContext  # noqa: B018 - what Connect refuses, and sparknet never asks for
 
 
+def test_saves_and_scoring_ask_a_connect_engine_no_filesystem_and_ship_in_the_udf(connect_spark, monkeypatch):
+    """A Connect client reaches no Hadoop FileSystem (a save is Spark's own, not the atomic
+    rename), and a scoring UDF carries its value itself: up to the closure limit, refused past it."""
+    from sparknet.cluster.engine import connect as engine_connect
+
+    engine = engine_for(connect_spark, fit=False)
+    assert engine is engine_for(connect_spark) and engine.filesystem("/tmp/anything") is None
+    vec = np.zeros(128)                                          # 1024 bytes
+    shipped = engine.ship_to_udf(vec)
+    assert isinstance(shipped, engine_connect.InClosure) and shipped.value is vec
+    monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1000)
+    with pytest.raises(ValueError, match="Spark Connect query carries"):
+        engine.ship_to_udf(vec)                                  # no InRows: a UDF is not joined
+
+
 @pytest.mark.parametrize("carry", ["closure", "rows"])
 @pytest.mark.parametrize("rows,epochs", [(600, 2)])
 def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digits, rows, epochs, carry,

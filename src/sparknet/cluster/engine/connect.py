@@ -31,6 +31,7 @@ local DataFrame of pickled chunks, ``repartitionByRange`` d by piece so that par
 """
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import threading
@@ -169,12 +170,17 @@ class ConnectEngine:
 
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
-        self.app_id = str(self.conf("spark.app.id") or f"connect-{id(spark):x}")
         self._parallelism: int | None = None
+
+    @functools.cached_property
+    def app_id(self) -> str:
+        """The server's application id (asked once: a round trip)."""
+        return str(self.conf("spark.app.id") or f"connect-{id(self.spark):x}")
 
     @classmethod
     def of(cls, spark: "SparkSession") -> "ConnectEngine":
-        """The engine of ``spark``, made once per session (each costs a round trip)."""
+        """The engine of ``spark``, made once per session (what it learns from the server,
+        a round trip each, it keeps)."""
         engine = _ENGINES.get(spark)
         if engine is None:
             engine = _ENGINES[spark] = cls(spark)
@@ -204,6 +210,16 @@ class ConnectEngine:
         if nbytes(value) <= MAX_CLOSURE_BYTES:
             return InClosure(value)
         return InRows(self.spark, value)
+
+    def ship_to_udf(self, value: Any) -> InClosure:
+        """``value`` inside the UDF that holds the returned object, with each query
+        (:class:`InClosure`: a ``ValueError`` past :data:`MAX_CLOSURE_BYTES`)."""
+        return InClosure(value)
+
+    def filesystem(self, path: str) -> None:
+        """None: a Connect client reaches no Hadoop ``FileSystem`` (the paths are the
+        server's)."""
+        return None
 
     def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
                depth: int) -> T:
