@@ -45,6 +45,21 @@ def test_the_session_is_a_connect_one_with_no_spark_context(connect_spark):
         connect_spark.sparkContext  # noqa: B018 - what Connect refuses, and sparknet never asks for
 
 
+def test_saves_and_scoring_ask_a_connect_engine_no_filesystem_and_ship_in_the_udf(connect_spark, monkeypatch):
+    """A Connect client reaches no Hadoop FileSystem (a save is Spark's own, not the atomic
+    rename), and a scoring UDF carries its value itself: up to the closure limit, refused past it."""
+    from sparknet.cluster.engine import connect as engine_connect
+
+    engine = engine_for(connect_spark, fit=False)
+    assert engine is engine_for(connect_spark) and engine.filesystem("/tmp/anything") is None
+    vec = np.zeros(128)                                          # 1024 bytes
+    shipped = engine.ship_to_udf(vec)
+    assert isinstance(shipped, engine_connect.InClosure) and shipped.value is vec
+    monkeypatch.setattr(engine_connect, "MAX_CLOSURE_BYTES", 1000)
+    with pytest.raises(ValueError, match="Spark Connect query carries"):
+        engine.ship_to_udf(vec)                                  # no InRows: a UDF is not joined
+
+
 @pytest.mark.parametrize("carry", ["closure", "rows"])
 @pytest.mark.parametrize("rows,epochs", [(600, 2)])
 def test_gradient_sync_weights_equal_classic_float64(spark, connect_spark, digits, rows, epochs, carry,
@@ -113,6 +128,24 @@ def test_bad_dataframe_input_names_the_column_under_connect(connect_spark, nothi
         trainer.fit(df, epochs=1, batch_size=2, verbose=0)
     with pytest.raises(ValueError, match="features column 'pixels'"):
         trainer.fit(df, features_col="pixels", epochs=1, verbose=0)
+
+
+def test_a_null_vector_row_is_refused_by_the_estimator_under_connect(connect_spark, nothing_left):
+    """A null Vector in the features is refused before training, with its column, its row and
+    a hint to drop the null rows (Spark's vector_to_array never sees it)."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    from sparknet.ml import SparkNetClassifier
+
+    schema = T.StructType([T.StructField("features", VectorUDT()), T.StructField("label", T.DoubleType())])
+    df = connect_spark.createDataFrame([(Vectors.dense([1.0, 2.0]), 0.0), (None, 1.0),
+                                        (Vectors.dense([3.0, 4.0]), 1.0)], schema)
+    est = SparkNetClassifier(network=Sequential([Dense(2, activation="softmax")]), epochs=1, verbose=0)
+    with pytest.raises(ValueError, match=r"^training data: features column 'features' has a null vector "
+                                         r"\(partition \d+, row \d+\); drop or fill the null rows first, "
+                                         r"e\.g\. df\.na\.drop\(\)$"):
+        est.fit(df)
 
 
 @pytest.mark.slow

@@ -7,15 +7,11 @@ import pytest
 
 from helpers.models import mp_layers
 from sparknet import RMSprop
+from sparknet.cluster.engine.sizes import nbytes
 from sparknet.cluster.model_parallel import LocalBlocks, ModelParallel
 from sparknet.cluster.model_parallel.block_partition import BlockPlan
 from sparknet.cluster.model_parallel.jobs import ApplyJob, BackwardJob, ChainJob, ForwardJob
-from sparknet.cluster.model_parallel.messages import (
-    BackwardResult,
-    JobInputs,
-    MissingInput,
-    nbytes,
-)
+from sparknet.cluster.model_parallel.messages import BackwardResult, JobInputs, MissingInput
 
 
 def test_inputs_encode_and_decode_to_the_same_arrays():

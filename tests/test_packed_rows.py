@@ -138,6 +138,34 @@ def test_packed_bad_rows_get_the_arrow_paths_errors(jvm, monkeypatch, rows, mess
     assert _rows_files() <= before, "a rows file was left behind"
 
 
+def test_a_null_vector_row_is_named_by_its_row_on_both_paths(jvm, monkeypatch):
+    """A null Vector (features, or a regressor's label) is refused with its column, partition
+    and row and a hint to drop the null rows, on the Arrow path (where Spark's
+    ``vector_to_array`` would fail on it) as on the packed one; no rows file is left."""
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    vec = T.StructType([T.StructField("features", VectorUDT()), T.StructField("label", T.DoubleType())])
+    df = jvm.createDataFrame([(Vectors.dense([1.0, 2.0]), 0.0), (None, 1.0),
+                              (Vectors.dense([3.0, 4.0]), 1.0)], vec).coalesce(1)
+    before = _rows_files()
+    for pack in (False, True):
+        monkeypatch.setenv("SPARKNET_PACK_ROWS", "1" if pack else "0")
+        with pytest.raises(ValueError) as err:
+            data_mod.shard_data(df, sc=jvm.sparkContext, num_partitions=None, name="null-vector")
+        assert str(err.value) == ("training data: features column 'features' has a null vector "
+                                  "(partition 0, row 1); drop or fill the null rows first, "
+                                  "e.g. df.na.drop()"), pack
+    labels = T.StructType([T.StructField("features", VectorUDT()), T.StructField("label", VectorUDT())])
+    df = jvm.createDataFrame([(Vectors.dense([1.0, 2.0]), Vectors.dense([0.5, 1.0])),
+                              (Vectors.dense([3.0, 4.0]), None)], labels).coalesce(1)
+    with pytest.raises(ValueError, match=r"^training data: label column 'label' has a null value "
+                                         r"\(partition 0, row 1\); drop or fill .*df\.na\.drop\(\)$"):
+        data_mod.shard_data(df, sc=jvm.sparkContext, num_partitions=None, classification=False,
+                            name="null-label")
+    assert _rows_files() <= before, "a rows file was left behind"
+
+
 def test_read_rows_deletes_its_file_and_refuses_a_short_one():
     with tempfile.NamedTemporaryFile(delete=False, suffix=".bin") as f:
         np.arange(6, dtype="<f4").tofile(f)

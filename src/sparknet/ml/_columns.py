@@ -163,29 +163,6 @@ def vector_size_check(kind: FeatureKind, col: str, expected: int, what: str) -> 
                          f"(from its metadata), the network expects {expected} values")
 
 
-#: what Spark's ``vector_to_array`` says about a null row (it fails in the JVM)
-NULL_VECTOR = "vector_to_array requires a non-null input"
-
-
-def null_vector_message(df: DataFrame, features_col: str, label_col: str) -> str:
-    """The message for a null Vector row: which column holds nulls (and how many), from
-    one count job run after the load failed on them."""
-    from pyspark.ml.linalg import VectorUDT
-
-    from sparknet.cluster.engine.base import functions_for
-
-    F, _ = functions_for(df)
-    cols = [(c, role) for c, role in ((features_col, "features"), (label_col, "label"))
-            if c in df.columns and isinstance(df.schema[c].dataType, VectorUDT)]
-    counts = df.agg(*[F.sum(F.col(quote(c)).isNull().cast("long")).alias(role) for c, role in cols]
-                    ).collect()[0].asDict()
-    named = [f"{role} column {c!r} has {counts[role]} null rows"
-             for c, role in cols if counts[role]]
-    return "training data: " + ("; ".join(named) or f"a Vector column of {[c for c, _ in cols]} "
-                                                    "has null "
-                                "rows") + " (drop or fill them, e.g. df.na.drop())"
-
-
 def declared_outputs(config: dict[str, Any]) -> int | None:
     """The outputs per row a network config declares without being built: the units of
     a last ``Dense`` layer (None for other last layers)."""

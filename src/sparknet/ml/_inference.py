@@ -21,9 +21,9 @@ import numpy as np
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from pyspark import Broadcast
     from pyspark.sql.types import StructType
 
+    from sparknet.cluster.engine.base import Shipped
     from sparknet.model import Sequential
 
 #: model key -> the rebuilt network, most recently used last (a few per worker).
@@ -41,7 +41,7 @@ def built_shape(shape: tuple[int, ...] | None) -> tuple[int, ...]:
     return shape
 
 
-def _cached_model(key: str, bc: Broadcast[ShippedNetwork]) -> Sequential:
+def _cached_model(key: str, bc: Shipped) -> Sequential:
     with _LOCK:
         model = _CACHE.get(key)
         if model is not None:
@@ -137,7 +137,9 @@ class BatchPredictor:
 
     Args:
         key: identifies the fitted network (its cache entry on the workers).
-        bc: broadcast of ``(architecture JSON, flat parameters, flat layer state)``.
+        bc: the shipped ``(architecture JSON, flat parameters, flat layer state)``
+            (:meth:`Engine.ship_to_udf <sparknet.cluster.engine.base.Engine.ship_to_udf>`:
+            a broadcast on Classic, the value itself under Spark Connect).
         column: features column name (for messages).
         classification: emit ``raw``/``prob``/``pred`` (classifier) or ``pred`` (regressor).
         thresholds: MLlib's per-class thresholds (prediction = argmax of
@@ -146,7 +148,7 @@ class BatchPredictor:
         vector_out: regressor with several outputs: ``pred`` is a list, not a double.
     """
 
-    def __init__(self, key: str, bc: Broadcast[ShippedNetwork] | None, column: str,
+    def __init__(self, key: str, bc: Shipped | None, column: str,
                  classification: bool, thresholds: list[float] | None, batch_size: int,
                  vector_out: bool = False) -> None:
         self.key, self.bc, self.column = key, bc, column

@@ -47,7 +47,7 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from sparknet.cluster.engine.base import is_connect
+from sparknet.cluster.engine.base import HadoopPath, engine_for
 from sparknet.errors import CheckpointError
 from sparknet.model import Sequential
 
@@ -123,12 +123,15 @@ def check_params_json(instance: Params) -> None:
 class _Folder:
     """Hadoop ``FileSystem`` operations on a stage folder and its hidden siblings."""
 
-    def __init__(self, spark: Any, path: str) -> None:
-        jvm = spark.sparkContext._jvm
-        self._jvm = jvm
-        hpath = jvm.org.apache.hadoop.fs.Path(path)
-        self.fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-        self.target = self.fs.makeQualified(hpath)
+    def __init__(self, where: HadoopPath) -> None:
+        self._jvm, self.fs, self.target = where.jvm, where.fs, where.path
+
+    @classmethod
+    def of(cls, spark: Any, path: str) -> _Folder | None:
+        """The folder ``path`` of ``spark``'s file system, or None where this client reaches
+        no Hadoop ``FileSystem`` (Spark Connect)."""
+        where = engine_for(spark, fit=False).filesystem(path)
+        return None if where is None else cls(where)
 
     def sibling(self, kind: str) -> Any:
         """A new hidden path beside the target: ``.<name>.sparknet-<kind>-<id>``."""
@@ -224,10 +227,10 @@ class SparkNetWriter(MLWriter):
         if not isinstance(path, str) or not path:
             raise TypeError(f"path must be a non-empty str, got {path!r}")
         check_params_json(self.instance)
-        if is_connect(self.sparkSession):  # Spark Connect: no Hadoop FileSystem here
+        folder = _Folder.of(self.sparkSession, path)
+        if folder is None:  # no Hadoop FileSystem on this client (Spark Connect): Spark's save
             super().save(path)
             return
-        folder = _Folder(self.sparkSession, path)
         folder.remove_stale()
         if folder.exists(folder.target) and not self.shouldOverwrite:
             raise ValueError(f"cannot save to {path!r}: it already exists; use "
@@ -283,8 +286,8 @@ class SparkNetReader(MLReader[_S]):
             metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         except Exception as exc:  # a Py4J/Analysis error for a missing or unreadable folder
             hint, error = "", ValueError
-            if not is_connect(self.sparkSession):
-                folder = _Folder(self.sparkSession, path)
+            folder = _Folder.of(self.sparkSession, path)
+            if folder is not None:
                 old = folder.leftovers("old")
                 if old:  # killed between moving the old folder aside and renaming the new one in
                     hint = ("; an overwrite of it was interrupted, its previous version is at "

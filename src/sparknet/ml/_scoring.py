@@ -28,9 +28,11 @@ from sparknet.model import History, Sequential
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark import Broadcast, SparkContext
+    from pyspark import SparkContext
     from pyspark.sql import Column, DataFrame, SparkSession
     from typing_extensions import Self
+
+    from sparknet.cluster.engine.base import Shipped
 
 _log = logging.getLogger("sparknet.ml")
 
@@ -45,7 +47,7 @@ class SparkNetModel(Persistable, SparkNetParams, PredictionModel[FeatureVector])
 
     _has_network = True
     _key: str
-    _bc: Broadcast[ShippedNetwork] | None = None
+    _bc: Shipped | None = None
     _bc_sc: SparkContext | None = None
     #: the training history of the ``fit`` that made this Model (see :attr:`history`)
     _history: History | None = None
@@ -115,16 +117,17 @@ class SparkNetModel(Persistable, SparkNetParams, PredictionModel[FeatureVector])
             return int(T), int(F1) - 1
         return None
 
-    def _broadcast(self, spark: SparkSession) -> Broadcast[ShippedNetwork]:
-        from sparknet.cluster.engine.base import is_connect
+    def _broadcast(self, spark: SparkSession) -> Shipped:
+        """The network for the scoring UDF's tasks: broadcast once per ``SparkContext``
+        (Classic); without one (Spark Connect) it goes inside the UDF, shipped anew."""
+        from sparknet.cluster.engine.base import engine_for
 
-        if is_connect(spark):  # no broadcasts: the network goes with the query
-            from sparknet.cluster.engine.connect import InClosure
-
-            return InClosure(_shipped(self.network))  # type: ignore[return-value]
-        sc = spark.sparkContext
+        engine = engine_for(spark, fit=False)
+        sc = engine.sc
+        if sc is None:
+            return engine.ship_to_udf(_shipped(self.network))
         if self._bc is None or self._bc_sc is not sc:
-            self._bc = sc.broadcast(_shipped(self.network))
+            self._bc = engine.ship_to_udf(_shipped(self.network))
             self._bc_sc = sc
         return self._bc
 

@@ -178,12 +178,6 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
                                **fit_options)
         except CheckpointMismatch as exc:  # named with the Estimator's Param
             raise exc.for_option("checkpointDir") from None
-        except Exception as exc:
-            if _columns.NULL_VECTOR in str(exc):
-                # Spark's vector_to_array fails on a null row (in the JVM, while the data load)
-                raise ValueError(_columns.null_vector_message(dataset, self.getFeaturesCol(),
-                                                              self.getLabelCol())) from None
-            raise
 
     def _check_targets(self, dataset: DataFrame, model: Sequential) -> None:
         """A regressor's targets per row against the network's outputs (the trainer reshapes

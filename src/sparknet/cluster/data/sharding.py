@@ -246,7 +246,10 @@ def _dataframe_columns(df: DataFrame, features_col: str, label_col: str, dtype: 
           and isinstance(ltype.elementType, T.NumericType)):
         lcol, kind = named(label_col).cast("array<double>"), None
     elif not classification and isinstance(ltype, VectorUDT):
-        lcol, kind = vector_to_array(named(label_col), dtype="float64"), None
+        # a null Vector stays null (Spark's vector_to_array fails on it): the shard's report
+        # names its row
+        vec = named(label_col)
+        lcol, kind = F.when(vec.isNotNull(), vector_to_array(vec, dtype="float64")), None
     else:
         want = "numeric class ids (index strings with StringIndexer)" if classification \
             else "numbers, arrays of numbers or Vectors"
@@ -264,7 +267,10 @@ def _arrow_features(ftype: Any, dtype: str, df: Any = None) -> Any:
     F, vector_to_array = functions_for(df)
 
     if isinstance(ftype, VectorUDT):
-        return vector_to_array(F.col("x"), dtype=dtype).alias("x")
+        # a null Vector stays null (Spark's vector_to_array fails on it, in the JVM): the
+        # shard's report names its row (ShardReport.x_null)
+        vec = F.col("x")
+        return F.when(vec.isNotNull(), vector_to_array(vec, dtype=dtype)).alias("x")
     return F.col("x").cast("array<float>" if dtype == "float32" else "array<double>").alias("x")
 
 
@@ -422,6 +428,7 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
     ldesc = (f"label column {lcol!r}" if source == "dataframe"
              else ("y of the (x, y) pairs" if source == "rdd" else lcol))
     where = lambda info, r: f"partition {info.index}, row {r}"  # noqa: E731
+    drop = "; drop or fill the null rows first, e.g. df.na.drop()" if source == "dataframe" else ""
     reports = [report_of(i) for i in infos]
     for info, m in zip(infos, reports):
         if m.pair_bad is not None:
@@ -432,13 +439,13 @@ def _check_meta(res: Resident, what: str, source: str, fcol: str, lcol: str, cla
             raise ValueError(f"{what}: the RDD's (x, y) pairs must be numeric, got dtypes "
                              f"{m.dtype_bad}")
         if m.x_null is not None:
-            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m.x_null)})")
+            raise ValueError(f"{what}: {fdesc} has a null vector ({where(info, m.x_null)}){drop}")
         if m.x_lengths is not None:
             lo, hi, r = m.x_lengths
             raise ValueError(f"{what}: {fdesc} holds vectors of different lengths ({lo} and {hi}; "
                              f"first odd one at {where(info, r)})")
         if m.y_null is not None:
-            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m.y_null)})")
+            raise ValueError(f"{what}: {ldesc} has a null value ({where(info, m.y_null)}){drop}")
         if m.y_lengths is not None:
             lo, hi, r = m.y_lengths
             raise ValueError(f"{what}: {ldesc} holds arrays of different lengths ({lo} and {hi})")

@@ -23,6 +23,7 @@ optimizer state and the checks are the same under both.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, TypeVar
 
 from pyspark.accumulators import AccumulatorParam
@@ -47,16 +48,35 @@ class Shipped(Protocol):
     def destroy(self, blocking: bool = False) -> None: ...
 
 
+@dataclass(frozen=True)
+class HadoopPath:
+    """A path on the Hadoop ``FileSystem`` that holds it, reached from the driver through
+    Py4J (:meth:`Engine.filesystem`).
+
+    Attributes:
+        jvm: the driver's JVM view (``jvm.org.apache.hadoop.fs.Path`` makes more paths).
+        fs: the ``org.apache.hadoop.fs.FileSystem`` of the path.
+        path: the path, qualified (scheme and authority) by ``fs``.
+    """
+
+    jvm: Any
+    fs: Any
+    path: Any
+
+
 class Engine(Protocol):
     """What a fit asks of its Spark session (see the module docstring).
 
     Attributes:
         kind: ``"classic"`` or ``"connect"``.
-        app_id: the application's id (resident folders are named after it).
     """
 
     kind: str
-    app_id: str
+
+    @property
+    def app_id(self) -> str:
+        """The application's id (resident folders are named after it)."""
+        ...
 
     @property
     def sc(self) -> "SparkContext | None":
@@ -89,6 +109,21 @@ class Engine(Protocol):
 
     def ship(self, value: Any) -> Shipped:
         """``value`` for every task of the next jobs."""
+        ...
+
+    def ship_to_udf(self, value: Any) -> Shipped:
+        """``value`` for the tasks of the queries whose UDF holds the returned object (a
+        Model's scoring): a broadcast on Classic; under Spark Connect the value itself, inside
+        the UDF (a UDF's query is not joined with pieces as a resident job's is).
+
+        Raises:
+            ValueError: under Spark Connect, ``value`` is past what a query's function carries.
+        """
+        ...
+
+    def filesystem(self, path: str) -> HadoopPath | None:
+        """``path`` on its Hadoop ``FileSystem`` as the driver reaches it, or ``None`` where
+        this client reaches none (a Spark Connect client: the paths are the server's)."""
         ...
 
     def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
@@ -223,6 +258,15 @@ class ClassicEngine:
     def ship(self, value: Any) -> Shipped:
         return self.sc.broadcast(value)
 
+    def ship_to_udf(self, value: Any) -> Shipped:
+        return self.sc.broadcast(value)
+
+    def filesystem(self, path: str) -> HadoopPath:
+        jvm: Any = self.sc._jvm  # (Optional in pyspark's hints; set while sc runs)
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hpath.getFileSystem(self.sc._jsc.hadoopConfiguration())
+        return HadoopPath(jvm, fs, fs.makeQualified(hpath))
+
     def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
                depth: int) -> T:
         if reduce == "tree":
@@ -268,19 +312,28 @@ class ClassicEngine:
             return None
 
 
-def engine_for(spark: "SparkSession | SparkContext | Engine") -> Engine:
+def engine_for(spark: "SparkSession | SparkContext | Engine", *, fit: bool = True) -> Engine:
     """The :class:`Engine` of a session (Classic or Connect by its type), of a
-    ``SparkContext``, or ``spark`` itself when it is an engine already."""
+    ``SparkContext``, or ``spark`` itself when it is an engine already.
+
+    Args:
+        spark: the session, ``SparkContext`` or engine.
+        fit: whether a fit will run on it: on Classic, sparknet's errors from tasks are then
+            raised as themselves and the executors checked to import this sparknet (one
+            task, once per application).  What saves, loads or scores asks with
+            ``fit=False``: no job of its own.
+    """
     if hasattr(spark, "kind") and hasattr(spark, "gather"):
         return spark  # type: ignore[return-value]
     if is_connect(spark):
         from sparknet.cluster.engine.connect import ConnectEngine
 
         return ConnectEngine.of(spark)  # type: ignore[arg-type]
-    from sparknet.cluster.engine import task_errors
-    from sparknet.cluster.engine.workers import check_workers
-
-    task_errors.install()  # sparknet's errors from tasks, raised as themselves
     sc = getattr(spark, "sparkContext", spark)
-    check_workers(sc)  # once per application: executors that cannot import sparknet say so
+    if fit:
+        from sparknet.cluster.engine import task_errors
+        from sparknet.cluster.engine.workers import check_workers
+
+        task_errors.install()  # sparknet's errors from tasks, raised as themselves
+        check_workers(sc)  # once per application: executors that cannot import sparknet say so
     return ClassicEngine(sc)  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ local DataFrame of pickled chunks, ``repartitionByRange`` d by piece so that par
 """
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 import threading
@@ -39,8 +40,7 @@ import uuid
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
-import numpy as np
-
+from sparknet.cluster.engine.sizes import nbytes
 from sparknet.cluster.resident.driver import (
     Resident,
     ResidentStateLost,
@@ -76,9 +76,9 @@ class InClosure:
     """A value carried inside the query's function (Connect has no broadcast)."""
 
     def __init__(self, value: Any) -> None:
-        nbytes = _nbytes(value)
-        if nbytes > MAX_CLOSURE_BYTES:
-            raise ValueError(f"{nbytes / 2**20:.0f} MiB to send with every round is over what a "
+        size = nbytes(value)
+        if size > MAX_CLOSURE_BYTES:
+            raise ValueError(f"{size / 2**20:.0f} MiB to send with every round is over what a "
                              f"Spark Connect query carries ({MAX_CLOSURE_BYTES >> 20} MiB under "
                              f"the server's spark.connect.grpc.maxInboundMessageSize of 128 MiB); "
                              f"use a Classic session (a SparkContext) for a model this large")
@@ -161,16 +161,6 @@ def _rows_in(fn: Any) -> list[InRows]:
         _FOUND.rows = None
 
 
-def _nbytes(value: Any) -> int:
-    if isinstance(value, np.ndarray):
-        return int(value.nbytes)
-    if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
 class ConnectEngine:
     """:class:`~sparknet.cluster.engine.base.Engine` over a Spark Connect session."""
 
@@ -180,12 +170,17 @@ class ConnectEngine:
 
     def __init__(self, spark: "SparkSession") -> None:
         self.spark = spark
-        self.app_id = str(self.conf("spark.app.id") or f"connect-{id(spark):x}")
         self._parallelism: int | None = None
+
+    @functools.cached_property
+    def app_id(self) -> str:
+        """The server's application id (asked once: a round trip)."""
+        return str(self.conf("spark.app.id") or f"connect-{id(self.spark):x}")
 
     @classmethod
     def of(cls, spark: "SparkSession") -> "ConnectEngine":
-        """The engine of ``spark``, made once per session (each costs a round trip)."""
+        """The engine of ``spark``, made once per session (what it learns from the server,
+        a round trip each, it keeps)."""
         engine = _ENGINES.get(spark)
         if engine is None:
             engine = _ENGINES[spark] = cls(spark)
@@ -212,9 +207,19 @@ class ConnectEngine:
     def ship(self, value: Any) -> "InClosure | InRows":
         """``value`` in the next queries' functions (:class:`InClosure`), or past
         :data:`MAX_CLOSURE_BYTES` as broadcast pieces (:class:`InRows`)."""
-        if _nbytes(value) <= MAX_CLOSURE_BYTES:
+        if nbytes(value) <= MAX_CLOSURE_BYTES:
             return InClosure(value)
         return InRows(self.spark, value)
+
+    def ship_to_udf(self, value: Any) -> InClosure:
+        """``value`` inside the UDF that holds the returned object, with each query
+        (:class:`InClosure`: a ``ValueError`` past :data:`MAX_CLOSURE_BYTES`)."""
+        return InClosure(value)
+
+    def filesystem(self, path: str) -> None:
+        """None: a Connect client reaches no Hadoop ``FileSystem`` (the paths are the
+        server's)."""
+        return None
 
     def gather(self, job: Any, zero: Callable[[], T], add: Callable[[T, T], T], reduce: str,
                depth: int) -> T:

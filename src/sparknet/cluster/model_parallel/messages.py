@@ -11,11 +11,11 @@ them through the same two steps.
 
 Each slot answers with one of the frozen dataclasses below (or a bare array, a tuple of a
 gradient piece's rows, ``None``), wrapped by the Spark backend in a :class:`SlotReply`.
-:func:`nbytes` counts the array bytes of any of them, for the driver's byte counters.
+:func:`~sparknet.cluster.engine.sizes.nbytes` counts the array bytes of any of them, for the
+driver's byte counters.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Optional
 
@@ -200,17 +200,3 @@ class SlotReply:
     #: seconds reading the job's broadcast, and running the job
     read_s: float
     compute_s: float
-
-
-def nbytes(a: Any) -> int:
-    """Bytes of the arrays in ``a``: nested tuples, lists, dicts and the dataclasses of this
-    module (anything else counts 0)."""
-    if isinstance(a, np.ndarray):
-        return int(a.nbytes)
-    if isinstance(a, dict):
-        return sum(nbytes(v) for v in a.values())
-    if isinstance(a, (tuple, list)):
-        return sum(nbytes(v) for v in a)
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return sum(nbytes(getattr(a, f.name)) for f in dataclasses.fields(a))
-    return 0

@@ -15,6 +15,7 @@ from sparknet import precision as precision_mod
 from sparknet._validation import positive_int
 from sparknet.activations import is_softmax_head
 from sparknet.checkpoint import Checkpoint, CheckpointStore
+from sparknet.cluster.engine.sizes import nbytes
 from sparknet.cluster.model_parallel import arguments, inference, persistence, recovery, stages
 from sparknet.cluster.model_parallel.backends import Backend, LocalBlocks, SparkBlocks
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer, BlockPlan
@@ -29,7 +30,7 @@ from sparknet.cluster.model_parallel.jobs import (
     shard_rows,
     with_precision,
 )
-from sparknet.cluster.model_parallel.messages import JobInputs, SlotStatus, nbytes
+from sparknet.cluster.model_parallel.messages import JobInputs, SlotStatus
 from sparknet.cluster.model_parallel.stages import (
     BlockStage,
     HalfStep,

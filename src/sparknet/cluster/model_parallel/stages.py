@@ -22,6 +22,7 @@ import numpy as np
 
 import sparknet._activations as _activations
 from sparknet import optim as optim_mod
+from sparknet.cluster.engine.sizes import nbytes
 from sparknet.cluster.model_parallel.block_partition import BlockedLayer
 from sparknet.cluster.model_parallel.jobs import (
     ApplyJob,
@@ -37,7 +38,6 @@ from sparknet.cluster.model_parallel.messages import (
     BackwardResult,
     JobInputs,
     ScaledResult,
-    nbytes,
 )
 from sparknet.cluster.model_parallel.stage_protocols import Stage, StageOwner
 from sparknet.errors import TrainingDiverged
