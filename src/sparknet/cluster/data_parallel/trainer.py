@@ -381,7 +381,7 @@ class DataParallelTrainer:
         """This fit's partitions: the given count, or the planner's for ``"auto"``."""
         if self.num_partitions != "auto":
             return None if self.num_partitions is None else int(self.num_partitions)
-        if engine_for(self.spark).kind != "classic":
+        if engine_for(self.spark).sc is None:  # a Connect client: no SparkContext to probe
             raise NotImplementedError("num_partitions='auto' probes the executors through a "
                                       "SparkContext; under Spark Connect pass a number of "
                                       "partitions (or None: the data's own)")
