@@ -75,6 +75,7 @@ from sparknet.callbacks import CallbackList, FitControl
 from sparknet.cluster.data import fit_inputs as fit_data
 from sparknet.cluster.data.shard_cache import release_shards
 from sparknet.cluster.data_parallel import async_mode, checkpoints
+from sparknet.cluster.data_parallel.async_options import AsyncOptions, check_options
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
 from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundLog
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
@@ -190,7 +191,7 @@ class DataParallelTrainer:
             with error feedback (:mod:`sparknet.cluster.data_parallel.wire`).
         **mode_options: the options of ``mode="async"``:
             ``max_staleness``, ``stale``, ``on_update``, ``delta_weight``, ``coalesce``;
-            see :class:`sparknet.cluster.data_parallel.async_mode.AsyncOptions`.
+            see :class:`sparknet.cluster.data_parallel.async_options.AsyncOptions`.
 
     Raises:
         ValueError: unknown ``mode``/``sync``/``reduce``/``precision``/``wire``, bad
@@ -241,9 +242,9 @@ class DataParallelTrainer:
         self.outer = resolve_outer(outer, mode=mode, sync=sync, local_steps=local_steps)
         checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep,
                               round_timeout)
-        self.mode_options: async_mode.AsyncOptions | None = None
+        self.mode_options: AsyncOptions | None = None
         if mode == "async":
-            self.mode_options = async_mode.check_options(self, **mode_options)
+            self.mode_options = check_options(self, **mode_options)
         elif mode_options:
             raise TypeError(f"mode={mode!r} takes no options {sorted(mode_options)}")
 
