@@ -130,7 +130,7 @@ from sparknet.cluster.data_parallel.async_recovery import AsyncPartitionError  #
 from sparknet.cluster.data_parallel.async_threads import AsyncEpoch, Launch, PartitionThread
 from sparknet.cluster.data_parallel.fit_context import FitContext, RoundLog
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
-from sparknet.cluster.data_parallel.round_task import chunk_lrs
+from sparknet.cluster.data_parallel.round_task import chunk_bounds, chunk_lrs
 from sparknet.errors import RoundTimeout
 
 if TYPE_CHECKING:
@@ -237,8 +237,8 @@ class AsyncRun:
 
     # -- scheduling -------------------------------------------------------
     def _chunk_rows(self, p: int, chunk: int) -> int:
-        n = self.rows[p]
-        return n * (chunk + 1) // self.rounds - n * chunk // self.rounds
+        start, stop = chunk_bounds(self.rows[p], chunk, self.rounds)
+        return stop - start
 
     def _launch(self, w: PartitionThread) -> None:
         p = w.index

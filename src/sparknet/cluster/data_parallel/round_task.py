@@ -104,17 +104,26 @@ def worker_model(spec: FitSpec) -> Sequential:
     return model
 
 
+def chunk_bounds(n: int, rnd: int, rounds: int) -> tuple[int, int]:
+    """``[start, stop)`` of chunk ``rnd`` when a pass over ``n`` rows is cut into ``rounds``
+    consecutive chunks (their lengths differ by at most one row): the one rule by which the
+    synchronous and the asynchronous rounds split a partition's epoch."""
+    return n * rnd // rounds, n * (rnd + 1) // rounds
+
+
 def round_rows(n: int, seed: int, epoch: int, index: int, rnd: int, rounds: int) -> np.ndarray:
     """Rows of chunk ``rnd`` of ``rounds`` of partition ``index``'s permutation in ``epoch``."""
     perm = np.random.default_rng([seed, epoch, index]).permutation(n)
-    return perm[n * rnd // rounds: n * (rnd + 1) // rounds]
+    start, stop = chunk_bounds(n, rnd, rounds)
+    return perm[start:stop]
 
 
 def chunk_steps(n: int, rnd: int, rounds: int, batch_size: int) -> tuple[int, int]:
     """``(steps before chunk rnd, steps of the whole pass)``: the local steps of ``batch_size``
     rows that a partition of ``n`` rows runs over the chunks of one pass (each chunk in
     whole minibatches, the last one short)."""
-    per = [math.ceil((n * (r + 1) // rounds - n * r // rounds) / batch_size) for r in range(rounds)]
+    per = [math.ceil((stop - start) / batch_size)
+           for start, stop in (chunk_bounds(n, r, rounds) for r in range(rounds))]
     return sum(per[:rnd]), sum(per)
 
 
@@ -128,7 +137,8 @@ def chunk_lrs(schedule: ScheduledLR, n: int, batch_size: int, epoch: int, rnd: i
         total = math.ceil(n / batch_size)
         return [schedule.lr(epoch + i, j, total) for i in range(span) for j in range(total)]
     first, total = chunk_steps(n, rnd, rounds, batch_size)
-    mine = math.ceil((n * (rnd + 1) // rounds - n * rnd // rounds) / batch_size)
+    start, stop = chunk_bounds(n, rnd, rounds)
+    mine = math.ceil((stop - start) / batch_size)
     return [schedule.lr(epoch, first + j, total) for j in range(mine)]
 
 
