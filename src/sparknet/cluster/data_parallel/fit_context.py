@@ -322,7 +322,7 @@ class FitContext:
         first = self.cost is None
         cost = self.cost = measured_cost(self.fixed_seen, rl.compute, rl.rounds * steps,
                                          int(self.model.params.nbytes))
-        tr.cost = _MEASURED[self._cost_key()] = cost
+        _MEASURED[self._cost_key()] = cost
         while len(_MEASURED) > 32:
             del _MEASURED[next(iter(_MEASURED))]
         if tr.sync == "gradient":

@@ -355,6 +355,7 @@ class DataParallelTrainer:
             ps = ParameterServer(engine, model.params, reduce=self.reduce, state=model.state)
             tag = f"sparknet-fit-{key}"
             engine.add_tag(tag)
+            ctx: FitContext | None = None
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
                                  epochs, batch_size, history=history,
@@ -370,6 +371,8 @@ class DataParallelTrainer:
                 cbl.on_fit_begin()
                 self._train(ctx, verbose, tag)
             finally:
+                if ctx is not None and ctx.cost is not None:
+                    self.cost = ctx.cost  # the rounds' cost as last measured (or calibrated)
                 engine.remove_tag(tag)
                 ps.close()
                 history.bytes_out, history.bytes_in = ps.bytes_out, ps.bytes_in
@@ -409,7 +412,6 @@ class DataParallelTrainer:
         set-up ends here: ``history.setup_time`` and its ``setup_breakdown``."""
         t_cal = time.perf_counter()
         ctx.calibrate()
-        self.cost = ctx.cost
         assert ctx.history is not None  # a fit's context
         now = time.perf_counter()
         h, train = ctx.history, ctx.train
