@@ -111,11 +111,6 @@ class BlockedLayer:
             shapes["bias"] = (self.block_shape(k)[0],)
         return shapes
 
-    def block_n_params(self, k: int) -> int:
-        """Parameters held by block ``k`` (its kernel slice, plus its bias slice for a row cut)."""
-        r, c = self.block_shape(k)
-        return r * c + (r if (self.cut == "rows" and self.use_bias) else 0)
-
     def to_dict(self) -> dict:
         """JSON-able description (shipped to executors and stored in block files)."""
         return {"index": self.index, "blocks": self.blocks, "units": self.units,

@@ -236,12 +236,23 @@ class NetworkCosts:
             raise ValueError(f"gemm_gflops must be positive, got {gemm_gflops!r}")
         net = _built(model, None)
         flops, acts = probe.network_shape(net)
+        return cls.from_counts(flops, int(net.n_params), int(net.params.nbytes), acts,
+                               batch_size, gemm_gflops, efficiency, update_bytes_s)
+
+    @classmethod
+    def from_counts(cls, flops: float, n_params: int, param_bytes: int,
+                    activation_bytes: list[int], batch_size: int, gemm_gflops: float,
+                    efficiency: float = 0.6, update_bytes_s: float = 8e9) -> "NetworkCosts":
+        """Costs of a network known by its counts alone (training ``flops`` per sample,
+        parameters, activation bytes per sample and layer) at ``efficiency`` of the sgemm
+        rate: the one rule of :meth:`from_flops` and of the planner's networks that are not
+        built."""
         rate = gemm_gflops * 1e9 * efficiency
         fwd = flops / 3.0   # forward: a third of training (two GEMMs per layer backward)
         return cls(sample_s=max(flops / rate, 1e-9), eval_sample_s=max(fwd / rate, 1e-9),
-                   param_bytes=int(net.params.nbytes), activation_bytes=acts,
+                   param_bytes=int(param_bytes), activation_bytes=list(activation_bytes),
                    flops_per_sample=flops, gemm_gflops=gemm_gflops, batch_size=int(batch_size),
-                   update_s=16.0 * net.n_params / update_bytes_s, n_params=int(net.n_params))
+                   update_s=16.0 * n_params / update_bytes_s, n_params=int(n_params))
 
 
 def _built(model: Any, dtype: Any) -> Any:

@@ -205,17 +205,13 @@ def _spark_costs(spark: Any) -> "SparkCosts":
 def _dense_costs(layout: DenseLayout, batch_size: int, efficiency: float = 0.6) -> "NetworkCosts":
     """Costs of an all-dense model from its FLOPs at the measured sgemm rate (no weights
     allocated)."""
-    from sparknet.cluster.planning.probes import gemm_gflops
+    from sparknet.cluster.planning.probes import dense_flops, gemm_gflops
 
     w = layout.widths
-    flops = sum(2.0 * a * b * (3.0 if i else 2.0) for i, (a, b) in enumerate(zip(w, w[1:])))
+    flops = sum(dense_flops(a, b, input_grad=i > 0) for i, (a, b) in enumerate(zip(w, w[1:])))
     n = sum(a * b + b for a, b in zip(w, w[1:]))
-    g = gemm_gflops()
-    return cost.NetworkCosts(sample_s=flops / (g * 1e9 * efficiency),
-                             eval_sample_s=flops / 3 / (g * 1e9 * efficiency),
-                             param_bytes=4 * n, activation_bytes=[4 * b for b in w[1:]],
-                             flops_per_sample=flops, gemm_gflops=g, batch_size=int(batch_size),
-                             update_s=16.0 * n / 8e9, n_params=n)
+    return cost.NetworkCosts.from_counts(flops, n, 4 * n, [4 * b for b in w[1:]], batch_size,
+                                         gemm_gflops(), efficiency)
 
 
 def _data_shape(data: Any) -> tuple[int, tuple[int, ...] | None, float]:
