@@ -17,7 +17,12 @@ import numpy as np
 
 from sparknet.cluster.data.sharding import ShardedData
 from sparknet.cluster.data_parallel import guards, layer_state
-from sparknet.cluster.data_parallel.parameter_server import STATS, ParameterServer, RoundResult
+from sparknet.cluster.data_parallel.parameter_server import (
+    STATS,
+    ParameterServer,
+    RoundResult,
+    stat_totals,
+)
 from sparknet.cluster.data_parallel.round_task import FitSpec, TaskKind, chunk_lrs, make_task
 from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.cluster.planning.rounds import (  # noqa: F401 - the sizing's constants, re-exported
@@ -380,9 +385,9 @@ class FitContext:
             if self.state is not None:
                 step = self.state.round_end(self, epoch, r, R, rl, time.perf_counter() - t_epoch)
             if self.callbacks is not None:  # after the round's checkpoint, when one was due
-                run = np.atleast_2d(rl.stats).sum(axis=0)
+                run = stat_totals(rl.stats)
                 logs = {"epoch": float(epoch), "rounds": float(R),
-                        "loss": run[0] / max(run[1], 1e-12),
+                        "loss": run["loss_sum"] / max(run["weight_sum"], 1e-12),
                         "rounds_done": float(self.state.rounds_done if self.state else r + 1)}
                 if step is not None:
                     logs["checkpoint"] = float(step)
@@ -461,11 +466,11 @@ class FitContext:
 
     def _running(self, stats: np.ndarray) -> dict[str, str]:
         """The progress bar's running loss (and accuracy) over the epoch(s) so far."""
-        run = np.atleast_2d(stats).sum(axis=0)
-        w = max(run[1], 1e-12)
-        post = {"loss": f"{run[0] / w:.4f}"}
+        run = stat_totals(stats)
+        w = max(run["weight_sum"], 1e-12)
+        post = {"loss": f"{run['loss_sum'] / w:.4f}"}
         if self.spec.classification:
-            post["acc"] = f"{run[2] / w:.4f}"
+            post["acc"] = f"{run['correct'] / w:.4f}"
         return post
 
     def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:

@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 STATS = ("loss_sum", "weight_sum", "correct", "samples", "steps")
 
 
+def stat_totals(stats: np.ndarray) -> dict[str, float]:
+    """The statistics of :data:`STATS` by name, each summed over every row (every epoch of a
+    round spanning several)."""
+    return dict(zip(STATS, np.atleast_2d(stats).sum(axis=0).tolist()))
+
+
 @dataclass
 class RoundResult:
     """What one task (or a sum of tasks) sends back from a round.
