@@ -177,7 +177,7 @@ class AsyncRun:
             self.cursor = {int(p): [int(e), int(c)] for p, (e, c) in saved["cursor"].items()}
         self.results: "queue.Queue[tuple]" = queue.Queue()
         self.t_start = time.perf_counter()
-        self.updates: list[dict] = ctx.history.updates if ctx.history is not None else []
+        self.updates: list[dict] = ctx.history.updates
         log.info("sparknet async: %d partitions, %d chunks per pass, max_staleness=%d (%s)",
                  self.P, self.rounds, self.max_staleness, self.opts.stale)
 
@@ -216,11 +216,8 @@ class AsyncRun:
 
     def _timeout(self, w: PartitionThread) -> float | None:
         """Seconds partition ``w``'s round may run (the fit's ``round_timeout``)."""
-        state = self.ctx.state
-        if state is None:
-            return None
         done = [e for e in self.est.values() if e is not None]
-        return state.timeout("async", max(done) if done else None)
+        return self.ctx.state.timeout("async", max(done) if done else None)
 
     def _check_deadlines(self, st: AsyncEpoch) -> None:
         """``RoundTimeout`` when a partition's round has run past the round timeout (the
@@ -287,8 +284,7 @@ class AsyncRun:
         t0 = time.perf_counter()
         failure: BaseException | None = None
         try:
-            if self.ctx.state is not None:  # partition state of a resumed fit
-                self.ctx.state.before_round(self.ctx, standalone=True)
+            self.ctx.state.before_round(self.ctx, standalone=True)  # a resumed fit's partitions
             self._serve(st)
         except KeyboardInterrupt:
             n = self._cancel(st.workers)
@@ -371,14 +367,11 @@ class AsyncRun:
     def _callbacks(self, st: AsyncEpoch, p: int, job: Launch, rec: dict) -> None:
         """The fit's callbacks hear of the update; the rates its local steps ran at are recorded."""
         cbl, schedule = self.ctx.callbacks, self.ctx.schedule
-        if cbl is None:
-            return
         if schedule is not None:
             cbl.record_steps(chunk_lrs(schedule, self.rows[p], self.ctx.batch_size, job.epoch,
                                        job.chunk, self.rounds), partition=p)
-        state = self.ctx.state
         logs = {k: float(v) for k, v in rec.items()}
-        logs["rounds_done"] = float((state.rounds_done if state else 0) + st.log.rounds)
+        logs["rounds_done"] = float(self.ctx.state.rounds_done + st.log.rounds)
         cbl.on_round_end(st.log.rounds - 1, logs)
 
     def _weigh(self, st: AsyncEpoch, staleness: int) -> tuple[float, bool]:

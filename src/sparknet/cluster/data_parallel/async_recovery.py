@@ -121,5 +121,5 @@ def rebuild(run: "AsyncRun", workers: list[PartitionThread], lost: Launch | None
     log.warning("sparknet async: %s lost; cancelled the other rounds, rebuilding the lost shards",
                 where)
     run.resident.rebuild(lost=gone)  # logs what was lost, rebuilt and re-attached
-    if run.ctx.state is not None:  # their optimizer state: the newest checkpoint's, or restarts
-        run.ctx.state.before_round(run.ctx, standalone=True)
+    # their optimizer state: the newest checkpoint's, or restarts
+    run.ctx.state.before_round(run.ctx, standalone=True)

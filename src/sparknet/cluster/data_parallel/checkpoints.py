@@ -369,8 +369,7 @@ class FitState:
                  Part("sizing", "sizing_", _Sizing(ctx)), Part("async", "async_", _ModeState(ctx))]
         if tr.outer is not None:
             parts.append(Part("outer", "outer_", tr.outer))
-        if ctx.history is not None:
-            parts.append(Part("history", "history_", ctx.history))
+        parts.append(Part("history", "history_", ctx.history))
         if self.keeps_partition_state:
             parts.append(Part("partitions", ARRAY_PREFIX, partitions or PartitionStates()))
         return parts
@@ -417,10 +416,9 @@ class FitState:
         step = self.offset + pos.rounds_done
         self.store.save(step, arrays, meta)
         seconds = time.perf_counter() - t0
-        if ctx.history is not None:
-            ctx.history.checkpoints.append({"step": step, "seconds": seconds, "collect": t_collect,
-                                            "job": by_job,
-                                            "bytes": sum(a.nbytes for a in arrays.values())})
+        ctx.history.checkpoints.append({"step": step, "seconds": seconds, "collect": t_collect,
+                                        "job": by_job,
+                                        "bytes": sum(a.nbytes for a in arrays.values())})
         self.since = (pos.epoch, pos.rounds_done, time.perf_counter())
         log.info("sparknet: checkpoint %d written in %.0f ms (goes on with epoch %d, round %d)",
                  step, 1e3 * seconds, pos.epoch + 1, pos.round + 1)
@@ -510,8 +508,7 @@ def resume(state: FitState, ctx: FitContext) -> bool:
     state.since = (pos.epoch, pos.rounds_done, time.perf_counter())
     state.pending = partitions.states or None
     state.resumed_from = ckpt
-    if ctx.history is not None:
-        ctx.history.resumed_from = ckpt.path
+    ctx.history.resumed_from = ckpt.path
     log.info("sparknet: resuming from checkpoint %s (epoch %d, round %d)", ckpt.path,
              pos.epoch + 1, pos.round + 1)
     return True

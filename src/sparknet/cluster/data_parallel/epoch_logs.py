@@ -19,7 +19,6 @@ def record_epochs(ctx: FitContext, epoch: int, span: int, rl: RoundLog, train_ti
     returns the last one's loss and the entries.
     The round's figures and training time are shared by its epochs; validation (run
     when the round ends) goes to the last, the others get ``NaN``."""
-    assert ctx.history is not None
     rows = np.atleast_2d(rl.stats)
     if rows.shape[0] != span:  # a round with no rows anywhere: zeros for each epoch
         rows = np.broadcast_to(rows.sum(axis=0), (span, len(STATS)))

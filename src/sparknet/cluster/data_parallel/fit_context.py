@@ -103,7 +103,10 @@ class FitContext:
         ps: the parameter server (broadcasts and sums).
         epochs: epochs of the fit.
         batch_size: the fit's ``batch_size``.
-        history: the fit's history (``None`` for ``evaluate``).
+        history: the fit's history.
+        state: checkpoints, resident optimizer state and job times of the fit
+            (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`).
+        callbacks: the fit's :class:`~sparknet.callbacks.CallbackList`.
         cost: the round cost model, once measured: by the probe round
             (``local_steps="timed"``), else from the first epoch's rounds.
         rounds: rounds per epoch.
@@ -111,11 +114,7 @@ class FitContext:
         epochs_per_round: epochs one round spans (``sync="average"``).
         bar: the progress bar of the running epoch (the async mode updates it).
         mode_state: what the async mode keeps across the epochs of the fit.
-        state: checkpoints, resident optimizer state and job times of the fit
-            (:class:`~sparknet.cluster.data_parallel.checkpoints.FitState`; ``None`` for
-            ``evaluate``).
         mode_resume: what the async mode stored in the checkpoint the fit resumed from.
-        callbacks: the fit's :class:`~sparknet.callbacks.CallbackList` (``None`` for ``evaluate``).
         schedule: the per-step learning-rate schedule of the fit, if any (set on the
             driver's steps with ``sync="gradient"``, carried by the tasks otherwise).
     """
@@ -127,7 +126,9 @@ class FitContext:
     ps: ParameterServer
     epochs: int
     batch_size: int
-    history: FitHistory | None = None
+    history: FitHistory
+    state: FitState
+    callbacks: CallbackList
     cost: RoundCostModel | None = None
     rounds: int = 1
     steps_per_round: int = 1
@@ -135,9 +136,7 @@ class FitContext:
     bar: Any = None
     progress: Any = None
     mode_state: Any = None
-    state: FitState | None = None
     mode_resume: Any = None
-    callbacks: CallbackList | None = None
     schedule: ScheduledLR | None = None
     # the last measured rounds' fixed costs (resize)
     fixed_seen: list[float] = field(default_factory=list)
@@ -184,12 +183,10 @@ class FitContext:
 
         # built inside: a retry after a rebuild runs over the new anchor
         def action() -> RoundResult:
-            if state is not None and kind == "train":
+            if kind == "train":
                 state.before_round(self)  # partition state after a resume or a rebuild
             self.engine.describe(description)
             return self.ps.gather(data.resident.mapPartitions(task))
-        if state is None:
-            return run_action(data.resident, action, None)
         t0 = time.perf_counter()
         res = run_action(data.resident, action, state.timeout(kind, self._predicted(data, kind)))
         state.measured(kind, time.perf_counter() - t0)
@@ -364,15 +361,15 @@ class FitContext:
             bar.update(start)
         for r in range(start, R):
             t0 = time.perf_counter()
-            collect = self.state is not None and self.state.collects_after(r, R, epoch + span)
+            collect = self.state.collects_after(r, R, epoch + span)
             local = self._round_lr(epoch, r, R)
             task = make_task(self.spec, self.ps.broadcast(), self.trainer.sync, epoch=epoch, rnd=r,
                              rounds=R, span=span, collect_state=collect, **local)
             res = self._run(self.train, task, f"sparknet {which} round {r + 1}/{R}")
             self._apply(res, epoch=epoch + 1, round=r + 1)
             self._record_lrs(epoch, r, R, span)
-            if self.state is not None:  # the partitions' state for the checkpoint after the round
-                self.state.stash = res.states if collect else None
+            # the partitions' state for the checkpoint after the round
+            self.state.stash = res.states if collect else None
             wall, compute = time.perf_counter() - t0, max(res.times) if res.times else 0.0
             rl.wall += wall
             rl.compute += compute
@@ -381,17 +378,15 @@ class FitContext:
             rl.stats = rl.stats + res.stats
             bar.update(1)
             bar.set_postfix(self._running(rl.stats), refresh=False)
-            step = None
-            if self.state is not None:
-                step = self.state.round_end(self, epoch, r, R, rl, time.perf_counter() - t_epoch)
-            if self.callbacks is not None:  # after the round's checkpoint, when one was due
-                run = stat_totals(rl.stats)
-                logs = {"epoch": float(epoch), "rounds": float(R),
-                        "loss": run["loss_sum"] / max(run["weight_sum"], 1e-12),
-                        "rounds_done": float(self.state.rounds_done if self.state else r + 1)}
-                if step is not None:
-                    logs["checkpoint"] = float(step)
-                self.callbacks.on_round_end(r, logs)
+            step = self.state.round_end(self, epoch, r, R, rl, time.perf_counter() - t_epoch)
+            # the callbacks after the round's checkpoint, when one was due
+            run = stat_totals(rl.stats)
+            logs = {"epoch": float(epoch), "rounds": float(R),
+                    "loss": run["loss_sum"] / max(run["weight_sum"], 1e-12),
+                    "rounds_done": float(self.state.rounds_done)}
+            if step is not None:
+                logs["checkpoint"] = float(step)
+            self.callbacks.on_round_end(r, logs)
         return rl
 
     def _round_lr(self, epoch: int, r: int, R: int) -> dict[str, Any]:
@@ -407,7 +402,7 @@ class FitContext:
 
     def _record_lrs(self, epoch: int, r: int, R: int, span: int) -> None:
         """Record the per-step rates the round just applied (the same rule as the tasks')."""
-        if self.schedule is None or self.callbacks is None:
+        if self.schedule is None:
             return
         if self.trainer.sync == "gradient":
             self.callbacks.record_steps((self.trainer.optimizer.lr,))
@@ -474,11 +469,31 @@ class FitContext:
         return post
 
     def evaluate(self, data: ShardedData, description: str) -> dict[str, float]:
-        """``val_loss`` (and ``val_accuracy``) of the current parameters on ``data``."""
+        """``val_loss`` (and ``val_accuracy``) of the current parameters on ``data``, within
+        the fit's ``round_timeout``."""
         res = self._run(data, make_task(self.spec, self.ps.broadcast(), TaskKind.EVAL), description,
                         kind="eval")
-        w = max(res.stat("weight_sum"), 1e-12)
-        out = {"val_loss": res.stat("loss_sum") / w}
-        if self.spec.classification:
-            out["val_accuracy"] = res.stat("correct") / w
-        return out
+        return eval_logs(self.spec, res)
+
+
+def eval_logs(spec: FitSpec, res: RoundResult) -> dict[str, float]:
+    """``val_loss`` (and ``val_accuracy``) from an evaluation job's sums."""
+    w = max(res.stat("weight_sum"), 1e-12)
+    out = {"val_loss": res.stat("loss_sum") / w}
+    if spec.classification:
+        out["val_accuracy"] = res.stat("correct") / w
+    return out
+
+
+def evaluate_once(spec: FitSpec, ps: ParameterServer, data: ShardedData,
+                  description: str) -> dict[str, float]:
+    """``val_loss`` (and ``val_accuracy``) of the server's parameters on ``data`` outside a
+    fit (:meth:`DataParallelTrainer.evaluate
+    <sparknet.cluster.data_parallel.trainer.DataParallelTrainer.evaluate>`): one job, no
+    timeout."""
+    task = make_task(spec, ps.broadcast(), TaskKind.EVAL)
+
+    def action() -> RoundResult:  # built inside: a retry after a rebuild runs over the new anchor
+        ps.engine.describe(description)
+        return ps.gather(data.resident.mapPartitions(task))
+    return eval_logs(spec, run_action(data.resident, action, None))

@@ -77,7 +77,12 @@ from sparknet.cluster.data.shard_cache import release_shards
 from sparknet.cluster.data_parallel import async_mode, checkpoints
 from sparknet.cluster.data_parallel.async_options import AsyncOptions, check_options
 from sparknet.cluster.data_parallel.epoch_logs import record_epochs
-from sparknet.cluster.data_parallel.fit_context import FitContext, FitHistory, RoundLog
+from sparknet.cluster.data_parallel.fit_context import (
+    FitContext,
+    FitHistory,
+    RoundLog,
+    evaluate_once,
+)
 from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resolve_outer
 from sparknet.cluster.data_parallel.parameter_server import ParameterServer
 from sparknet.cluster.data_parallel.round_task import FitSpec
@@ -359,10 +364,9 @@ class DataParallelTrainer:
             try:
                 ctx = FitContext(self, self._spec(key, batch_size, classification), train, val, ps,
                                  epochs, batch_size, history=history,
-                                 state=checkpoints.FitState(self, store, self.checkpoint_every))
-                assert ctx.state is not None
-                steps = math.ceil(train.total / batch_size)
-                ctx.callbacks, ctx.schedule = cbl, cbl.step_schedule(steps)
+                                 state=checkpoints.FitState(self, store, self.checkpoint_every),
+                                 callbacks=cbl)
+                ctx.schedule = cbl.step_schedule(math.ceil(train.total / batch_size))
                 if resume and checkpoints.resume(ctx.state, ctx):
                     history.setup_time = time.perf_counter() - t_fit
                 else:
@@ -412,7 +416,6 @@ class DataParallelTrainer:
         set-up ends here: ``history.setup_time`` and its ``setup_breakdown``."""
         t_cal = time.perf_counter()
         ctx.calibrate()
-        assert ctx.history is not None  # a fit's context
         now = time.perf_counter()
         h, train = ctx.history, ctx.train
         h.setup_time, h.reused_shards = now - t_fit, train.reused
@@ -431,7 +434,6 @@ class DataParallelTrainer:
     def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
         """The epochs of the fit; ``KeyboardInterrupt`` cancels the fit's jobs (tagged
         ``tag``) and returns with the model as of the last applied round."""
-        assert ctx.history is not None and ctx.state is not None
         try:
             with FitProgress(ctx.epochs, verbose) as ctx.progress:
                 ctx.progress.skip(ctx.state.start.epoch)
@@ -446,7 +448,6 @@ class DataParallelTrainer:
         """The epochs of the fit (from a resumed position on), each validated, recorded in
         ``ctx.history`` and checkpointed when one is due."""
         state = ctx.state
-        assert state is not None and ctx.history is not None and ctx.callbacks is not None
         epochs, epoch = ctx.epochs, state.start.epoch
         start = state.start.round if self.mode == "sync" else 0
         while epoch < epochs:
@@ -483,7 +484,6 @@ class DataParallelTrainer:
     def _epochs_begin(ctx: FitContext, epoch: int, span: int) -> list[float]:
         """``on_epoch_begin`` of the epochs of the next round(s) (a round of several epochs runs at
         the rate set when they all began); the rate of each one's first step."""
-        assert ctx.callbacks is not None
         for i in range(span):
             ctx.callbacks.on_epoch_begin(epoch + i)
         return [ctx.epoch_lr(epoch + i) for i in range(span)]
@@ -529,8 +529,7 @@ class DataParallelTrainer:
                           "evaluation data", f"eval-{key}")
         ps = ParameterServer(engine_for(self.spark), model.params, self.reduce, state=model.state)
         try:
-            ctx = FitContext(self, self._spec(key, 1, classification), d, None, ps, 1, 1)
-            out = ctx.evaluate(d, "sparknet evaluate")
+            out = evaluate_once(self._spec(key, 1, classification), ps, d, "sparknet evaluate")
             return {k[4:]: v for k, v in out.items()}
         finally:
             ps.close()
