@@ -157,13 +157,13 @@ class StandaloneCluster:
     def ensure_workers(self, timeout: float = 90.0) -> "StandaloneCluster":
         """Start again every worker a test killed (a cluster shared by several tests:
         each one starts with all ``workers`` workers alive) and wait until the master
-        lists them all alive."""
+        lists them all alive.  The missing workers start at once, not one after another."""
         for i in range(self.n_workers):
             proc = self.workers.get(i)
             if proc is not None and proc.poll() is not None:
                 self.workers.pop(i)
             if i not in self.workers:
-                self.restart_worker(i, timeout=timeout)
+                self._spawn_worker(i)
         deadline = time.time() + timeout
         while self.alive_workers() < self.n_workers:
             if time.time() > deadline:
