@@ -50,9 +50,10 @@ class StandaloneCluster:
         self.dir = tempfile.mkdtemp(prefix="sparknet-standalone-")
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
+        self.base_env = dict(os.environ)   # as at its creation (it may start in another thread)
 
     def _env(self) -> dict:
-        env = dict(os.environ)
+        env = dict(self.base_env)
         env.update({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_DIRS": self.dir,
                     "SPARK_WORKER_DIR": os.path.join(self.dir, "work"),
                     "SPARK_LOG_DIR": self.dir, "PYSPARK_PYTHON": sys.executable,
