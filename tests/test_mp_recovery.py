@@ -267,19 +267,35 @@ def _worker_of_executor(cluster, executor_id):
     raise AssertionError(f"no worker runs executor {executor_id}")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _executor_loss_job(request, tmp_path_factory):
+    """The executor-loss test's driver program, started as the module's first test starts
+    (when that test is selected and Java is there): it starts Spark on the standalone
+    cluster and fits up to its pause while the module's other tests run here (``None``
+    otherwise)."""
+    from conftest import _has_java
+    from helpers.early_job import EarlyJob, selected
+
+    if not (_has_java() and selected(request, "test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps")):
+        yield None
+        return
+    cluster = request.getfixturevalue("_standalone").ensure_workers()  # the run's shared cluster
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
+    job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_executor_loss_job.py"), cluster.url,
+                    str(tmp_path_factory.mktemp("mploss") / "ck"), "12"], env, stdin=True)
+    yield job
+    job.kill()
+
+
 @pytest.mark.standalone
 @pytest.mark.slow
-def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path, standalone_cluster):
+def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(standalone_cluster, _executor_loss_job):
     """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 16 (checkpoints every 5)
     the worker holding block 0 and its executor are killed with SIGKILL: the fit restores
     step 10 onto the surviving executor, replays 11..12 and ends with the weights of an
     undisturbed fit, saying in one log line what was lost and what was restored."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    job = os.path.join(HERE, "helpers", "mp_executor_loss_job.py")
-    proc = subprocess.Popen([sys.executable, job, cluster.url,
-                             str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    cluster, job = standalone_cluster, _executor_loss_job
+    proc = job.proc
     try:
         line = proc.stdout.readline()
         while line and not line.startswith("PAUSED"):
@@ -289,11 +305,9 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
         assert killed
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        stdout, stderr = proc.communicate(timeout=180)
+        stdout, stderr = job.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        job.kill()
     results = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert results, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(results[-1][len("RESULT "):])

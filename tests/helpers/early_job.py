@@ -28,11 +28,13 @@ class EarlyJob:
     Args:
         argv: the program and its arguments.
         env: its environment.
+        stdin: give it a pipe on its standard input (``self.proc.stdin``), for a program that
+            waits for the test's cue.
     """
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env, start_new_session=True)
+    def __init__(self, argv: list[str], env: dict[str, str], stdin: bool = False) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE if stdin else None, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
 
     def communicate(self, timeout: float) -> tuple[str, str]:
         """Its stdout and stderr once it ends (killed, with everything it started, after
