@@ -200,12 +200,13 @@ def _early_driver(request):
     from concurrent.futures import ThreadPoolExecutor
 
     from conftest import MNIST_DIR, _has_java
+    from helpers.early_job import cluster as early_cluster
 
     here = request.node.path
     wanted = any(it.path == here and "faults" in it.fixturenames for it in request.session.items)
     state: dict = {}
-    if wanted and _has_java() and os.path.isdir(MNIST_DIR):
-        cluster = request.getfixturevalue("_standalone")
+    cluster = early_cluster(request) if wanted and _has_java() and os.path.isdir(MNIST_DIR) else None
+    if cluster is not None:
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fault-driver-start")
         state["future"] = pool.submit(_start_driver, cluster, MNIST_DIR)
         pool.shutdown(wait=False)

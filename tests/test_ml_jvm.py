@@ -265,11 +265,15 @@ def _jvm_standalone_job(request):
 
     from conftest import _has_java
     from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
 
     if not (_has_java() and selected(request, "test_jvm_engine_on_a_standalone_cluster")):
         yield None
         return
-    cluster = request.getfixturevalue("_standalone").ensure_workers()  # the run's shared cluster
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     job = EarlyJob([sys.executable, os.path.join(here, "helpers", "ml_jvm_standalone_job.py"), cluster.url], env)

@@ -278,11 +278,15 @@ def _two_blocks_job(request):
     cluster while the module's other tests run here (``None`` otherwise)."""
     from conftest import _has_java
     from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
 
     if not (_has_java() and selected(request, "test_standalone_two_blocks_fit_where_one_does_not")):
         yield None
         return
-    cluster = request.getfixturevalue("_standalone").ensure_workers()  # the run's shared cluster
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
     job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_standalone_job.py"), cluster.url,
                     *map(str, TWO_BLOCKS)], env)

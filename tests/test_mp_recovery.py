@@ -275,11 +275,15 @@ def _executor_loss_job(request, tmp_path_factory):
     otherwise)."""
     from conftest import _has_java
     from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
 
     if not (_has_java() and selected(request, "test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps")):
         yield None
         return
-    cluster = request.getfixturevalue("_standalone").ensure_workers()  # the run's shared cluster
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
     job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_executor_loss_job.py"), cluster.url,
                     str(tmp_path_factory.mktemp("mploss") / "ck"), "12"], env, stdin=True)

@@ -13,6 +13,8 @@ import signal
 import subprocess
 from typing import Any
 
+import pytest
+
 
 def selected(request: Any, name: str) -> bool:
     """Whether the test function ``name`` of the requesting fixture's module runs in this
@@ -20,6 +22,16 @@ def selected(request: Any, name: str) -> bool:
     here = request.node.path
     return any(item.path == here and getattr(item, "originalname", item.name) == name
                for item in request.session.items)
+
+
+def cluster(request: Any) -> Any:
+    """The run's standalone cluster with both workers alive, or None when it cannot be had:
+    the error (or skip) then comes to the test that asks for the cluster itself, not to the
+    module's first test."""
+    try:
+        return request.getfixturevalue("_standalone").ensure_workers()
+    except (Exception, pytest.skip.Exception):
+        return None
 
 
 class EarlyJob:
