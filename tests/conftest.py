@@ -37,19 +37,63 @@ def spark():
     session.stop()
 
 
+def _has_java() -> bool:
+    import shutil
+
+    return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
+
+
+def _new_cluster():
+    from helpers.standalone_cluster import StandaloneCluster
+
+    return StandaloneCluster(workers=2, cores=1, memory="3g")
+
+
+# The standalone cluster's start (three JVMs, ~25 s) overlaps the test module run just before
+# the first test that needs it: the first test of that module starts it in the background.
+_EARLY: dict = {}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    first = next((i for i, it in enumerate(items) if "_standalone" in getattr(it, "fixturenames", ())), 0)
+    if first > 0:
+        j = first - 1
+        while j > 0 and items[j - 1].path == items[first - 1].path:
+            j -= 1
+        _EARLY["trigger"] = items[j].nodeid
+
+
+def pytest_runtest_setup(item):
+    if item.nodeid == _EARLY.get("trigger") and "future" not in _EARLY and _has_java():
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standalone-start")
+        _EARLY["future"] = pool.submit(lambda: _new_cluster().__enter__())
+        pool.shutdown(wait=False)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    future = _EARLY.pop("future", None)      # started early, never used: stopped here
+    if future is not None:
+        try:
+            future.result().stop()
+        except Exception:  # noqa: BLE001 - its start failed: nothing runs
+            pass
+
+
 @pytest.fixture(scope="session")
 def _standalone():
     """One standalone cluster (master + 2 one-core workers on 127.0.0.1) for the whole run;
-    started by the first test that asks for it, stopped at the end."""
-    import shutil
-
-    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    started by the first test that asks for it (or in the background during the module
+    before it), stopped at the end."""
+    if not _has_java():
         pytest.skip("no Java found: a standalone Spark cluster cannot start")
-    from helpers.standalone_cluster import StandaloneCluster
-
-    cluster = StandaloneCluster(workers=2, cores=1, memory="3g")
-    with cluster:
+    future = _EARLY.pop("future", None)
+    cluster = future.result() if future is not None else _new_cluster().__enter__()
+    try:
         yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

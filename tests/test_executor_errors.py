@@ -44,13 +44,25 @@ def _run_job(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def bad_row_job() -> tuple[subprocess.CompletedProcess[str], str, str, str]:
+    """One run of the user's program (one Spark start for both console tests): the bad row
+    scored on each engine at the default log level, the control UDF, then (with javac) the
+    JVM engine again with ``sparknet.tasks`` at DEBUG.  Returns the process and its stderr
+    cut into those three parts."""
+    proc = _run_job(*ENGINES, *(["debug", "jvm"] if HAS_JAVAC else []))
+    ours, rest = proc.stderr.split("CONTROL\n", 1) if "CONTROL\n" in proc.stderr else (proc.stderr, "")
+    control, debug = rest.split("DEBUG\n", 1) if "DEBUG\n" in rest else (rest, "")
+    return proc, ours, control, debug
+
+
 @pytest.mark.slow
-def test_a_bad_row_gives_one_sparknet_error_and_a_clean_console():
+def test_a_bad_row_gives_one_sparknet_error_and_a_clean_console(bad_row_job):
     """The user's session, model and DataFrame with a 63-value row; transform + collect on
     each engine: one DataError naming the column, the row's length and the network's, and
     on the console neither a Java trace nor a Python worker's traceback.  A failure of the
     user's own UDF afterwards is still logged as Spark logs it (the filter is sparknet's)."""
-    proc = _run_job(*ENGINES)
+    proc, ours, control, _ = bad_row_job
     assert proc.returncode == 0, proc.stderr[-3000:]
     for engine in ENGINES:
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"CAUGHT {engine} ")),
@@ -60,7 +72,6 @@ def test_a_bad_row_gives_one_sparknet_error_and_a_clean_console():
         assert kind == "sparknet.errors.DataError"
         assert re.fullmatch(ROW_63, message), message
     assert "CAUGHT control pyspark.errors.exceptions.captured.PythonException" in proc.stdout
-    ours, control = proc.stderr.split("CONTROL\n", 1)
     if not HAS_JAVAC:
         pytest.skip("no javac: the filter of Spark's task-failure lines is compiled Java, so "
                     "Spark's traces stay on the console (the error raised is still DataError)")
@@ -72,14 +83,14 @@ def test_a_bad_row_gives_one_sparknet_error_and_a_clean_console():
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_JAVAC, reason="no javac: no filter to log Spark's lines at debug level")
-def test_the_failed_tasks_traces_are_logged_at_debug_level():
+def test_the_failed_tasks_traces_are_logged_at_debug_level(bad_row_job):
     """With the log4j logger ``sparknet.tasks`` at DEBUG, the lines kept off the console
     are there, with the Java trace of the JVM engine's task."""
-    proc = _run_job("debug", "jvm")
+    proc, _, _, debug = bad_row_job
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ours = proc.stderr.split("CONTROL\n", 1)[0]
-    assert "DEBUG tasks:" in ours or "sparknet.tasks" in ours, ours[-3000:]
-    assert "Exception in task" in ours and "at sparknet.jvm.ScoreRows" in ours
+    assert "CAUGHT debug-jvm sparknet.errors.DataError" in proc.stdout, proc.stdout
+    assert "DEBUG tasks:" in debug or "sparknet.tasks" in debug, debug[-3000:]
+    assert "Exception in task" in debug and "at sparknet.jvm.ScoreRows" in debug
 
 
 @pytest.mark.slow

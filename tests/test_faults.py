@@ -181,22 +181,49 @@ def test_folders_of_killed_drivers_are_swept_and_live_ones_kept(spark):
 
 
 # --------------------------------------------------------------- standalone cluster
-@pytest.fixture(scope="module")
-def faults(mnist_dir, _standalone):
+def _start_driver(cluster, mnist: str):
+    """The fault driver on ``cluster`` (both workers alive first)."""
     from helpers.faults_job import FaultDriver
 
-    cluster = _standalone.ensure_workers()  # the run's shared cluster (conftest.py)
+    cluster.ensure_workers()
     # spark.locality.wait.process of the driver: long, so that a job waiting for a dead
     # executor's locality would be unmistakable (each test bounds what a loss may cost)
-    saved = os.environ.get("SPARKNET_FAULTS_LOCALITY_WAIT")
-    os.environ["SPARKNET_FAULTS_LOCALITY_WAIT"] = f"{LOCALITY_WAIT_S}s"
-    try:
-        driver = FaultDriver(cluster.url, mnist_dir, TRAIN_ROWS, base=BASE_FIT)
-    finally:
-        if saved is None:
-            os.environ.pop("SPARKNET_FAULTS_LOCALITY_WAIT", None)
-        else:
-            os.environ["SPARKNET_FAULTS_LOCALITY_WAIT"] = saved
+    return FaultDriver(cluster.url, mnist, TRAIN_ROWS, base=BASE_FIT, locality_wait=f"{LOCALITY_WAIT_S}s")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _early_driver(request):
+    """When the module runs its standalone tests, the fault driver (a Spark application of
+    its own, half a minute to start) starts in the background as the module's first test
+    starts: its start overlaps the local tests before them.  Yields a dict that holds the
+    start's future under ``"future"`` until :func:`faults` takes it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import MNIST_DIR, _has_java
+    from helpers.early_job import cluster as early_cluster
+
+    here = request.node.path
+    wanted = any(it.path == here and "faults" in it.fixturenames for it in request.session.items)
+    state: dict = {}
+    cluster = early_cluster(request) if wanted and _has_java() and os.path.isdir(MNIST_DIR) else None
+    if cluster is not None:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fault-driver-start")
+        state["future"] = pool.submit(_start_driver, cluster, MNIST_DIR)
+        pool.shutdown(wait=False)
+    yield state
+    future = state.pop("future", None)   # started, never taken by ``faults``
+    if future is not None:
+        try:
+            future.result().close()
+        except Exception:  # noqa: BLE001 - its start failed: nothing runs
+            pass
+
+
+@pytest.fixture(scope="module")
+def faults(mnist_dir, _standalone, _early_driver):
+    future = _early_driver.pop("future", None)
+    driver = future.result() if future is not None else _start_driver(_standalone, mnist_dir)
+    cluster = _standalone.ensure_workers()  # the run's shared cluster (conftest.py)
     state = {"cluster": cluster, "driver": driver, "apps": set(), "keys": set()}
     try:
         yield state

@@ -255,29 +255,40 @@ def test_sparse_vectors_on_the_jvm(spark, digits_frames):
     np.testing.assert_array_equal(raw_s, raw_d)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _jvm_standalone_job(request):
+    """The standalone test's driver program, started as the module's first test starts
+    (when the standalone test is selected and Java is there): it runs on the standalone
+    cluster while the module's other tests run here (``None`` otherwise)."""
+    import os
+    import sys
+
+    from conftest import _has_java
+    from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
+
+    if not (_has_java() and selected(request, "test_jvm_engine_on_a_standalone_cluster")):
+        yield None
+        return
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    job = EarlyJob([sys.executable, os.path.join(here, "helpers", "ml_jvm_standalone_job.py"), cluster.url], env)
+    yield job
+    job.kill()
+
+
 @pytest.mark.slow
-def test_jvm_engine_on_a_standalone_cluster(standalone_cluster):
+def test_jvm_engine_on_a_standalone_cluster(standalone_cluster, _jvm_standalone_job):
     """Executors in their own JVMs (a master and 2 one-core workers on 127.0.0.1) fetch the
     jar the driver added and score as the Arrow engine does."""
     import json
-    import os
-    import signal
-    import subprocess
-    import sys
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    job = os.path.join(here, "helpers", "ml_jvm_standalone_job.py")
-    proc = subprocess.Popen([sys.executable, job, cluster.url],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    stdout, stderr = _jvm_standalone_job.communicate(timeout=240)
+    proc = _jvm_standalone_job
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(lines[-1][len("RESULT "):])

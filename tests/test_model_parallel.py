@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tracemalloc
 
@@ -270,24 +268,39 @@ def test_lost_blocks_restore_newest_checkpoint_or_fail_clearly(spark, digits_xy,
 
 
 # ------------------------------------------------- a model larger than one executor
+TWO_BLOCKS = (4096, 65536, 960, 3)   # inputs, units, Python workers' MiB, steps
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _two_blocks_job(request):
+    """The standalone test's driver program, started as the module's first test starts
+    (when the standalone test is selected and Java is there): it runs on the standalone
+    cluster while the module's other tests run here (``None`` otherwise)."""
+    from conftest import _has_java
+    from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
+
+    if not (_has_java() and selected(request, "test_standalone_two_blocks_fit_where_one_does_not")):
+        yield None
+        return
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_standalone_job.py"), cluster.url,
+                    *map(str, TWO_BLOCKS)], env)
+    yield job
+    job.kill()
+
+
 @pytest.mark.slow
-def test_standalone_two_blocks_fit_where_one_does_not(standalone_cluster):
+def test_standalone_two_blocks_fit_where_one_does_not(standalone_cluster, _two_blocks_job):
     """Master + 2 one-core workers on 127.0.0.1; Python workers limited to 960 MiB of address
     space; a 1 GiB dense layer trains in 2 blocks and fails clearly in 1."""
-    n_in, units, limit_mib, steps = 4096, 65536, 960, 3
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    job = os.path.join(HERE, "helpers", "mp_standalone_job.py")
-    proc = subprocess.Popen([sys.executable, job, cluster.url,
-                             str(n_in), str(units), str(limit_mib), str(steps)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:           # timed out: kill the driver and its JVM
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    steps = TWO_BLOCKS[3]
+    stdout, stderr = _two_blocks_job.communicate(timeout=240)
+    proc = _two_blocks_job
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(lines[-1][len("RESULT "):])

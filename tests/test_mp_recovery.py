@@ -171,14 +171,14 @@ def test_lost_blocks_with_a_checkpoint_of_another_fit_stop_clearly(digits_xy, tm
 # ------------------------------------------------------------------ the driver killed
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed_is_bit_identical(spark, digits_xy, tmp_path):
-    """A driver SIGKILLed in the middle of step 13 (local[2], K=2, float64, checkpoints every
-    4); another process resumes from step 12: the same 30 steps, weights and history as an
-    uninterrupted fit."""
+    """A driver SIGKILLed in the middle of step 7 (local[2], K=2, float64, checkpoints every
+    2); another process resumes from step 6, across the end of the first epoch: the same 16
+    steps, weights and history as an uninterrupted fit."""
     from helpers import mp_resume_job as job
 
     ckpt = tmp_path / "ck"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, job.__file__, str(ckpt), "13"],
+    proc = subprocess.Popen([sys.executable, job.__file__, str(ckpt), "7"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     try:
@@ -188,15 +188,15 @@ def test_resume_after_the_driver_is_killed_is_bit_identical(spark, digits_xy, tm
             os.killpg(proc.pid, signal.SIGKILL)      # the killed driver's JVM, if still there
         except ProcessLookupError:
             pass
-    assert proc.returncode == -signal.SIGKILL and "KILLING at step 13" in out, err[-3000:]
-    assert [c.step for c in CheckpointStore(ckpt).checkpoints()] == [4, 8, 12]
+    assert proc.returncode == -signal.SIGKILL and "KILLING at step 7" in out, err[-3000:]
+    assert [c.step for c in CheckpointStore(ckpt).checkpoints()] == [2, 4, 6]
     X, y = digits_xy
     mp = job.make(spark, str(ckpt), "mpresume")
     ref = job.make(spark, None, "mpresume-ref")
     try:
         got = job.fit(mp, X, y, resume=True)
-        want = ref.fit(X, y, epochs=job.EPOCHS, batch_size=job.BATCH)
-        assert mp.t == ref.t == 30 and len(got["step_time"]) == 30
+        want = ref.fit(X[:job.ROWS], y[:job.ROWS], epochs=job.EPOCHS, batch_size=job.BATCH)
+        assert mp.t == ref.t == 16 and len(got["step_time"]) == 16
         np.testing.assert_array_equal(weights(mp), weights(ref))
         assert got["loss"] == want["loss"] and got["accuracy"] == want["accuracy"]
     finally:
@@ -267,19 +267,39 @@ def _worker_of_executor(cluster, executor_id):
     raise AssertionError(f"no worker runs executor {executor_id}")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _executor_loss_job(request, tmp_path_factory):
+    """The executor-loss test's driver program, started as the module's first test starts
+    (when that test is selected and Java is there): it starts Spark on the standalone
+    cluster and fits up to its pause while the module's other tests run here (``None``
+    otherwise)."""
+    from conftest import _has_java
+    from helpers.early_job import EarlyJob, selected
+    from helpers.early_job import cluster as early_cluster
+
+    if not (_has_java() and selected(request, "test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps")):
+        yield None
+        return
+    cluster = early_cluster(request)  # the run's shared cluster
+    if cluster is None:
+        yield None
+        return
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
+    job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_executor_loss_job.py"), cluster.url,
+                    str(tmp_path_factory.mktemp("mploss") / "ck"), "12"], env, stdin=True)
+    yield job
+    job.kill()
+
+
 @pytest.mark.standalone
 @pytest.mark.slow
-def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_path, standalone_cluster):
-    """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 29 (checkpoints every 5)
+def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(standalone_cluster, _executor_loss_job):
+    """Master + 2 one-core workers on 127.0.0.1; inside step 12 of 16 (checkpoints every 5)
     the worker holding block 0 and its executor are killed with SIGKILL: the fit restores
     step 10 onto the surviving executor, replays 11..12 and ends with the weights of an
     undisturbed fit, saying in one log line what was lost and what was restored."""
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    cluster = standalone_cluster  # the run's shared cluster (conftest.py)
-    job = os.path.join(HERE, "helpers", "mp_executor_loss_job.py")
-    proc = subprocess.Popen([sys.executable, job, cluster.url,
-                             str(tmp_path / "ck"), "12"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    cluster, job = standalone_cluster, _executor_loss_job
+    proc = job.proc
     try:
         line = proc.stdout.readline()
         while line and not line.startswith("PAUSED"):
@@ -289,18 +309,16 @@ def test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps(tmp_pa
         assert killed
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        stdout, stderr = proc.communicate(timeout=180)
+        stdout, stderr = job.communicate(timeout=180)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+        job.kill()
     results = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     assert results, f"job failed ({proc.returncode}):\n{stderr[-4000:]}"
     out = json.loads(results[-1][len("RESULT "):])
     print("executor loss:", {k: v for k, v in out.items() if k != "lines"})
     assert "error" not in out, out.get("error")
     assert len(set(out["homes"].values())) == 2, "the two blocks must start on two executors"
-    assert out["restores"] == 1 and out["t"] == out["ref_t"] == 29 and out["steps"] == 29
+    assert out["restores"] == 1 and out["t"] == out["ref_t"] == 16 and out["steps"] == 16
     assert out["max_rel"] <= 1e-12
     assert out["accuracy"] == pytest.approx(out["ref_accuracy"], abs=1e-12)
     lost = [ln for ln in out["lines"] if "block state lost" in ln]

@@ -6,6 +6,8 @@
 - :mod:`helpers.jobs`: waiting for Spark's status store to see jobs end.
 - :mod:`helpers.standalone_cluster`, :mod:`helpers.connect_server`: a standalone cluster and a
   Spark Connect server on 127.0.0.1 (the conftest.py fixtures start them).
+- :mod:`helpers.early_job`: a test's driver program started as its module starts, so that its
+  Spark start overlaps the module's other tests.
 - ``*_job.py``: driver programs the tests run as their own processes (``python <path> ARGS``),
   so that a driver can own a SparkContext on a standalone master, or be killed.  They import
   only the standard library at module level, so a test can also import one for its constants.

@@ -90,13 +90,17 @@ class FaultDriver:
     ``on_kill`` is called on the program's ``KILL`` cue (for tests and benchmarks)."""
 
     def __init__(self, master: str, dataset: str, train_rows: int, base: dict | None = None,
-                 driver_memory: str = "2g", ready_timeout: float = 300, warm: bool = False) -> None:
+                 driver_memory: str = "2g", ready_timeout: float = 300, warm: bool = False,
+                 locality_wait: str | None = None) -> None:
         self.base = dict(base or {})
         self._hold = False
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        if locality_wait is not None:  # the driver's spark.locality.wait.process
+            env["SPARKNET_FAULTS_LOCALITY_WAIT"] = locality_wait
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), master, dataset, driver_memory,
                                       str(train_rows)] + (["warm"] if warm else []),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+                                     text=True, env=env)
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.lines: queue.Queue = queue.Queue()

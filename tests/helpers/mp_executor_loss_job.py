@@ -4,11 +4,11 @@ process, so it owns a SparkContext on the standalone master).
 Usage: python tests/helpers/mp_executor_loss_job.py MASTER_URL CKPT_DIR PAUSE_AT
 
 Fits a float64 network whose Megatron pair is cut into K=2 blocks (one per executor) on
-the sklearn digits, 1 epoch of batch 64 (29 steps), checkpoints every 5 steps.  Inside
-step PAUSE_AT, before its first Spark job, it prints ``PAUSED <executor id of slot 0>``
-and waits for a line on stdin (the test kills that executor's worker meanwhile), then
-goes on.  Afterwards it fits the same network in this process (the in-process backend,
-undisturbed) and prints one JSON line ``RESULT {...}``.
+the first 1,000 sklearn digits, 1 epoch of batch 64 (16 steps, the last of 40 rows),
+checkpoints every 5 steps.  Inside step PAUSE_AT, before its first Spark job, it prints
+``PAUSED <executor id of slot 0>`` and waits for a line on stdin (the test kills that
+executor's worker meanwhile), then goes on.  Afterwards it fits the same network in this
+process (the in-process backend, undisturbed) and prints one JSON line ``RESULT {...}``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 
-EPOCHS, BATCH, EVERY = 1, 64, 5
+ROWS, EPOCHS, BATCH, EVERY = 1000, 1, 64, 5
 
 
 class Lines(logging.Handler):
@@ -42,7 +42,7 @@ def main() -> int:
     from sparknet.cluster.model_parallel.block_partition import BlockPlan
 
     X, y = load_digits(return_X_y=True)
-    X = X / 16.0
+    X, y = X[:ROWS] / 16.0, y[:ROWS]
     spark = (SparkSession.builder.master(master).appName("sparknet-mp-executor-loss")
              .config("spark.ui.enabled", "false")
              .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")

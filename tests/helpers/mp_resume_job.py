@@ -2,12 +2,13 @@
 
 Usage: python tests/helpers/mp_resume_job.py CKPT_DIR KILL_AT
 
-Fits with checkpoints every 4 steps; the process SIGKILLs itself in the middle of step
+Fits with checkpoints every 2 steps; the process SIGKILLs itself in the middle of step
 KILL_AT (inside the step's first Spark job).  The test then resumes in another process
 with :func:`make` and :func:`fit`.
 
 The model: float64, a Megatron pair cut into K=2 blocks and a softmax head on the driver,
-trained on the sklearn digits for 2 epochs of batch 128 on local[2] (30 steps).
+trained on the first 1,000 sklearn digits for 2 epochs of batch 128 on local[2] (8 steps an
+epoch, the last of 104 rows: 16 steps).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import os
 import signal
 import sys
 
-EPOCHS, BATCH, EVERY = 2, 128, 4
+ROWS, EPOCHS, BATCH, EVERY = 1000, 2, 128, 2
 
 
 def make(spark, ckpt_dir, name):
@@ -29,7 +30,8 @@ def make(spark, ckpt_dir, name):
 
 
 def fit(mp, X, y, **kw):
-    return mp.fit(X, y, epochs=EPOCHS, batch_size=BATCH, checkpoint_every=EVERY, **kw)
+    """The fit of the job and of the test, on the first :data:`ROWS` rows of ``X``, ``y``."""
+    return mp.fit(X[:ROWS], y[:ROWS], epochs=EPOCHS, batch_size=BATCH, checkpoint_every=EVERY, **kw)
 
 
 def main() -> int:

@@ -50,9 +50,10 @@ class StandaloneCluster:
         self.dir = tempfile.mkdtemp(prefix="sparknet-standalone-")
         self.port, self.ui_port = free_port(), free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
+        self.base_env = dict(os.environ)   # as at its creation (it may start in another thread)
 
     def _env(self) -> dict:
-        env = dict(os.environ)
+        env = dict(self.base_env)
         env.update({"SPARK_LOCAL_IP": "127.0.0.1", "SPARK_LOCAL_DIRS": self.dir,
                     "SPARK_WORKER_DIR": os.path.join(self.dir, "work"),
                     "SPARK_LOG_DIR": self.dir, "PYSPARK_PYTHON": sys.executable,
@@ -157,13 +158,13 @@ class StandaloneCluster:
     def ensure_workers(self, timeout: float = 90.0) -> "StandaloneCluster":
         """Start again every worker a test killed (a cluster shared by several tests:
         each one starts with all ``workers`` workers alive) and wait until the master
-        lists them all alive."""
+        lists them all alive.  The missing workers start at once, not one after another."""
         for i in range(self.n_workers):
             proc = self.workers.get(i)
             if proc is not None and proc.poll() is not None:
                 self.workers.pop(i)
             if i not in self.workers:
-                self.restart_worker(i, timeout=timeout)
+                self._spawn_worker(i)
         deadline = time.time() + timeout
         while self.alive_workers() < self.n_workers:
             if time.time() > deadline:
