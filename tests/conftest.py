@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from helpers.early_job import discard, has_java, in_background
+
 # Spark's Python workers must run this interpreter (where sparknet is installed).
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -37,12 +39,6 @@ def spark():
     session.stop()
 
 
-def _has_java() -> bool:
-    import shutil
-
-    return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
-
-
 def _new_cluster():
     from helpers.standalone_cluster import StandaloneCluster
 
@@ -64,21 +60,12 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_runtest_setup(item):
-    if item.nodeid == _EARLY.get("trigger") and "future" not in _EARLY and _has_java():
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="standalone-start")
-        _EARLY["future"] = pool.submit(lambda: _new_cluster().__enter__())
-        pool.shutdown(wait=False)
+    if item.nodeid == _EARLY.get("trigger") and "future" not in _EARLY and has_java():
+        _EARLY["future"] = in_background(lambda: _new_cluster().__enter__(), "standalone-start")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    future = _EARLY.pop("future", None)      # started early, never used: stopped here
-    if future is not None:
-        try:
-            future.result().stop()
-        except Exception:  # noqa: BLE001 - its start failed: nothing runs
-            pass
+    discard(_EARLY.pop("future", None), "stop")  # started early, never used: stopped here
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +73,7 @@ def _standalone():
     """One standalone cluster (master + 2 one-core workers on 127.0.0.1) for the whole run;
     started by the first test that asks for it (or in the background during the module
     before it), stopped at the end."""
-    if not _has_java():
+    if not has_java():
         pytest.skip("no Java found: a standalone Spark cluster cannot start")
     future = _EARLY.pop("future", None)
     cluster = future.result() if future is not None else _new_cluster().__enter__()

@@ -197,26 +197,19 @@ def _early_driver(request):
     its own, half a minute to start) starts in the background as the module's first test
     starts: its start overlaps the local tests before them.  Yields a dict that holds the
     start's future under ``"future"`` until :func:`faults` takes it."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from conftest import MNIST_DIR, _has_java
+    from conftest import MNIST_DIR
     from helpers.early_job import cluster as early_cluster
+    from helpers.early_job import discard, has_java, in_background
 
     here = request.node.path
     wanted = any(it.path == here and "faults" in it.fixturenames for it in request.session.items)
     state: dict = {}
-    cluster = early_cluster(request) if wanted and _has_java() and os.path.isdir(MNIST_DIR) else None
+    cluster = early_cluster(request) if wanted and has_java() and os.path.isdir(MNIST_DIR) else None
     if cluster is not None:
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fault-driver-start")
-        state["future"] = pool.submit(_start_driver, cluster, MNIST_DIR)
-        pool.shutdown(wait=False)
+        state["future"] = in_background(lambda: _start_driver(cluster, MNIST_DIR),
+                                        "fault-driver-start")
     yield state
-    future = state.pop("future", None)   # started, never taken by ``faults``
-    if future is not None:
-        try:
-            future.result().close()
-        except Exception:  # noqa: BLE001 - its start failed: nothing runs
-            pass
+    discard(state.pop("future", None), "close")   # started, never taken by ``faults``
 
 
 @pytest.fixture(scope="module")

@@ -260,25 +260,10 @@ def _jvm_standalone_job(request):
     """The standalone test's driver program, started as the module's first test starts
     (when the standalone test is selected and Java is there): it runs on the standalone
     cluster while the module's other tests run here (``None`` otherwise)."""
-    import os
-    import sys
+    from helpers.early_job import start_for
 
-    from conftest import _has_java
-    from helpers.early_job import EarlyJob, selected
-    from helpers.early_job import cluster as early_cluster
-
-    if not (_has_java() and selected(request, "test_jvm_engine_on_a_standalone_cluster")):
-        yield None
-        return
-    cluster = early_cluster(request)  # the run's shared cluster
-    if cluster is None:
-        yield None
-        return
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    job = EarlyJob([sys.executable, os.path.join(here, "helpers", "ml_jvm_standalone_job.py"), cluster.url], env)
-    yield job
-    job.kill()
+    yield from start_for(request, "test_jvm_engine_on_a_standalone_cluster",
+                         "ml_jvm_standalone_job.py")
 
 
 @pytest.mark.slow

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tracemalloc
 
 import numpy as np
@@ -276,22 +275,10 @@ def _two_blocks_job(request):
     """The standalone test's driver program, started as the module's first test starts
     (when the standalone test is selected and Java is there): it runs on the standalone
     cluster while the module's other tests run here (``None`` otherwise)."""
-    from conftest import _has_java
-    from helpers.early_job import EarlyJob, selected
-    from helpers.early_job import cluster as early_cluster
+    from helpers.early_job import start_for
 
-    if not (_has_java() and selected(request, "test_standalone_two_blocks_fit_where_one_does_not")):
-        yield None
-        return
-    cluster = early_cluster(request)  # the run's shared cluster
-    if cluster is None:
-        yield None
-        return
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-    job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_standalone_job.py"), cluster.url,
-                    *map(str, TWO_BLOCKS)], env)
-    yield job
-    job.kill()
+    yield from start_for(request, "test_standalone_two_blocks_fit_where_one_does_not",
+                         "mp_standalone_job.py", [str(v) for v in TWO_BLOCKS])
 
 
 @pytest.mark.slow

@@ -273,22 +273,11 @@ def _executor_loss_job(request, tmp_path_factory):
     (when that test is selected and Java is there): it starts Spark on the standalone
     cluster and fits up to its pause while the module's other tests run here (``None``
     otherwise)."""
-    from conftest import _has_java
-    from helpers.early_job import EarlyJob, selected
-    from helpers.early_job import cluster as early_cluster
+    from helpers.early_job import start_for
 
-    if not (_has_java() and selected(request, "test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps")):
-        yield None
-        return
-    cluster = early_cluster(request)  # the run's shared cluster
-    if cluster is None:
-        yield None
-        return
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable, OPENBLAS_NUM_THREADS="1")
-    job = EarlyJob([sys.executable, os.path.join(HERE, "helpers", "mp_executor_loss_job.py"), cluster.url,
-                    str(tmp_path_factory.mktemp("mploss") / "ck"), "12"], env, stdin=True)
-    yield job
-    job.kill()
+    yield from start_for(request, "test_executor_killed_mid_fit_restores_blocks_and_runs_the_exact_steps",
+                         "mp_executor_loss_job.py", [str(tmp_path_factory.mktemp("mploss") / "ck"), "12"],
+                         env={"OPENBLAS_NUM_THREADS": "1"}, stdin=True)
 
 
 @pytest.mark.standalone

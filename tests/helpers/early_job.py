@@ -9,11 +9,40 @@ what it printed.  The program runs in its own process group, killed whatever hap
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
-from typing import Any
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 import pytest
+
+HELPERS = os.path.dirname(os.path.abspath(__file__))
+
+
+def has_java() -> bool:
+    """Whether a JVM can start here (``java`` on PATH or ``JAVA_HOME`` set)."""
+    return shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
+
+
+def in_background(fn: Callable[[], Any], name: str) -> Future:
+    """``fn()`` started now on a thread of its own; its result (or error) in the future."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    future = pool.submit(fn)
+    pool.shutdown(wait=False)
+    return future
+
+
+def discard(future: Future | None, close: str) -> None:
+    """Close (its method ``close``) what a background start made and nobody took; a start
+    that failed left nothing to close."""
+    if future is None:
+        return
+    try:
+        getattr(future.result(), close)()
+    except Exception:  # noqa: BLE001 - its start failed: nothing runs
+        pass
 
 
 def selected(request: Any, name: str) -> bool:
@@ -68,3 +97,24 @@ class EarlyJob:
             except ProcessLookupError:
                 pass
             self.proc.communicate()
+
+
+def start_for(request: Any, test: str, script: str, args: list[str] | None = None,
+              env: dict[str, str] | None = None, stdin: bool = False) -> Iterator[EarlyJob | None]:
+    """The body of a module fixture that starts ``helpers/<script> <cluster url> <args>`` as
+    the module's first test starts, when ``test`` is selected, Java is there and the run's
+    cluster can be had: yields the :class:`EarlyJob` (``None`` otherwise), killed at the
+    module's end."""
+    if not (has_java() and selected(request, test)):
+        yield None
+        return
+    standalone = cluster(request)  # the run's shared cluster
+    if standalone is None:
+        yield None
+        return
+    full_env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable,
+                    **(env or {}))
+    job = EarlyJob([sys.executable, os.path.join(HELPERS, script), standalone.url,
+                    *(args or [])], full_env, stdin=stdin)
+    yield job
+    job.kill()
