@@ -107,7 +107,7 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     in ``rounds`` rounds of ``n_steps`` training steps each.
 
     ``step_kernel=False`` makes sparknet use the BLAS for every product instead of its
-    built-in float32 AVX-512 kernels (an ablation).
+    built-in float32 step kernels (AVX-512 or AVX2; an ablation).
 
     Returns:
         ``{"config": ..., "sparknet": {...}, "torch": {...} or None, "ratio_wall": ...,
@@ -118,7 +118,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     X, y = _batches(4, batch, steps, features, classes)
     own = _recurrent.use_step_kernel(step_kernel)
     config = dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
-                  n_steps=n_steps, rounds=rounds, avx512_step_kernels=own)
+                  n_steps=n_steps, rounds=rounds,
+                  step_kernels=_recurrent.step_kernel_isa() if own else None)
     res: dict[str, Any] = {"config": config}
     loads: list[float] = []
     try:
@@ -164,7 +165,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
 def report(res: dict) -> None:
     """Print the table of :func:`run`'s result."""
     c = res["config"]
-    kernels = "AVX-512 step kernels" if c["avx512_step_kernels"] else "BLAS only"
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(c["step_kernels"])
+    kernels = f"{isa} step kernels" if isa else "BLAS only"
     print(f"GRU {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
           f"{c['batch']}, float32, 1 thread, RMSprop ({kernels}); training samples/s")
     print(f"{'':<10}{'wall median':>13}{'wall best':>11}{'CPU time':>10}")
@@ -191,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=12, help="alternating timed rounds")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--blas", action="store_true",
-                    help="use the BLAS for every product (not the built-in AVX-512 kernels)")
+                    help="use the BLAS for every product (not the built-in step kernels)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = ap.parse_args(argv)
     print(machine_header())

@@ -114,8 +114,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     excludes time the thread spent descheduled on a busy machine).
 
     ``step_kernel=False`` makes sparknet use the BLAS for every product instead of its
-    built-in float32 AVX-512 kernels (an ablation); ``fused_steps=False`` keeps the built-in
-    kernels but runs the input projection and the weight gradients as products over all
+    built-in float32 step kernels (AVX-512 or AVX2; an ablation); ``fused_steps=False`` keeps
+    the built-in kernels but runs the input projection and the weight gradients as products over all
     steps (:func:`sparknet._recurrent.use_fused_steps`, the order before per-step fusion).
 
     Returns:
@@ -128,7 +128,8 @@ def run(batch: int = 128, steps: int = 28, features: int = 28, hidden: int = 128
     own = _recurrent.use_step_kernel(step_kernel)
     fused = _recurrent.use_fused_steps(fused_steps)
     config = dict(batch=batch, steps=steps, features=features, hidden=hidden, classes=classes,
-                  n_steps=n_steps, rounds=rounds, avx512_step_kernels=own, fused_steps=own
+                  n_steps=n_steps, rounds=rounds,
+                  step_kernels=_recurrent.step_kernel_isa() if own else None, fused_steps=own
                   and fused)
     res: dict[str, Any] = {"config": config,
                            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
@@ -196,8 +197,9 @@ def run_mnist(path: str, epochs: int = 12, batch: int = 128, hidden: int = 128, 
 def report(res: dict) -> None:
     """Print the table of :func:`run`'s result."""
     c = res["config"]
-    kernels = ("BLAS only" if not c["avx512_step_kernels"] else "AVX-512 step kernels, fused steps"
-               if c["fused_steps"] else "AVX-512 step kernels, whole-sequence products")
+    isa = {"avx512": "AVX-512", "avx2": "AVX2"}.get(c["step_kernels"])
+    kernels = ("BLAS only" if isa is None else f"{isa} step kernels, fused steps"
+               if c["fused_steps"] else f"{isa} step kernels, whole-sequence products")
     print(f"LSTM {c['features']}->{c['hidden']} x {c['steps']} steps + Dense {c['classes']}, batch "
           f"{c['batch']}, float32, 1 thread, RMSprop "
           f"(OPENBLAS_CORETYPE={res['openblas_coretype']}, {kernels}); training samples/s")
@@ -222,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=12, help="alternating timed rounds")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch comparison")
     ap.add_argument("--blas", action="store_true",
-                    help="use the BLAS for every product (not the built-in AVX-512 kernels)")
+                    help="use the BLAS for every product (not the built-in step kernels)")
     ap.add_argument("--whole-sequence", action="store_true",
                     help="built-in kernels, but the input projection and weight gradients as "
                          "products over all steps (ablation)")

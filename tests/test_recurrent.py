@@ -7,6 +7,10 @@ a slice of Shakespeare).
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -440,16 +444,17 @@ def test_save_and_load_round_trip(tmp_path):
 
 
 # --------------------------------------------------------------------------- float32 step kernels
-def _need_avx512():
+def _need_step_kernel():
     if not _recurrent.step_kernel_available():
-        pytest.skip("this CPU has no AVX-512: the float32 step kernels are not used (BLAS is)")
+        pytest.skip("this CPU has neither AVX-512 nor AVX2 with FMA (or SPARKNET_STEP_ISA=blas): "
+                    "the float32 step kernels are not used (BLAS is)")
 
 
 @pytest.mark.parametrize("M,K,Nc", [(1, 1, 1), (3, 7, 5), (8, 128, 512), (9, 33, 17), (17, 512, 128),
                                     (128, 28, 100), (13, 64, 31)])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
-    _need_avx512()
+    _need_step_kernel()
     rng = np.random.default_rng(M * 1000 + K)
     A = rng.standard_normal((M, K)).astype(np.float32)
     At = np.ascontiguousarray(A.T)
@@ -463,7 +468,7 @@ def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
 
 
 def test_float32_step_kernel_equals_blas_path():
-    _need_avx512()
+    _need_step_kernel()
     model = Sequential([LSTM(40, return_sequences=True), SimpleRNN(33, return_sequences=True), LSTM(24)],
                        input_shape=(9, 6), dtype="float32")
     x = _x(60, (11, 9, 6)).astype(np.float32)
@@ -482,10 +487,66 @@ def test_float32_step_kernel_equals_blas_path():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+# One LSTM-GRU-RNN stack's float32 forward and backward, and the step products against
+# numpy, in a process whose SPARKNET_STEP_ISA the test sets (read once per process).
+_ISA_PROGRAM = r"""
+import json, sys
+import numpy as np
+from sparknet import GRU, LSTM, Sequential, SimpleRNN, _recurrent
+from sparknet.data import lengths_to_mask
+model = Sequential([LSTM(37, return_sequences=True), GRU(21, return_sequences=True),
+                    SimpleRNN(19)], input_shape=(9, 6), dtype="float32", seed=4)
+rng = np.random.default_rng(5)
+x = rng.standard_normal((13, 9, 6)).astype(np.float32)
+mask = lengths_to_mask(np.array([9, 3, 5, 9, 1, 9, 2, 8, 9, 4, 6, 7, 9]), 9, padding="post")
+y = model.forward(x, mask=mask)
+dx = model.backward(rng.standard_normal(y.shape).astype(np.float32))
+worst = 0.0
+if _recurrent.step_kernel_available():
+    for M, K, Nc in ((1, 1, 1), (7, 33, 17), (13, 64, 31), (128, 156, 512), (17, 300, 40)):
+        A = rng.standard_normal((M, K)).astype(np.float32)
+        B = rng.standard_normal((K, Nc)).astype(np.float32)
+        C0 = rng.standard_normal((M, Nc)).astype(np.float32)
+        ref = A.astype(np.float64) @ B + C0
+        for fn, a in ((_recurrent.sgemm_step, A), (_recurrent.sgemm_tn_step, np.ascontiguousarray(A.T))):
+            C = C0.copy()
+            fn(a, B, C, True)
+            worst = max(worst, float(np.abs(C - ref).max() / np.sqrt(K)))
+np.savez(sys.argv[1], y=y, dx=dx, grads=model.grads)
+print(json.dumps({"isa": _recurrent.step_kernel_isa(), "worst": worst}))
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "blas"])
+def test_narrower_step_kernels_agree_with_the_cpus_best(isa, tmp_path):
+    """SPARKNET_STEP_ISA=avx2 runs the AVX2 step products and LSTM rows on an AVX-512 CPU too
+    (so that they are tested there), =blas the BLAS; both give the default path's results."""
+    results = {}
+    for name, value in (("best", None), (isa, isa)):
+        env = {k: v for k, v in os.environ.items() if k != "SPARKNET_STEP_ISA"}
+        if value:
+            env["SPARKNET_STEP_ISA"] = value
+        out = tmp_path / f"{name}.npz"
+        run = subprocess.run([sys.executable, "-c", _ISA_PROGRAM, str(out)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        results[name] = (json.loads(run.stdout.strip().splitlines()[-1]), np.load(out))
+    best_isa = results["best"][0]["isa"]
+    assert best_isa == _recurrent.step_kernel_isa()
+    expected = None if isa == "blas" or best_isa is None else "avx2"
+    info, arrays = results[isa]
+    assert info["isa"] == expected
+    assert info["worst"] < 1e-5, info          # the step products against float64 numpy
+    for key in ("y", "dx", "grads"):
+        a, b = arrays[key], results["best"][1][key]
+        assert np.abs(a).max() > 0, key
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5, err_msg=key)
+
+
 def test_float32_step_by_step_order_equals_whole_sequence_order():
     """The LSTM's products one time step at a time (the default on AVX-512) and over whole
     sequences give the same forward output, input delta and weight gradients."""
-    _need_avx512()
+    _need_step_kernel()
     model = Sequential([LSTM(40, return_sequences=True), LSTM(24, return_sequences=True), LSTM(16)],
                        input_shape=(12, 7), dtype="float32", seed=3)
     x = _x(70, (13, 12, 7)).astype(np.float32)

@@ -175,14 +175,14 @@ cdef extern from *:
                       const double* dh_rec, const double* dy, double* dh_prev,
                       double* db) noexcept nogil
     int sn_has_avx512() noexcept nogil
-    void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                                float* C, int ldc, int acc) noexcept nogil
-    void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                                 int K2, const float* A2, int lda2, const float* Bp2, float* C,
-                                 int ldc, int acc) noexcept nogil
-    void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda,
-                                   const float* Bp, float* C, int ldc, int acc) noexcept nogil
-    void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
+    void sn_sgemm_panels(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                         float* C, int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels2(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                          int K2, const float* A2, int lda2, const float* Bp2, float* C,
+                          int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels_tn(int M, int Nc, int K, const float* At, int lda,
+                            const float* Bp, float* C, int ldc, int acc) noexcept nogil
+    void sn_pack_panels(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
 
 # the float32 gate rows in 16-wide AVX-512 registers on CPUs that have them (same results)
@@ -321,16 +321,16 @@ cdef void _gru_forward_loop(const floating[:, :, ::1] x, const floating[:, ::1] 
         rec = t > 0 or has_h0        # else h_{t-1} = 0: no recurrent product
         if own:
             # [a_r, a_z] (N, 2H) = x_t (N, F) @ W_i[rz]^T + h_{t-1} (N, H) @ W_h[rz]^T
-            sn_sgemm_panels2_avx512(<int>N, <int>(2 * H), <int>F, <float*>&xt[t, 0, 0], <int>F,
-                                    wi_rz, <int>H if rec else 0, <float*>h, <int>H, wh_rz,
-                                    <float*>g, <int>W, 0)
+            sn_sgemm_panels2(<int>N, <int>(2 * H), <int>F, <float*>&xt[t, 0, 0], <int>F,
+                             wi_rz, <int>H if rec else 0, <float*>h, <int>H, wh_rz,
+                             <float*>g, <int>W, 0)
             # a_in (N, H) = x_t @ W_in^T
-            sn_sgemm_panels_avx512(<int>N, <int>H, <int>F, <float*>&xt[t, 0, 0], <int>F, wi_n,
-                                   <float*>g + 2 * H, <int>W, 0)
+            sn_sgemm_panels(<int>N, <int>H, <int>F, <float*>&xt[t, 0, 0], <int>F, wi_n,
+                            <float*>g + 2 * H, <int>W, 0)
             if rec:
                 # a_hn (N, H) = h_{t-1} @ W_hn^T
-                sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>h, <int>H, wh_n,
-                                       <float*>g + 3 * H, <int>W, 0)
+                sn_sgemm_panels(<int>N, <int>H, <int>H, <float*>h, <int>H, wh_n,
+                                <float*>g + 3 * H, <int>W, 0)
         elif rec:
             # [a_r, a_z] (N, 2H) += h_{t-1} (N, H) @ W_h[rz]^T;  a_hn (N, H) = h_{t-1} @ W_hn^T
             product(False, True, N, 2 * H, H, h, H, &w_hh[0, 0], H, wh_rz, bf16, True, g, W)
@@ -489,10 +489,10 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
             if own:
                 # two products on the kernel that cuts K in chunks that stay in L1 (one pass of
                 # K = 3H over the panels ran up to 5% slower at H = 256)
-                sn_sgemm_panels_avx512(<int>N, <int>H, <int>(2 * H), <float*>dg, <int>S, wh_rz,
-                                       <float*>DH2, <int>H, 1)
-                sn_sgemm_panels_avx512(<int>N, <int>H, <int>H, <float*>dg + 3 * H, <int>S, wh_n,
-                                       <float*>DH2, <int>H, 1)
+                sn_sgemm_panels(<int>N, <int>H, <int>(2 * H), <float*>dg, <int>S, wh_rz,
+                                <float*>DH2, <int>H, 1)
+                sn_sgemm_panels(<int>N, <int>H, <int>H, <float*>dg + 3 * H, <int>S, wh_n,
+                                <float*>DH2, <int>H, 1)
             else:
                 product(False, False, N, H, 2 * H, dg, W, &w_hh[0, 0], H, wh_rz, bf16, True,
                          DH2, H)
@@ -507,8 +507,8 @@ cdef void _gru_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::1
                                <int>S, t < T - 1)
             if wip != NULL:
                 # dx_t (N, F) = [da_r, da_z, da_in] (N, 3H) @ W_ih (3H, F)
-                sn_sgemm_panels_avx512(<int>N, <int>F, <int>(3 * H), <float*>dg, <int>S, wip,
-                                       <float*>&dxt[t, 0, 0], <int>F, 0)
+                sn_sgemm_panels(<int>N, <int>F, <int>(3 * H), <float*>dg, <int>S, wip,
+                                <float*>&dxt[t, 0, 0], <int>F, 0)
 
 
 cdef void _step_weight_grads(const float* dg, const float* h, const float* x, float* dw_ih,
@@ -519,12 +519,12 @@ cdef void _step_weight_grads(const float* dg, const float* h, const float* x, fl
     dW_ih (+)= [da_r, da_z, da_in]^T @ x (``dg``'s row stride ``lda``; ``hp``, ``xp``: room
     for h and x in panels)."""
     cdef int W = lda, acc = 1 if accumulate else 0
-    sn_pack_panels_avx512(h, <int>H, <int>N, <int>H, hp)
-    sn_sgemm_panels_tn_avx512(<int>(2 * H), <int>H, <int>N, dg, W, hp, dw_hh, <int>H, acc)
-    sn_sgemm_panels_tn_avx512(<int>H, <int>H, <int>N, dg + 3 * H, W, hp, dw_hh + 2 * H * H,
-                              <int>H, acc)
-    sn_pack_panels_avx512(x, <int>F, <int>N, <int>F, xp)
-    sn_sgemm_panels_tn_avx512(<int>(3 * H), <int>F, <int>N, dg, W, xp, dw_ih, <int>F, acc)
+    sn_pack_panels(h, <int>H, <int>N, <int>H, hp)
+    sn_sgemm_panels_tn(<int>(2 * H), <int>H, <int>N, dg, W, hp, dw_hh, <int>H, acc)
+    sn_sgemm_panels_tn(<int>H, <int>H, <int>N, dg + 3 * H, W, hp, dw_hh + 2 * H * H,
+                       <int>H, acc)
+    sn_pack_panels(x, <int>F, <int>N, <int>F, xp)
+    sn_sgemm_panels_tn(<int>(3 * H), <int>F, <int>N, dg, W, xp, dw_ih, <int>F, acc)
 
 
 cdef void _backward_products(const floating[:, :, ::1] xt, const floating[:, ::1] w_ih,

@@ -53,24 +53,19 @@ cdef extern from "recurrent_kernels.h":
     void sn_lstm_bwd_d(int H, const double* a, double* da, const double* c_prev,
                        const double* tc, const double* dh_rec, const double* dy, double* dc,
                        double* db) noexcept nogil
-    void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                                float* C, int ldc, int acc) noexcept nogil
-    void sn_lstm_fwd_f16(int H, float* a, const float* b, const float* c_prev, float* c,
-                         float* tc, float* h) noexcept nogil
-    int sn_has_avx512() noexcept nogil
-
-
-# the float32 forward gate row in 16-wide AVX-512 registers on CPUs that have them (same results)
-cdef bint _rows16 = sn_has_avx512()
+    void sn_sgemm_panels(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                         float* C, int ldc, int acc) noexcept nogil
+    void sn_lstm_bwd_fv(int H, const float* a, float* da, const float* c_prev, const float* tc,
+                        const float* dh_rec, const float* dy, float* dc, float* db) noexcept nogil
+    void sn_lstm_fwd_fv(int H, float* a, const float* b, const float* c_prev, float* c,
+                        float* tc, float* h) noexcept nogil
 
 
 cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floating* c_prev,
                                floating* c, floating* tc, floating* h) noexcept nogil:
     if floating is float:
-        if _rows16:
-            sn_lstm_fwd_f16(H, a, b, c_prev, c, tc, h)
-        else:
-            sn_lstm_fwd_f(H, a, b, c_prev, c, tc, h)
+        # 16 or 8 units at a time on AVX-512 or AVX2 CPUs (the same formulas)
+        sn_lstm_fwd_fv(H, a, b, c_prev, c, tc, h)
     else:
         sn_lstm_fwd_d(H, a, b, c_prev, c, tc, h)
 
@@ -79,7 +74,7 @@ cdef inline void _lstm_bwd_row(int H, const floating* a, floating* da, const flo
                                const floating* tc, const floating* dh_rec, const floating* dy,
                                floating* dc, floating* db) noexcept nogil:
     if floating is float:
-        sn_lstm_bwd_f(H, a, da, c_prev, tc, dh_rec, dy, dc, db)
+        sn_lstm_bwd_fv(H, a, da, c_prev, tc, dh_rec, dy, dc, db)
     else:
         sn_lstm_bwd_d(H, a, da, c_prev, tc, dh_rec, dy, dc, db)
 
@@ -318,8 +313,8 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                                       scratch, N, F, G, H, t < T - 1)
                     if wip != NULL:
                         # dx_t (N, F) = dgates[t] (N, 4H) @ W_ih (4H, F)
-                        sn_sgemm_panels_avx512(<int>N, <int>F, <int>G, <float*>dg, <int>G, wip,
-                                               <float*>&dxt[t, 0, 0], <int>F, 0)
+                        sn_sgemm_panels(<int>N, <int>F, <int>G, <float*>dg, <int>G, wip,
+                                        <float*>&dxt[t, 0, 0], <int>F, 0)
                 elif steps16:
                     # dW_hh (+)= dgates[t]^T @ h_{t-1}, dW_ih (+)= dgates[t]^T @ x_t and
                     # dx_t = dgates[t] @ W_ih, in bfloat16

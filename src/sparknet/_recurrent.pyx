@@ -25,12 +25,13 @@ bfloat16 (``precision="bf16"``, :mod:`sparknet._bf16`): the products of the BLAS
 above run on the bfloat16 kernel (float32 accumulation), the recurrent weights packed once
 per call into bfloat16 panels like the float32 ones (``ON_BF16`` in ``_recurrent.pxd``).
 
-Float32 on AVX-512 CPUs.  The products above run in the built-in kernels of this module
-(8 x 32 register blocks, 16 zmm accumulators) instead of the BLAS: the recurrent weights are
-packed once per call into 32-column panels and read in place by all ``T`` step products,
-where a BLAS would repack them at every step; the weight gradients use the same kernel
-with ``dgates`` read transposed.  Float64, other CPUs, or :func:`use_step_kernel` (False)
-use the BLAS ``gemm`` for every product.
+Float32 on AVX-512 or AVX2 + FMA CPUs.  The products above run in the built-in kernels of
+this module (8 x 32 register blocks in 16 zmm accumulators on AVX-512, 6 x 16 blocks in 12
+ymm accumulators on AVX2: ``csrc/step_gemm_avx2.h``) instead of the BLAS: the recurrent
+weights are packed once per call into 32-column panels and read in place by all ``T`` step
+products, where a BLAS would repack them at every step; the weight gradients use the same
+kernel with ``dgates`` read transposed.  Float64, other CPUs, or :func:`use_step_kernel`
+(False) use the BLAS ``gemm`` for every product; :func:`step_kernel_isa` says which ran.
 
 The LSTM on that kernel goes step by step instead (:func:`use_fused_steps`, the default):
 each forward step computes ``gates[t] = x_t @ W_ih^T + h_{t-1} @ W_hh^T`` in one pass (no
@@ -60,15 +61,15 @@ from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed, 
 cdef extern from "recurrent_kernels.h":
     float sn_tanh_f(float x) noexcept nogil
     float sn_sigm_f(float x) noexcept nogil
-    void sn_sgemm_panels_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                                float* C, int ldc, int acc) noexcept nogil
-    void sn_sgemm_panels_tn_avx512(int M, int Nc, int K, const float* At, int lda,
-                                   const float* Bp, float* C, int ldc, int acc) noexcept nogil
-    void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
-                                 int K2, const float* A2, int lda2, const float* Bp2, float* C,
-                                 int ldc, int acc) noexcept nogil
-    int sn_has_avx512() noexcept nogil
-    void sn_pack_panels_avx512(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
+    void sn_sgemm_panels(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                         float* C, int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels_tn(int M, int Nc, int K, const float* At, int lda,
+                            const float* Bp, float* C, int ldc, int acc) noexcept nogil
+    void sn_sgemm_panels2(int M, int Nc, int K, const float* A, int lda, const float* Bp,
+                          int K2, const float* A2, int lda2, const float* Bp2, float* C,
+                          int ldc, int acc) noexcept nogil
+    int sn_step_isa() noexcept nogil
+    void sn_pack_panels(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
 
 # ---------------------------------------------------------------------------- the step kernel
@@ -77,20 +78,29 @@ cdef bint _own_step_kernel = True
 
 
 def step_kernel_available() -> bool:
-    """True when float32 recurrent steps can use the built-in AVX-512 product (this CPU)."""
-    return bool(sn_has_avx512())
+    """True when float32 recurrent steps can use the built-in products on this CPU (AVX-512,
+    or AVX2 with FMA)."""
+    return sn_step_isa() > 0
+
+
+def step_kernel_isa() -> str | None:
+    """The instruction set of the built-in float32 step products on this CPU: ``"avx512"``,
+    ``"avx2"`` or None (the BLAS runs every product).  The environment variable
+    ``SPARKNET_STEP_ISA=avx2`` (or ``blas``), read once per process, keeps it below the CPU's."""
+    return {2: "avx512", 1: "avx2"}.get(sn_step_isa())
 
 
 def use_step_kernel(bint on=True) -> bool:
-    """Choose the float32 per-step product: the built-in AVX-512 kernel (default, when the
-    CPU has AVX-512) or the BLAS gemm.  Returns whether the built-in kernel is now used."""
+    """Choose the float32 per-step product: the built-in kernel (default, when the CPU has
+    AVX-512 or AVX2 with FMA) or the BLAS gemm.  Returns whether the built-in kernel is now
+    used."""
     global _own_step_kernel
     _own_step_kernel = on
-    return bool(on and sn_has_avx512())
+    return bool(on and sn_step_isa() > 0)
 
 
 cdef bint own_kernel() noexcept nogil:
-    return _own_step_kernel and sn_has_avx512()
+    return _own_step_kernel and sn_step_isa() > 0
 
 
 cdef bint _fused_steps = True
@@ -121,7 +131,7 @@ cdef int check(bint ok, str what) except -1:
 
 cdef float* pack_panels(const floating* src, Py_ssize_t ld, Py_ssize_t K, Py_ssize_t Nc,
                          bint transposed) noexcept nogil:
-    """Panels of 32 columns of B (K, Nc) for :c:func:`sn_sgemm_panels_avx512`; B = src (K, Nc) with
+    """Panels of 32 columns of B (K, Nc) for :c:func:`sn_sgemm_panels`; B = src (K, Nc) with
     row stride ``ld``, or B = src^T when ``transposed`` (src is (Nc, K)).  NULL if out of memory."""
     cdef Py_ssize_t P = (Nc + 31) // 32, p, k, c, col
     cdef float* out = <float*>malloc(P * K * 32 * sizeof(float))
@@ -155,7 +165,7 @@ cdef void project_inputs(int own, const floating* xt, const floating* w_ih, floa
             return
     cdef float* wp = pack_panels(w_ih, F, F, G, True) if own == ON_PANELS else NULL
     if wp != NULL:
-        sn_sgemm_panels_avx512(<int>rows, <int>G, <int>F, <float*>xt, <int>F, wp, <float*>out, <int>G, 0)
+        sn_sgemm_panels(<int>rows, <int>G, <int>F, <float*>xt, <int>F, wp, <float*>out, <int>G, 0)
         free(wp)
     else:
         gemm(False, True, <int>rows, <int>G, <int>F, <floating>1, xt, <int>F, w_ih, <int>F,
@@ -173,8 +183,8 @@ cdef void times_packed(int own, const floating* a, Py_ssize_t rows, Py_ssize_t K
                                                               accumulate) == 0:
             return
     if own == ON_PANELS:
-        sn_sgemm_panels_avx512(<int>rows, <int>Nc, <int>K, <float*>a, <int>K, bp, <float*>c, <int>Nc,
-                               1 if accumulate else 0)
+        sn_sgemm_panels(<int>rows, <int>Nc, <int>K, <float*>a, <int>K, bp, <float*>c, <int>Nc,
+                        1 if accumulate else 0)
     elif b_transposed:
         gemm(False, True, <int>rows, <int>Nc, <int>K, <floating>1, a, <int>K, b, <int>K,
              <floating>(1 if accumulate else 0), c, <int>Nc)
@@ -211,8 +221,8 @@ cdef void weight_grad(int own, const floating* dg, const floating* src, floating
             return
     cdef float* bp = pack_panels(src, K, rows, K, False) if own == ON_PANELS else NULL
     if bp != NULL:
-        sn_sgemm_panels_tn_avx512(<int>G, <int>K, <int>rows, <float*>dg, <int>G, bp, <float*>dw,
-                                  <int>K, 0)
+        sn_sgemm_panels_tn(<int>G, <int>K, <int>rows, <float*>dg, <int>G, bp, <float*>dw,
+                           <int>K, 0)
         free(bp)
     else:
         gemm(True, False, <int>G, <int>K, <int>rows, <floating>1, dg, <int>G, src, <int>K,
@@ -225,9 +235,9 @@ cdef void step_product(const floating* x, Py_ssize_t F, const float* wiT, const 
     """One step's pre-activations on the float32 panel kernel, in one pass over ``out``:
     out (rows, G) = x (rows, F) @ W_ih^T + h (rows, H) @ W_hh^T (the second term only when
     ``h`` is not NULL); ``wiT``, ``whT`` are W_ih^T, W_hh^T in panels."""
-    sn_sgemm_panels2_avx512(<int>rows, <int>G, <int>F, <const float*>x, <int>F, wiT,
-                            <int>H if h != NULL else 0, <const float*>h if h != NULL else NULL,
-                            <int>H, whT, <float*>out, <int>G, 0)
+    sn_sgemm_panels2(<int>rows, <int>G, <int>F, <const float*>x, <int>F, wiT,
+                     <int>H if h != NULL else 0, <const float*>h if h != NULL else NULL,
+                     <int>H, whT, <float*>out, <int>G, 0)
 
 
 cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil:
@@ -242,13 +252,13 @@ cdef void step_weight_grads(const floating* dg, const floating* h, const floatin
     dW_hh (G, H) (+)= dg (N, G)^T @ h (N, H) and dW_ih (G, F) (+)= dg^T @ x (N, F), while the
     step's gate gradients are still in cache (``scratch`` from :c:func:`step_grad_scratch`)."""
     cdef float* xp = scratch + ((H + 31) // 32) * 32 * N
-    sn_pack_panels_avx512(<const float*>h, <int>H, <int>N, <int>H, scratch)
-    sn_sgemm_panels_tn_avx512(<int>G, <int>H, <int>N, <const float*>dg, <int>G, scratch,
-                              <float*>dw_hh, <int>H, 1 if accumulate else 0)
+    sn_pack_panels(<const float*>h, <int>H, <int>N, <int>H, scratch)
+    sn_sgemm_panels_tn(<int>G, <int>H, <int>N, <const float*>dg, <int>G, scratch,
+                       <float*>dw_hh, <int>H, 1 if accumulate else 0)
     if F > 0:
-        sn_pack_panels_avx512(<const float*>x, <int>F, <int>N, <int>F, xp)
-        sn_sgemm_panels_tn_avx512(<int>G, <int>F, <int>N, <const float*>dg, <int>G, xp,
-                                  <float*>dw_ih, <int>F, 1 if accumulate else 0)
+        sn_pack_panels(<const float*>x, <int>F, <int>N, <int>F, xp)
+        sn_sgemm_panels_tn(<int>G, <int>F, <int>N, <const float*>dg, <int>G, xp,
+                           <float*>dw_ih, <int>F, 1 if accumulate else 0)
 
 
 # ---------------------------------------------------------------------------- layout
@@ -395,10 +405,10 @@ cdef void _dx_product(int own, const floating* dg, const floating* w_ih, floatin
 # ---------------------------------------------------------------------------- for tests
 
 def sgemm_step(const float[:, ::1] A, const float[:, ::1] B, float[:, ::1] C, bint accumulate):
-    """``C[...] = A @ B`` (or ``C += A @ B``) with the built-in AVX-512 kernel (for tests)."""
+    """``C[...] = A @ B`` (or ``C += A @ B``) with the built-in step kernel (for tests)."""
     cdef float* Bp
-    if not sn_has_avx512():
-        raise RuntimeError("this CPU has no AVX-512")
+    if sn_step_isa() == 0:
+        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA")
     check(A.shape[1] == B.shape[0] and C.shape[0] == A.shape[0] and C.shape[1] == B.shape[1]
            and A.shape[1] > 0, "sgemm_step: shape mismatch")
     if A.shape[0] == 0 or B.shape[1] == 0:
@@ -407,16 +417,16 @@ def sgemm_step(const float[:, ::1] A, const float[:, ::1] B, float[:, ::1] C, bi
     if Bp == NULL:
         raise MemoryError()
     with nogil:
-        sn_sgemm_panels_avx512(<int>A.shape[0], <int>B.shape[1], <int>A.shape[1], &A[0, 0], <int>A.shape[1],
+        sn_sgemm_panels(<int>A.shape[0], <int>B.shape[1], <int>A.shape[1], &A[0, 0], <int>A.shape[1],
                         Bp, &C[0, 0], <int>C.shape[1], accumulate)
     free(Bp)
 
 
 def sgemm_tn_step(const float[:, ::1] At, const float[:, ::1] B, float[:, ::1] C, bint accumulate):
-    """``C[...] = At.T @ B`` (or ``C += At.T @ B``) with the built-in AVX-512 kernel (for tests)."""
+    """``C[...] = At.T @ B`` (or ``C += At.T @ B``) with the built-in step kernel (for tests)."""
     cdef float* Bp
-    if not sn_has_avx512():
-        raise RuntimeError("this CPU has no AVX-512")
+    if sn_step_isa() == 0:
+        raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA")
     check(At.shape[0] == B.shape[0] and C.shape[0] == At.shape[1] and C.shape[1] == B.shape[1]
            and At.shape[0] > 0, "sgemm_tn_step: shape mismatch")
     if At.shape[1] == 0 or B.shape[1] == 0:
@@ -425,7 +435,7 @@ def sgemm_tn_step(const float[:, ::1] At, const float[:, ::1] B, float[:, ::1] C
     if Bp == NULL:
         raise MemoryError()
     with nogil:
-        sn_sgemm_panels_tn_avx512(<int>At.shape[1], <int>B.shape[1], <int>At.shape[0], &At[0, 0],
+        sn_sgemm_panels_tn(<int>At.shape[1], <int>B.shape[1], <int>At.shape[0], &At[0, 0],
                            <int>At.shape[1], Bp, &C[0, 0], <int>C.shape[1], accumulate)
     free(Bp)
 

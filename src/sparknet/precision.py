@@ -35,6 +35,7 @@ from typing import Any, Iterator, NamedTuple
 import numpy as np
 
 import sparknet._bf16 as _bf16
+import sparknet._recurrent as _recurrent
 
 #: the values ``precision=`` takes
 PRECISIONS = ("fp32", "bf16")
@@ -224,16 +225,22 @@ def _pack_targets(model: Any) -> tuple[list[tuple[dict[str, _Packed], str]],
 
 
 def capabilities() -> dict[str, Any]:
-    """The paths sparknet's matrix products take here (see :func:`sparknet._bf16.capabilities`)."""
-    return dict(_bf16.capabilities())
+    """The paths sparknet's matrix products take here (see :func:`sparknet._bf16.capabilities`),
+    and ``"fp32_recurrent"``: the float32 recurrent steps' products on the built-in
+    ``"avx512"`` or ``"avx2"`` kernel, or on the ``"blas"``
+    (:func:`sparknet._recurrent.step_kernel_isa`)."""
+    caps = dict(_bf16.capabilities())
+    caps["fp32_recurrent"] = _recurrent.step_kernel_isa() or "blas"
+    return caps
 
 
 def describe() -> str:
     """One line per path, for ``python -m sparknet info`` and benchmark headers."""
     caps = capabilities()
     cpu = caps["cpu"]
-    fp32 = ("AVX-512 kernels (conv, recurrent) + BLAS (dense)" if caps["fp32"] == "avx512"
-            else "BLAS")
+    kernel = {"avx512": "AVX-512 kernel", "avx2": "AVX2 kernel", "blas": "BLAS"}
+    fp32 = (f"conv {kernel[caps['fp32']]}, recurrent steps {kernel[caps['fp32_recurrent']]}, "
+            "dense BLAS")
     if caps["bf16"] == "amx":
         bf16 = "AMX tiles (tdpbf16ps) and AVX512-BF16 kernel: precision='bf16' available"
     elif caps["bf16"]:
