@@ -1,10 +1,14 @@
 """MLP 784-512-256-10 training throughput, one BLAS thread: sparknet vs plain numpy vs PyTorch.
 
-Also: the GEMM GFLOP/s the training step reaches against the machine's sgemm rate measured in
-the same run, two threads training two models (the kernels release the GIL), and with
-``--mnist DIR`` the test accuracy and time on the real MNIST.
+The three (and the machine's one-thread sgemm rate) alternate in ``--rounds`` rounds, so that a
+machine whose clock drifts (cloud CPUs do, by 20% within a minute) weighs on all of them alike;
+the rates are the medians over rounds and the ratios the medians of the per-round ratios.
 
-    python benchmarks/bench_mlp.py [--seconds 3] [--mnist ../shared/data/mnist]
+Also: the GEMM GFLOP/s the training step reaches against that sgemm rate, two threads training
+two models (the kernels release the GIL), and with ``--mnist DIR`` the test accuracy and time on
+the real MNIST.
+
+    python benchmarks/bench_mlp.py [--seconds 3] [--rounds 6] [--mnist ../shared/data/mnist]
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ def time_loop(step, n_batches, seconds):
     return k / (time.perf_counter() - t0)
 
 
-def bench_sparknet(X, y, seconds):
+def sparknet_step(X, y):
     model = sparknet_model()
     opt = RMSprop(lr=1e-3)
 
@@ -53,7 +57,7 @@ def bench_sparknet(X, y, seconds):
         model.loss_and_grad(X[i], y[i])
         opt.step(model.params, model.grads)
 
-    return time_loop(step, len(X), seconds) * BATCH
+    return step
 
 
 class NumpyMLP:
@@ -88,12 +92,13 @@ class NumpyMLP:
             p_ -= lr * g / (np.sqrt(v) + eps)
 
 
-def bench_numpy(X, y, seconds):
+def numpy_step(X, y):
     net = NumpyMLP()
-    return time_loop(lambda i: net.step(X[i], y[i]), len(X), seconds) * BATCH
+    return lambda i: net.step(X[i], y[i])
 
 
-def bench_torch(X, y, seconds):
+def torch_step(X, y):
+    """PyTorch's step on the same net, or None when PyTorch is not installed."""
     try:
         import torch
     except ImportError:
@@ -112,7 +117,7 @@ def bench_torch(X, y, seconds):
         loss.backward()
         opt.step()
 
-    return time_loop(step, len(X), seconds) * BATCH
+    return step
 
 
 def sgemm_gflops(seconds=1.0):
@@ -126,6 +131,28 @@ def sgemm_gflops(seconds=1.0):
         _blas.py_gemm(False, False, 1.0, A, A, 0.0, C)
         k += 1
     return 2 * n ** 3 * k / (time.perf_counter() - t0) / 1e9
+
+
+def products_gflops(seconds=0.5):
+    """The step's five products alone (the BLAS calls of ``sparknet._dense``, same shapes and
+    transposes: forward ``X @ W.T``, ``dW = dZ.T @ X``, ``dX = dZ @ W`` but the first), one
+    thread: what the step's GEMMs reach without the optimizer, activations and Python."""
+    rng = np.random.default_rng(1)
+    calls = []
+    for k, (i, o) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+        X = rng.random((BATCH, i), dtype=np.float32)
+        W = rng.random((o, i), dtype=np.float32)
+        dZ = rng.random((BATCH, o), dtype=np.float32)
+        calls.append((False, True, X, W, np.empty((BATCH, o), np.float32)))
+        calls.append((True, False, dZ, X, np.empty((o, i), np.float32)))
+        if k:
+            calls.append((False, False, dZ, W, np.empty((BATCH, i), np.float32)))
+    t0, n = time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        for ta, tb, A, B, C in calls:
+            _blas.py_gemm(ta, tb, 1.0, A, B, 0.0, C)
+        n += 1
+    return step_flops() * n / (time.perf_counter() - t0) / 1e9
 
 
 def step_flops():
@@ -185,14 +212,32 @@ def mnist_accuracy(mnist_dir, epochs=12):
     return acc, time.perf_counter() - t0, best
 
 
-def run(seconds: float = 3.0, mnist_dir: str | None = None) -> dict:
+def run(seconds: float = 3.0, mnist_dir: str | None = None, rounds: int = 6) -> dict:
+    """Samples/s of each implementation (``seconds`` of timing each, in ``rounds`` alternating
+    rounds), the machine's sgemm rate measured between them, and the two-thread rate."""
     X, y = make_batches()
-    res = {}
+    res: dict = {}
     with threadpool_limits(1):
-        res["gemm_gflops_machine"] = sgemm_gflops()
-        res["sparknet"] = bench_sparknet(X, y, seconds)
-        res["numpy"] = bench_numpy(X, y, seconds)
-        res["torch"] = bench_torch(X, y, seconds)
+        steps = {"sparknet": sparknet_step(X, y), "numpy": numpy_step(X, y),
+                 "torch": torch_step(X, y)}
+        steps = {k: st for k, st in steps.items() if st is not None}
+        rates: dict[str, list[float]] = {k: [] for k in steps}
+        sgemm, products = [], []
+        for _ in range(rounds):
+            sgemm.append(sgemm_gflops(min(1.0, seconds / rounds)))
+            products.append(products_gflops(min(0.5, seconds / rounds)))
+            for k, st in steps.items():
+                rates[k].append(time_loop(st, len(X), seconds / rounds) * BATCH)
+        res["gemm_gflops_machine"] = float(np.median(sgemm))
+        res["products_gflops"] = float(np.median(products))
+        res["products_share_per_round"] = float(np.median(np.array(products) / sgemm))
+        for k in ("sparknet", "numpy", "torch"):
+            res[k] = float(np.median(rates[k])) if k in rates else None
+        for k in ("numpy", "torch"):
+            if k in rates:
+                res[f"ratio_{k}"] = float(np.median(np.array(rates["sparknet"]) / rates[k]))
+        res["gemm_share_per_round"] = float(np.median(
+            [step_flops() * r / BATCH / 1e9 / g for r, g in zip(rates["sparknet"], sgemm)]))
         res["sparknet_2_threads"] = bench_two_threads(X, y, seconds)
     res["step_gflops"] = step_flops() * res["sparknet"] / BATCH / 1e9
     if mnist_dir:
@@ -212,12 +257,15 @@ def report(res: dict) -> None:
             continue
         print(f"{key:<28}{v:>12,.0f}{res['sparknet'] / v:>13.2f}x")
     if res.get("torch"):
-        print(f"sparknet / PyTorch: {res['sparknet'] / res['torch']:.2f}x   "
-              f"sparknet / numpy: {res['sparknet'] / res['numpy']:.2f}x")
+        print(f"sparknet / PyTorch: {res['ratio_torch']:.2f}x   "
+              f"sparknet / numpy: {res['ratio_numpy']:.2f}x   (medians of the per-round ratios)")
     print(f"GEMM rate in the step: {res['step_gflops']:.1f} GFLOP/s of a machine sgemm rate of "
           f"{res['gemm_gflops_machine']:.1f} GFLOP/s "
-          f"({res['step_gflops'] / res['gemm_gflops_machine']:.0%}); ceiling "
+          f"({res['gemm_share_per_round']:.0%}, median per round: all the step's time counted, "
+          f"optimizer and activations too); ceiling "
           f"{res['gemm_gflops_machine'] * 1e9 / step_flops() * BATCH:,.0f} samples/s")
+    print(f"the step's products alone (the same BLAS calls): {res['products_gflops']:.1f} GFLOP/s "
+          f"({res['products_share_per_round']:.0%} of the sgemm rate, median per round)")
     print(f"two threads, two models: {res['sparknet_2_threads']:,.0f} samples/s = "
           f"{res['sparknet_2_threads'] / res['sparknet']:.2f}x one thread")
     if "mnist_accuracy" in res:
@@ -228,9 +276,10 @@ def report(res: dict) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=3.0, help="timing window per implementation")
+    ap.add_argument("--seconds", type=float, default=3.0, help="timing per implementation")
+    ap.add_argument("--rounds", type=int, default=6, help="alternating rounds")
     ap.add_argument("--mnist", default=None, help="MNIST folder (e.g. ../shared/data/mnist)")
     args = ap.parse_args()
     from _machine import machine_header  # benchmarks/_machine.py, next to this script
     print(machine_header(), flush=True)
-    report(run(args.seconds, args.mnist))
+    report(run(args.seconds, args.mnist, args.rounds))

@@ -35,23 +35,36 @@ cdef extern from "optim_kernels.h" nogil:
     double sparknet_sumsq_d(const double* g, Py_ssize_t n)
     void sparknet_scale_f(float* g, Py_ssize_t n, float s)
     void sparknet_scale_d(double* g, Py_ssize_t n, double s)
-    int sparknet_optim_avx512()
+    int sparknet_optim_simd()
     void sparknet_rmsprop_plain_f_avx512(float* p, const float* g, float* v, Py_ssize_t n,
                                          float lr, float alpha, float eps)
+    void sparknet_rmsprop_plain_f_avx(float* p, const float* g, float* v, Py_ssize_t n,
+                                      float lr, float alpha, float eps)
 
 
-# the plain float32 RMSprop step on AVX-512 where the CPU has it (bit for bit the scalar loop)
-cdef bint _have_avx512 = sparknet_optim_avx512() != 0
-cdef bint _use_avx512 = _have_avx512
+# the plain float32 RMSprop step on AVX-512 (2) or AVX (1) where the CPU has it (bit for bit
+# the scalar loop)
+cdef int _have_simd = sparknet_optim_simd()
+cdef int _use_simd = _have_simd
 
 
 def set_simd(bint on) -> bool:
-    """Use the AVX-512 loop of the plain float32 RMSprop step (``on``, the default where the
-    CPU has AVX-512) or the scalar build's loop; the results are the same bit for bit.
-    Returns whether the AVX-512 loop is now in use (False on a CPU without it)."""
-    global _use_avx512
-    _use_avx512 = on and _have_avx512
-    return _use_avx512
+    """Use the AVX-512 or AVX loop of the plain float32 RMSprop step (``on``, the default where
+    the CPU has either) or the scalar build's loop; the results are the same bit for bit.
+    Returns whether a vector loop is now in use (False on a CPU without AVX)."""
+    global _use_simd
+    _use_simd = _have_simd if on else 0
+    return _use_simd > 0
+
+
+cdef inline void _rmsprop_simd(float* p, const float* g, float* v, Py_ssize_t n, float lr,
+                               float alpha, float eps) noexcept nogil:
+    if _use_simd == 2:
+        sparknet_rmsprop_plain_f_avx512(p, g, v, n, lr, alpha, eps)
+    elif _use_simd == 1:
+        sparknet_rmsprop_plain_f_avx(p, g, v, n, lr, alpha, eps)
+    else:
+        sparknet_rmsprop_f(p, g, v, NULL, NULL, n, lr, alpha, eps, 0, 0)
 
 
 def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
@@ -80,10 +93,9 @@ def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
     if mom:
         b = &buf[0]
     with nogil:
-        if (floating is float and _use_avx512 and not centered and not mom
+        if (floating is float and _use_simd and not centered and not mom
                 and <float>weight_decay == 0):
-            sparknet_rmsprop_plain_f_avx512(&p[0], &g[0], &square_avg[0], n, <float>lr,
-                                            <float>alpha, <float>eps)
+            _rmsprop_simd(&p[0], &g[0], &square_avg[0], n, <float>lr, <float>alpha, <float>eps)
         elif floating is float:
             sparknet_rmsprop_f(&p[0], &g[0], &square_avg[0], ga, b, n, <float>lr, <float>alpha,
                                <float>eps, <float>weight_decay, <float>momentum)
@@ -94,13 +106,10 @@ def rmsprop(floating[::1] p, const floating[::1] g, floating[::1] square_avg,
 
 cdef inline void _rmsprop_plain(float* p, const float* g, float* v, Py_ssize_t n, float lr,
                                 float alpha, float eps) noexcept nogil:
-    """The plain float32 RMSprop step over n entries (AVX-512 or scalar: the same bits)."""
+    """The plain float32 RMSprop step over n entries (AVX-512, AVX or scalar: the same bits)."""
     if n <= 0:
         return
-    if _use_avx512:
-        sparknet_rmsprop_plain_f_avx512(p, g, v, n, lr, alpha, eps)
-    else:
-        sparknet_rmsprop_f(p, g, v, NULL, NULL, n, lr, alpha, eps, 0, 0)
+    _rmsprop_simd(p, g, v, n, lr, alpha, eps)
 
 
 # rows of a weight updated, then packed, per block: 32 (one panel of a transposed packing)
