@@ -523,6 +523,7 @@ SN_UNUSED static void sn_lstm_fwd_f16(int H, float* a, const float* b, const flo
 SN_UNUSED static void sn_sgemm_panels2_avx512(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                               int K2, const float* A2, int lda2, const float* Bp2,
                                               float* C, int ldc, int acc) { }
+SN_UNUSED static int sn_has_avx2_fma(void) { return 0; }
 SN_UNUSED static int sn_step_isa(void) { return 0; }
 SN_UNUSED static void sn_sgemm_panels2(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                        int K2, const float* A2, int lda2, const float* Bp2,

@@ -152,12 +152,69 @@ cdef extern from *:
     #undef SN_LD
     #undef SN_ST
     #undef SN_MASK16
+    /* the same 8 units at a time on AVX2 + FMA CPUs; full loads and stores but for the last
+       units of a row (masked is a constant once inlined) */
+    #define SN_LD8(p) (masked ? _mm256_maskload_ps((p) + j, m) : _mm256_loadu_ps((p) + j))
+    #define SN_ST8(p, v) { if (masked) _mm256_maskstore_ps((p) + j, m, (v));                  \
+                           else _mm256_storeu_ps((p) + j, (v)); }
+    __attribute__((target("avx2,fma"), always_inline))
+    static inline void sn_gru_fwd8_at(const int masked, int j, int H, float* a, const float* b,
+                                      const float* h_prev, float* h) {
+        const __m256i m = sn_mask8(H - j);
+        __m256 r = sn_sigm8(SN_LD8(a) + SN_LD8(b));
+        __m256 z = sn_sigm8(SN_LD8(a + H) + SN_LD8(b + H));
+        __m256 hn = SN_LD8(a + 3 * H) + SN_LD8(b + 3 * H);
+        __m256 n = sn_tanh8(SN_LD8(a + 2 * H) + SN_LD8(b + 2 * H) + r * hn);
+        __m256 hp = SN_LD8(h_prev);
+        SN_ST8(a, r) SN_ST8(a + H, z) SN_ST8(a + 2 * H, n) SN_ST8(a + 3 * H, hn)
+        SN_ST8(h, n + z * (hp - n))
+    }
+    __attribute__((target("avx2,fma"), unused))
+    static void sn_gru_fwd_f8(int H, float* a, const float* b, const float* h_prev, float* h) {
+        int j = 0;
+        for (; j + 8 <= H; j += 8) sn_gru_fwd8_at(0, j, H, a, b, h_prev, h);
+        if (j < H) sn_gru_fwd8_at(1, j, H, a, b, h_prev, h);
+    }
+    __attribute__((target("avx2,fma"), always_inline))
+    static inline void sn_gru_bwd8_at(const int masked, int j, int H, const float* a, float* da,
+                                      const float* h_prev, const float* dh_rec, const float* dy,
+                                      float* dh_prev, float* db) {
+        const __m256i m = sn_mask8(H - j);
+        const __m256 one = _mm256_set1_ps(1.0f);
+        __m256 dh = SN_LD8(dh_rec);
+        if (dy) dh = dh + SN_LD8(dy);
+        __m256 r = SN_LD8(a), z = SN_LD8(a + H), n = SN_LD8(a + 2 * H), hn = SN_LD8(a + 3 * H);
+        __m256 dnp = dh * (one - z) * (one - n * n);
+        __m256 d_r = dnp * hn * r * (one - r);
+        __m256 d_z = dh * (SN_LD8(h_prev) - n) * z * (one - z);
+        __m256 d_hn = dnp * r;
+        SN_ST8(dh_prev, dh * z)
+        SN_ST8(da, d_r) SN_ST8(da + H, d_z) SN_ST8(da + 2 * H, dnp) SN_ST8(da + 3 * H, d_hn)
+        SN_ST8(db, SN_LD8(db) + d_r) SN_ST8(db + H, SN_LD8(db + H) + d_z)
+        SN_ST8(db + 2 * H, SN_LD8(db + 2 * H) + dnp) SN_ST8(db + 3 * H, SN_LD8(db + 3 * H) + d_hn)
+    }
+    __attribute__((target("avx2,fma"), unused))
+    static void sn_gru_bwd_f8(int H, const float* a, float* da, const float* h_prev,
+                              const float* dh_rec, const float* dy, float* dh_prev, float* db) {
+        int j = 0;
+        for (; j + 8 <= H; j += 8) sn_gru_bwd8_at(0, j, H, a, da, h_prev, dh_rec, dy, dh_prev, db);
+        if (j < H) sn_gru_bwd8_at(1, j, H, a, da, h_prev, dh_rec, dy, dh_prev, db);
+    }
+    #undef SN_LD8
+    #undef SN_ST8
     #else
     SN_UNUSED static void sn_gru_fwd_f16(int H, float* a, const float* b, const float* h_prev,
                                          float* h) { sn_gru_fwd_f(H, a, b, h_prev, h); }
     SN_UNUSED static void sn_gru_bwd_f16(int H, const float* a, float* da, const float* h_prev,
                                          const float* dh_rec, const float* dy, float* dh_prev,
                                          float* db) {
+        sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db);
+    }
+    SN_UNUSED static void sn_gru_fwd_f8(int H, float* a, const float* b, const float* h_prev,
+                                        float* h) { sn_gru_fwd_f(H, a, b, h_prev, h); }
+    SN_UNUSED static void sn_gru_bwd_f8(int H, const float* a, float* da, const float* h_prev,
+                                        const float* dh_rec, const float* dy, float* dh_prev,
+                                        float* db) {
         sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db);
     }
     #endif
@@ -175,6 +232,11 @@ cdef extern from *:
                       const double* dh_rec, const double* dy, double* dh_prev,
                       double* db) noexcept nogil
     int sn_has_avx512() noexcept nogil
+    int sn_has_avx2_fma() noexcept nogil
+    void sn_gru_fwd_f8(int H, float* a, const float* b, const float* h_prev,
+                       float* h) noexcept nogil
+    void sn_gru_bwd_f8(int H, const float* a, float* da, const float* h_prev,
+                       const float* dh_rec, const float* dy, float* dh_prev, float* db) noexcept nogil
     void sn_sgemm_panels(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                          float* C, int ldc, int acc) noexcept nogil
     void sn_sgemm_panels2(int M, int Nc, int K, const float* A, int lda, const float* Bp,
@@ -185,15 +247,17 @@ cdef extern from *:
     void sn_pack_panels(const float* src, int ld, int K, int Nc, float* out) noexcept nogil
 
 
-# the float32 gate rows in 16-wide AVX-512 registers on CPUs that have them (same results)
-cdef bint _rows16 = sn_has_avx512()
+# the float32 gate rows 16 or 8 units at a time on AVX-512 or AVX2 CPUs (the same formulas)
+cdef int _rows_width = 16 if sn_has_avx512() else (8 if sn_has_avx2_fma() else 1)
 
 
 cdef inline void _gru_fwd_row(int H, floating* a, const floating* b, const floating* h_prev,
                               floating* h) noexcept nogil:
     if floating is float:
-        if _rows16:
+        if _rows_width == 16:
             sn_gru_fwd_f16(H, a, b, h_prev, h)
+        elif _rows_width == 8:
+            sn_gru_fwd_f8(H, a, b, h_prev, h)
         else:
             sn_gru_fwd_f(H, a, b, h_prev, h)
     else:
@@ -204,8 +268,10 @@ cdef inline void _gru_bwd_row(int H, const floating* a, floating* da, const floa
                               const floating* dh_rec, const floating* dy, floating* dh_prev,
                               floating* db) noexcept nogil:
     if floating is float:
-        if _rows16:
+        if _rows_width == 16:
             sn_gru_bwd_f16(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
+        elif _rows_width == 8:
+            sn_gru_bwd_f8(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
         else:
             sn_gru_bwd_f(H, a, da, h_prev, dh_rec, dy, dh_prev, db)
     else:
