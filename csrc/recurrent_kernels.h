@@ -476,19 +476,30 @@ SN_UNUSED static int sn_has_avx2_fma(void) {
    runs every product).  The functions below run on the best one; call them only when
    sn_step_isa() > 0. */
 SN_UNUSED static int sn_step_isa(void) { return sn_has_avx512() ? 2 : (sn_has_avx2_fma() ? 1 : 0); }
+/* An empty inner dimension: C = 0 (an empty sum), or C as it was when accumulating; every
+   instruction set answers the same (the kernels' own loops would differ). */
+static inline int sn_empty_product(int M, int Nc, int K, float* C, int ldc, int acc) {
+    if (K > 0) return 0;
+    if (!acc)
+        for (int i = 0; i < M; i++) memset(C + (long)i * ldc, 0, sizeof(float) * (size_t)(Nc > 0 ? Nc : 0));
+    return 1;
+}
 SN_UNUSED static void sn_sgemm_panels2(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                        int K2, const float* A2, int lda2, const float* Bp2,
                                        float* C, int ldc, int acc) {
+    if (sn_empty_product(M, Nc, K > K2 ? K : K2, C, ldc, acc)) return;
     if (sn_has_avx512()) sn_sgemm_panels2_avx512(M, Nc, K, A, lda, Bp, K2, A2, lda2, Bp2, C, ldc, acc);
     else sn_sgemm_panels2_avx2(M, Nc, K, A, lda, Bp, K2, A2, lda2, Bp2, C, ldc, acc);
 }
 SN_UNUSED static void sn_sgemm_panels(int M, int Nc, int K, const float* A, int lda, const float* Bp,
                                       float* C, int ldc, int acc) {
+    if (sn_empty_product(M, Nc, K, C, ldc, acc)) return;
     if (sn_has_avx512()) sn_sgemm_panels_avx512(M, Nc, K, A, lda, Bp, C, ldc, acc);
     else sn_sgemm_panels_avx2(M, Nc, K, A, lda, Bp, C, ldc, acc);
 }
 SN_UNUSED static void sn_sgemm_panels_tn(int M, int Nc, int K, const float* At, int lda,
                                          const float* Bp, float* C, int ldc, int acc) {
+    if (sn_empty_product(M, Nc, K, C, ldc, acc)) return;
     if (sn_has_avx512()) sn_sgemm_panels_tn_avx512(M, Nc, K, At, lda, Bp, C, ldc, acc);
     else sn_sgemm_panels_tn_avx2(M, Nc, K, At, lda, Bp, C, ldc, acc);
 }

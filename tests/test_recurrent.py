@@ -451,7 +451,7 @@ def _need_step_kernel():
 
 
 @pytest.mark.parametrize("M,K,Nc", [(1, 1, 1), (3, 7, 5), (8, 128, 512), (9, 33, 17), (17, 512, 128),
-                                    (128, 28, 100), (13, 64, 31)])
+                                    (128, 28, 100), (13, 64, 31), (5, 0, 19)])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
     _need_step_kernel()
@@ -464,7 +464,7 @@ def test_float32_step_kernels_match_numpy(M, K, Nc, accumulate):
     for fn, a in ((_recurrent.sgemm_step, A), (_recurrent.sgemm_tn_step, At)):
         C = C0.copy()
         fn(a, B, C, accumulate)
-        np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+        np.testing.assert_allclose(C, ref, rtol=1e-5, atol=1e-5 * np.sqrt(max(K, 1)))
 
 
 def test_float32_step_kernel_equals_blas_path():
@@ -503,15 +503,16 @@ y = model.forward(x, mask=mask)
 dx = model.backward(rng.standard_normal(y.shape).astype(np.float32))
 worst = 0.0
 if _recurrent.step_kernel_available():
-    for M, K, Nc in ((1, 1, 1), (7, 33, 17), (13, 64, 31), (128, 156, 512), (17, 300, 40)):
+    for M, K, Nc in ((1, 1, 1), (7, 33, 17), (13, 64, 31), (128, 156, 512), (17, 300, 40), (5, 0, 19)):
         A = rng.standard_normal((M, K)).astype(np.float32)
         B = rng.standard_normal((K, Nc)).astype(np.float32)
         C0 = rng.standard_normal((M, Nc)).astype(np.float32)
-        ref = A.astype(np.float64) @ B + C0
-        for fn, a in ((_recurrent.sgemm_step, A), (_recurrent.sgemm_tn_step, np.ascontiguousarray(A.T))):
-            C = C0.copy()
-            fn(a, B, C, True)
-            worst = max(worst, float(np.abs(C - ref).max() / np.sqrt(K)))
+        for acc in (True, False):
+            ref = A.astype(np.float64) @ B + (C0 if acc else 0)
+            for fn, a in ((_recurrent.sgemm_step, A), (_recurrent.sgemm_tn_step, np.ascontiguousarray(A.T))):
+                C = C0.copy()
+                fn(a, B, C, acc)
+                worst = max(worst, float(np.abs(C - ref).max() / np.sqrt(max(K, 1))))
 np.savez(sys.argv[1], y=y, dx=dx, grads=model.grads)
 print(json.dumps({"isa": _recurrent.step_kernel_isa(), "worst": worst}))
 """

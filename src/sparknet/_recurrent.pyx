@@ -409,9 +409,13 @@ def sgemm_step(const float[:, ::1] A, const float[:, ::1] B, float[:, ::1] C, bi
     cdef float* Bp
     if sn_step_isa() == 0:
         raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA")
-    check(A.shape[1] == B.shape[0] and C.shape[0] == A.shape[0] and C.shape[1] == B.shape[1]
-           and A.shape[1] > 0, "sgemm_step: shape mismatch")
+    check(A.shape[1] == B.shape[0] and C.shape[0] == A.shape[0] and C.shape[1] == B.shape[1],
+          "sgemm_step: shape mismatch")
     if A.shape[0] == 0 or B.shape[1] == 0:
+        return
+    if A.shape[1] == 0:  # an empty sum: C = 0, or C kept when accumulating
+        sn_sgemm_panels(<int>A.shape[0], <int>B.shape[1], 0, NULL, 1, NULL, &C[0, 0],
+                        <int>C.shape[1], accumulate)
         return
     Bp = pack_panels(&B[0, 0], B.shape[1], B.shape[0], B.shape[1], False)
     if Bp == NULL:
@@ -427,9 +431,13 @@ def sgemm_tn_step(const float[:, ::1] At, const float[:, ::1] B, float[:, ::1] C
     cdef float* Bp
     if sn_step_isa() == 0:
         raise RuntimeError("this CPU has neither AVX-512 nor AVX2 with FMA")
-    check(At.shape[0] == B.shape[0] and C.shape[0] == At.shape[1] and C.shape[1] == B.shape[1]
-           and At.shape[0] > 0, "sgemm_tn_step: shape mismatch")
+    check(At.shape[0] == B.shape[0] and C.shape[0] == At.shape[1] and C.shape[1] == B.shape[1],
+          "sgemm_tn_step: shape mismatch")
     if At.shape[1] == 0 or B.shape[1] == 0:
+        return
+    if At.shape[0] == 0:
+        sn_sgemm_panels_tn(<int>At.shape[1], <int>B.shape[1], 0, NULL, 1, NULL, &C[0, 0],
+                           <int>C.shape[1], accumulate)
         return
     Bp = pack_panels(&B[0, 0], B.shape[1], B.shape[0], B.shape[1], False)
     if Bp == NULL:
