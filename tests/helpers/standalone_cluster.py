@@ -58,6 +58,9 @@ class StandaloneCluster:
                     "SPARK_WORKER_DIR": os.path.join(self.dir, "work"),
                     "SPARK_LOG_DIR": self.dir, "PYSPARK_PYTHON": sys.executable,
                     "SPARK_NO_DAEMONIZE": "1"})
+        if env.get("SPARKNET_TEST_JAVA_OPTIONS") and "JAVA_TOOL_OPTIONS" not in env:
+            # the daemons and the executors they start (helpers/quick_jvm.py)
+            env["JAVA_TOOL_OPTIONS"] = env["SPARKNET_TEST_JAVA_OPTIONS"]
         return env
 
     def _spawn(self, args: list[str], log: str) -> subprocess.Popen:
