@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from concurrent.futures import Future
 from pathlib import Path
 
-from helpers.early_job import has_java, in_background
+from helpers.early_job import in_background
+from sparknet.cluster.engine.jar import cache_dir
+from sparknet.cluster.engine.session import JavaNotFoundError, check_java
 
 C1_ONLY = "-XX:TieredStopAtLevel=1"
 QUIET_CDS = "-Xlog:cds*=off"
@@ -53,27 +54,18 @@ jvm.wait(timeout=240)
 """
 
 
-def enabled() -> bool:
-    return os.environ.get("SPARKNET_TEST_QUICK_JVM", "1") != "0" and has_java()
-
-
-def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    return os.path.join(home, "bin", "java") if home else (shutil.which("java") or "java")
-
-
-def archive_path() -> Path:
-    """The archive's place in the cache: one per JDK build and pyspark (its jars)."""
+def archive_path(java: str) -> Path:
+    """The archive's place in sparknet's cache: one per JDK build (its ``java``, as installed)
+    and pyspark (its jars).  An archive that does not fit its JVM is ignored by the JVM
+    itself, so the key only has to change when they do."""
     import pyspark
 
+    real = os.path.realpath(java)
     jars = Path(pyspark.__file__).parent / "jars"
-    version = subprocess.run([_java(), "-version"], capture_output=True, text=True).stderr
     listing = "".join(f"{p.name}:{p.stat().st_size};" for p in sorted(jars.glob("*.jar")))
-    key = hashlib.sha256((version + pyspark.__version__ + listing).encode()).hexdigest()[:16]
-    root = os.environ.get("SPARKNET_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "sparknet")
-    return Path(root) / "tests" / f"spark-classes-{key}.jsa"
+    ident = f"{real}:{os.stat(real).st_size}:{os.stat(real).st_mtime_ns};{pyspark.__version__};{listing}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    return cache_dir() / "tests" / f"spark-classes-{key}.jsa"
 
 
 def _dump(target: Path) -> Path | None:
@@ -106,9 +98,13 @@ def install() -> Future | None:
     """Set the flags for every JVM started from now on (called as conftest.py loads); when
     the archive is not in the cache yet, start its dump and return it (pass it to
     :func:`adopt` between tests)."""
-    if not enabled() or os.environ.get("SPARK_SUBMIT_OPTS"):
+    if os.environ.get("SPARKNET_TEST_QUICK_JVM", "1") == "0" or os.environ.get("SPARK_SUBMIT_OPTS"):
         return None  # off, or the caller's own driver options win
-    target = archive_path()
+    try:
+        java = check_java()
+    except JavaNotFoundError:
+        return None  # the tests that need Spark skip, saying why
+    target = archive_path(java)
     if target.exists():
         _set(target)
         return None

@@ -43,7 +43,9 @@ _ADDED: dict[str, Any] = {}          # SparkContext -> its jar class loader (a P
 _FAILED: dict[str, str] = {}         # cache key -> why the build failed
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """sparknet's folder in the user's cache: ``$SPARKNET_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/sparknet``, else ``~/.cache/sparknet``."""
     base = os.environ.get("SPARKNET_CACHE_DIR")
     if base:
         return Path(base)
@@ -84,7 +86,7 @@ def build_jar() -> Path:
             return _JARS[key]
         if key in _FAILED:
             raise RuntimeError(_FAILED[key])
-        target = _cache_dir() / "jvm" / key / "sparknet-jvm.jar"
+        target = cache_dir() / "jvm" / key / "sparknet-jvm.jar"
         if target.exists():
             _JARS[key] = target
             return target
