@@ -2,6 +2,7 @@
 Spark ML, each answered by a message that names the problem and the fix."""
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -136,3 +137,82 @@ def test_a_pandas_dataframe_is_refused_with_how_to_pass_it(spark, digits):
     with pytest.raises(TypeError, match=r"SparkNetClassifier.fit takes a Spark DataFrame "
                                         r"\(spark.createDataFrame\(df\).*got a pandas DataFrame"):
         SparkNetClassifier(epochs=1).fit(pdf)
+
+
+def test_an_estimator_takes_the_networks_layers_as_a_list_and_refuses_one_layer():
+    """``network=[Dense(...), ...]``, as ``Sequential([...])`` is written, is that network; one
+    layer alone, or an empty list, is refused saying what to pass."""
+    from sparknet.ml import SparkNetClassifier
+
+    def layers():
+        return [Dense(16, activation="relu"), Dense(10, activation="softmax")]
+
+    as_list = SparkNetClassifier(network=layers())
+    as_model = SparkNetClassifier(network=Sequential(layers()))
+    assert as_list.getOrDefault("network") == as_model.getOrDefault("network")
+    assert [layer["class"] for layer in json.loads(as_list.getOrDefault("network"))["layers"]] \
+        == ["Dense", "Dense"]
+    with pytest.raises(TypeError, match=r"one Dense layer was given; pass the network's layers "
+                                        r"as a list"):
+        SparkNetClassifier(network=Dense(10, activation="softmax"))
+    with pytest.raises(TypeError, match=r"a list of its layers.*got list \(an empty or mixed list\)"):
+        SparkNetClassifier(network=[])
+
+
+@pytest.mark.parametrize("first,needs,shape", [
+    ("conv", r"Conv2D 'conv2d'\) takes images \(H, W, C\)", r"\(8, 8, 1\) for 8 x 8 gray-scale"),
+    ("lstm", r"LSTM 'lstm'\) takes sequences \(T, F\)", r"\(8, 8\) for 8 steps of 8 features"),
+])
+def test_flat_vector_rows_into_a_conv_or_recurrent_network_say_to_give_its_input_shape(
+        spark, digits, first, needs, shape):
+    """An ML Vector column of 64 pixels into a network that starts with a Conv2D (or an LSTM)
+    and has no input shape: the message says to give one (``inputShape`` on the Estimator,
+    ``input_shape`` on a Sequential), suggests the 8 x 8 shape, and does not tell a DataFrame
+    user to reshape an array."""
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet import LSTM, Conv2D
+    from sparknet.ml import SparkNetClassifier
+
+    X, y, _, _ = digits
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(X[:64], y[:64])],
+                               ["features", "label"])
+    head = [Flatten(), Dense(10, activation="softmax")]
+    net = [Conv2D(4, 3)] + head if first == "conv" else [LSTM(8), Dense(10, activation="softmax")]
+    with pytest.raises(ValueError, match=needs + r", and the training data holds flat rows of 64 "
+                                         r"numbers: give the network the shape each row is read "
+                                         r"as, e.g. " + shape) as err:
+        SparkNetClassifier(network=net, epochs=1, verbose=0).fit(df)
+    assert "inputShape" in str(err.value) and "reshape" not in str(err.value)
+
+
+def test_a_spark_dataframe_handed_to_a_one_process_model_names_the_parts_that_take_it(
+        spark, digits):
+    """``model.fit(df)`` / ``predict(df)`` / ``evaluate(df, ...)`` with a Spark DataFrame (or an
+    RDD): a TypeError naming the trainer and the Spark ML Model that take it, not numpy's
+    "dtype object (ragged rows ...)"; nothing is trained."""
+    from pyspark.ml.linalg import Vectors
+
+    X, y, _, _ = digits
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(X[:32], y[:32])],
+                               ["features", "label"])
+    want = (r"X is a Spark DataFrame: a Sequential's fit, predict and evaluate run in this "
+            r"process on numpy arrays\. On the cluster, DataParallelTrainer\(model, spark\)"
+            r"\.fit\(\.\.\.\) trains on it .* SparkNetClassificationModel\.from_network\(model\)"
+            r"\.transform\(df\) scores a DataFrame")
+    fresh = Sequential([Dense(10, activation="softmax")], seed=0)
+    with pytest.raises(TypeError, match=want):
+        fresh.fit(df, None, epochs=1, verbose=0)
+    model = Sequential([Dense(10, activation="softmax")], input_shape=(64,), seed=0)
+    before = model.params.copy()
+    with pytest.raises(TypeError, match=want):
+        model.fit(df, y[:32], epochs=1, verbose=0)
+    np.testing.assert_array_equal(model.params, before)
+    with pytest.raises(TypeError, match=want):
+        model.predict(df)
+    with pytest.raises(TypeError, match=want):
+        model.evaluate(df, y[:32])
+    with pytest.raises(TypeError, match=r"X_val is a Spark DataFrame"):
+        model.fit(X[:32], y[:32], epochs=1, verbose=0, validation_data=(df, y[:32]))
+    with pytest.raises(TypeError, match=r"X is a Spark RDD: a Sequential's fit"):
+        model.predict(df.rdd)

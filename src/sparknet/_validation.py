@@ -103,6 +103,23 @@ def refuse_pandas(value: Any, where: str, spark_only: bool = False) -> None:
                     f"(df[feature_columns].to_numpy(), df[label_column].to_numpy())")
 
 
+def refuse_spark(value: Any, name: str = "X") -> None:
+    """Raise ``TypeError`` for a Spark DataFrame or RDD handed to a one-process ``fit``,
+    ``predict`` or ``evaluate`` (which take arrays), saying which sparknet parts take it
+    (told by its type's module; pyspark is not imported)."""
+    kind = type(value)
+    if kind.__module__.split(".")[0] != "pyspark" or not (
+            kind.__name__ == "DataFrame" or "RDD" in kind.__name__):
+        return
+    what = "DataFrame" if kind.__name__ == "DataFrame" else "RDD"
+    raise TypeError(
+        f"{name} is a Spark {what}: a Sequential's fit, predict and evaluate run in this process "
+        f"on numpy arrays. On the cluster, DataParallelTrainer(model, spark).fit(...) trains on "
+        f"it (sparknet.cluster) and SparkNetClassificationModel.from_network(model).transform(df) "
+        f"scores a DataFrame (sparknet.ml; SparkNetRegressionModel for a regressor); a small "
+        f"one may be collected to numpy arrays first")
+
+
 def check_not_class_labels(y: Any, last: Any) -> None:
     """Refuse class labels that would silently train as regression: no loss was given and the
     model's last layer ``last`` does not end in softmax, so the default is mean squared error."""

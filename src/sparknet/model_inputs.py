@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sparknet._validation import check_array, check_labels, check_mask, check_targets
+from sparknet._validation import check_array, check_labels, check_mask, check_targets, refuse_spark
 
 if TYPE_CHECKING:
     from sparknet.losses import Loss
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def prepare_x(model: Sequential, X: Any, name: str = "X") -> np.ndarray:
     """``X`` as an array of the model's dtype (integer ids when its first layer takes them),
     checked against the model's input shape and by its first layer once built."""
+    refuse_spark(X, name)
     first = model.layers[0] if model.layers else None
     allow_int = bool(first is not None and first.accepts_int_input)
     arr = check_array(X, name=name, sample_shape=model.input_shape if model.built else None,

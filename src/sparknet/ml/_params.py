@@ -11,13 +11,14 @@ from pyspark.ml.base import _PredictorParams
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasCheckpointInterval, HasSeed, HasThresholds
 
+from sparknet.layers.base import Layer
 from sparknet.model import Sequential
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
 #: a ``network`` Param value: a Sequential, its get_config() dict, or that dict as JSON text
-NetworkSpec = Union[Sequential, Dict[str, Any], str]
+NetworkSpec = Union[Sequential, Sequence[Layer], Dict[str, Any], str]
 
 
 # -------------------------------------------------------------------------- converters
@@ -25,9 +26,15 @@ NetworkSpec = Union[Sequential, Dict[str, Any], str]
 # Param's name (as pyspark's own TypeConverters do); ``sparknet._validation.positive_int``
 # is for plain arguments and raises ValueError.
 def _to_network(value: Any) -> str:
-    """Param converter: a Sequential, its config dict, or JSON text -> canonical JSON text."""
+    """Param converter: a Sequential, a list of layers (as ``Sequential(layers)`` takes), its
+    config dict, or JSON text -> canonical JSON text."""
     if isinstance(value, Sequential):
         config = value.get_config()
+    elif isinstance(value, (list, tuple)) and value and all(isinstance(v, Layer) for v in value):
+        config = Sequential(list(value)).get_config()
+    elif isinstance(value, Layer):
+        raise TypeError(f"network: one {type(value).__name__} layer was given; pass the "
+                        f"network's layers as a list, [layer, ...], or a Sequential")
     elif isinstance(value, dict):
         config = value
     elif isinstance(value, str):
@@ -36,8 +43,9 @@ def _to_network(value: Any) -> str:
         except json.JSONDecodeError as exc:
             raise TypeError(f"network: not JSON text ({exc})") from exc
     else:
-        raise TypeError(f"network must be a sparknet Sequential, its get_config() dict or that "
-                        f"dict as JSON, got {type(value).__name__}")
+        raise TypeError(f"network must be a sparknet Sequential, a list of its layers, its "
+                        f"get_config() dict or that dict as JSON, got {type(value).__name__}"
+                        + (" (an empty or mixed list)" if isinstance(value, (list, tuple)) else ""))
     if (not isinstance(config, dict) or not isinstance(config.get("layers"), list)
             or not config["layers"]):
         raise TypeError("network: a Sequential config needs a non-empty 'layers' list")
@@ -348,7 +356,8 @@ class EstimatorParams(SparkNetParams, _CheckpointParams):
     network: Param[str] = Param(
         Params._dummy(), "network",
         "the network: a sparknet Sequential's architecture (get_config()) as JSON "
-        "text; a Sequential or its config dict may be passed and is converted",
+        "text; a Sequential, a list of layers or its config dict may be passed and is "
+        "converted",
         typeConverter=_to_network)
 
     #: the keyword arguments of the last ``@keyword_only`` call (set by that decorator)

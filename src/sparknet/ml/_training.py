@@ -9,6 +9,7 @@ import numpy as np
 from pyspark.ml.base import Predictor, _FitMultipleIterator
 
 from sparknet._validation import refuse_pandas
+from sparknet.cluster.data.fit_inputs import flat_rows_error
 from sparknet.errors import CheckpointMismatch
 from sparknet.layers import SequenceMask
 from sparknet.ml import _columns, _jvm
@@ -119,7 +120,11 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
             model.build(shape)
             _columns.vector_size_check(kind, fcol, int(np.prod(shape)), "training data")
         elif kind.size is not None:
-            model.build((kind.size,))
+            try:
+                model.build((kind.size,))
+            except ValueError as exc:
+                where = f"the features column {fcol!r}"
+                raise flat_rows_error(exc, model, kind.size, where) from None
         return model, dataset
 
     def _check_network(self, model: Sequential) -> None:

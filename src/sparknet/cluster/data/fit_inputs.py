@@ -11,6 +11,7 @@ training data first, so its validation data is checked against that and loaded a
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -55,7 +56,10 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
                    reuse=reuse)
     try:
         if not model.built:
-            model.build((d.dim,))
+            try:
+                model.build((d.dim,))
+            except ValueError as exc:
+                raise flat_rows_error(exc, model, d.dim, f"the {what}") from None
         if classification:
             check_label_range(d.resident.infos, n_outputs(model), what,
                               label_desc(d.source, label_col))
@@ -63,6 +67,33 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
         d.close()
         raise
     return d
+
+
+def flat_rows_error(exc: ValueError, model: Any, size: int, where: str) -> ValueError:
+    """The error for a network whose first layer cannot read flat rows of ``size`` numbers
+    (a Conv2D, a recurrent layer) and was given no input shape: how to give it one, in the
+    trainer (``input_shape``) and in the Estimators (``inputShape``); ``exc`` itself when the
+    build failed for another reason."""
+    msg = str(exc)
+    if not msg.startswith("layer 0 (") or f"per-sample shape ({size},)" not in msg:
+        return exc
+    first = model.layers[0]
+    side = math.isqrt(size)
+    if "(H, W, C)" in msg:
+        needs, shape = "images (H, W, C)", "(H, W, C)"
+        if side * side == size:
+            shape = f"({side}, {side}, 1) for {side} x {side} gray-scale images"
+    elif "sequences" in msg:
+        needs, shape = "sequences (T, F)", "(T, F)"
+        if side * side == size:
+            shape = f"({side}, {side}) for {side} steps of {side} features"
+    else:
+        return exc
+    return ValueError(
+        f"layer 0 ({type(first).__name__} {first.name!r}) takes {needs}, and {where} holds "
+        f"flat rows of {size} numbers: give the network the shape each row is read as, e.g. "
+        f"{shape} (Sequential(..., input_shape=...) for a trainer, the inputShape Param for "
+        f"an Estimator); its product must be {size}")
 
 
 def _partitions(trainer: "DataParallelTrainer", data: Any,
