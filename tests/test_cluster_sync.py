@@ -1,6 +1,7 @@
 """Data-parallel training on real local Spark (the session-scoped ``spark`` fixture)."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -177,8 +178,10 @@ def test_input_kinds_train_and_arrive_intact(spark, digits, kind):
 
 
 @pytest.mark.slow
-def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
+def test_more_partitions_than_rows_and_empty_partitions(spark, digits, caplog):
+    """Empty partitions train, and the fit warns that they cost a task per round each."""
     X, y, _, _ = digits
+    caplog.set_level(logging.WARNING, logger="sparknet.cluster.data_parallel.trainer")
     model = mlp(16, seed=0)
     trainer = DataParallelTrainer(model, spark, num_partitions=8, sync="gradient",
                                   optimizer=RMSprop(lr=1e-2))
@@ -186,12 +189,23 @@ def test_more_partitions_than_rows_and_empty_partitions(spark, digits):
     _, history = trainer.fit(X[:5], y[:5], epochs=2, batch_size=2, verbose=0)
     assert np.isfinite(history["loss"]).all() and not np.array_equal(before, model.params)
     assert history["rounds"] == [3, 3]
+    warned = [r.getMessage() for r in caplog.records if "partitions for" in r.getMessage()]
+    assert warned == ["sparknet: 8 partitions for 5 training rows: 3 or more of them hold no "
+                      "row, and every round still runs a task for each; fewer partitions train "
+                      "faster (num_partitions='auto' chooses)"], warned
     # a DataFrame whose partitions are partly empty (3 rows in 6 partitions)
+    caplog.clear()
     df = row_frame(spark, X[:3], y[:3], 1).repartition(6)
     model2 = mlp(16, seed=0)
     trainer2 = DataParallelTrainer(model2, spark, sync="average", optimizer=RMSprop(lr=1e-2))
     _, h2 = trainer2.fit(df, epochs=1, batch_size=4, verbose=0)
     assert np.isfinite(h2["loss"]).all()
+    assert any("6 partitions for 3 training rows" in r.getMessage() for r in caplog.records)
+    # as many partitions as rows or fewer: no warning
+    caplog.clear()
+    DataParallelTrainer(mlp(16, seed=0), spark, num_partitions=5, sync="gradient").fit(
+        X[:5], y[:5], epochs=1, batch_size=2, verbose=0)
+    assert not [r for r in caplog.records if "partitions for" in r.getMessage()]
     assert trainer2.evaluate(df)["accuracy"] == pytest.approx(model2.evaluate(X[:3], y[:3])["accuracy"])
 
 

@@ -430,6 +430,11 @@ class DataParallelTrainer:
         log.info("sparknet: %s rows in %d partitions (%s), %s: %s%s%s", train.total,
                  train.num_partitions, train.source, self.sync, ctx.describe_round(span=ctx.epochs),
                  sizing, share)
+        if train.num_partitions > train.total:
+            log.warning("sparknet: %d partitions for %d training rows: %d or more of them hold "
+                        "no row, and every round still runs a task for each; fewer partitions "
+                        "train faster (num_partitions='auto' chooses)", train.num_partitions,
+                        train.total, train.num_partitions - train.total)
 
     def _train(self, ctx: FitContext, verbose: int, tag: str) -> None:
         """The epochs of the fit; ``KeyboardInterrupt`` cancels the fit's jobs (tagged
