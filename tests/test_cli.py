@@ -99,3 +99,34 @@ def test_a_plan_prints_in_a_few_lines_and_keeps_its_table():
     assert str(p) == p.explain()
     table = p.table().splitlines()
     assert len(table) == len(p.candidates) + len(p.ruled_out) and table[0].endswith(pl.describe(p.best))
+
+
+@pytest.mark.parametrize("argv,want", [
+    (["demo", "--epochs", "-1"], "argument --epochs: must be a positive integer, got -1"),
+    (["demo", "--epochs", "x"], "argument --epochs: not an integer: 'x'"),
+    (["demo", "--log-level", "loud"], "argument --log-level: not a logging level: 'loud'"),
+    (["train", "--lr", "0"], "argument --lr: must be a positive number, got 0"),
+    (["train", "--lr", "nan"], "argument --lr: must be a positive number, got nan"),
+    (["train", "--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+    (["train", "--hidden", "512,abc"], "argument --hidden: not an integer: 'abc'"),
+])
+def test_a_bad_option_value_is_a_usage_error_naming_the_option(capsys, argv, want):
+    """Refused by the parser (exit status 2, one line naming the option), before Spark or
+    any data is touched; not a traceback from deep inside the run."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"python -m sparknet {argv[0]}: error: {want}" in err and "Traceback" not in err, err
+
+
+def test_a_log_level_in_any_case_is_taken(monkeypatch):
+    seen = {}
+
+    def demo(args):
+        seen["level"] = args.log_level
+        return 0
+
+    monkeypatch.setattr("sparknet.__main__.cmd_demo", demo)
+    assert main(["demo", "--log-level", "debug"]) == 0
+    assert seen["level"] == "DEBUG"

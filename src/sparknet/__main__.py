@@ -190,6 +190,45 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (argparse names the option in its error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _widths(text: str) -> str:
+    """argparse type: comma-separated positive layer widths (``"512,256"``; empty: none)."""
+    for part in text.split(","):
+        if part.strip():
+            _positive_int(part)
+    return text
+
+
+def _log_level(text: str) -> str:
+    """argparse type: a logging level name, any case."""
+    level = text.upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        raise argparse.ArgumentTypeError(f"not a logging level: {text!r} (DEBUG, INFO, WARNING, "
+                                         f"ERROR or CRITICAL)")
+    return level
+
+
 def main(argv: list[str] | None = None) -> int:
     from sparknet import __version__
 
@@ -199,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     d = sub.add_parser("demo", help="train on the bundled digits and print test accuracy")
-    d.add_argument("--epochs", type=int, default=40,
+    d.add_argument("--epochs", type=_positive_int, default=40,
                    help="passes over the training data (default: %(default)s)")
     d.add_argument("--seed", type=int, default=0,
                    help="seeds the split, the initial weights and the shuffles (default: "
@@ -213,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                    help="0 nothing, 1 a live progress bar and a line per epoch, 2 the lines alone "
                         "(default: %(default)s)")
-    d.add_argument("--log-level", default="WARNING",
+    d.add_argument("--log-level", type=_log_level, default="WARNING",
                    help="logging level of sparknet's diagnostics: DEBUG, INFO, WARNING, ERROR "
                         "(default: %(default)s)")
     d.set_defaults(func=cmd_demo)
@@ -222,13 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="scikit-learn's digits, or MNIST from --mnist-dir (default: %(default)s)")
     t.add_argument("--mnist-dir", default=None, help="folder of the MNIST IDX files (needed by "
                                                      "--data mnist)")
-    t.add_argument("--hidden", default="512,256",
+    t.add_argument("--hidden", type=_widths, default="512,256",
                    help="hidden layer widths, comma separated (default: %(default)s)")
-    t.add_argument("--epochs", type=int, default=10,
+    t.add_argument("--epochs", type=_positive_int, default=10,
                    help="passes over the training data (default: %(default)s)")
-    t.add_argument("--batch-size", type=int, default=128,
+    t.add_argument("--batch-size", type=_positive_int, default=128,
                    help="rows per optimizer step (default: %(default)s)")
-    t.add_argument("--lr", type=float, default=1e-3,
+    t.add_argument("--lr", type=_positive_float, default=1e-3,
                    help="RMSprop's learning rate (default: %(default)s)")
     t.add_argument("--seed", type=int, default=0,
                    help="seeds the initial weights and shuffles (default: %(default)s)")
