@@ -130,3 +130,23 @@ def test_a_log_level_in_any_case_is_taken(monkeypatch):
     monkeypatch.setattr("sparknet.__main__.cmd_demo", demo)
     assert main(["demo", "--log-level", "debug"]) == 0
     assert seen["level"] == "DEBUG"
+
+
+def test_demo_remote_takes_a_connect_url_and_says_when_its_server_is_not_there(capsys):
+    """``--remote host:port`` (no ``sc://``) is a usage error that writes the URL out; an
+    ``sc://`` URL with no server behind it fails at once naming host, port and the reason,
+    where the Connect client would retry for minutes; neither starts a JVM."""
+    import socket
+
+    with pytest.raises(SystemExit) as info:
+        main(["demo", "--remote", "localhost:15002"])
+    assert info.value.code == 2
+    assert ("argument --remote: 'localhost:15002' is not a Spark Connect URL: write "
+            "sc://localhost:15002 (or local[2] for a local Connect server)") in capsys.readouterr().err
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["demo", "--remote", f"sc://127.0.0.1:{port}", "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert (f"sparknet demo: cannot reach the Spark Connect server at sc://127.0.0.1:{port} "
+            f"(127.0.0.1:{port}: Connection refused); start one") in err, err

@@ -83,6 +83,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "--local`",
               file=sys.stderr)
         return 2
+    if use_spark and (args.remote or "").startswith("sc://"):
+        why = _unreachable(args.remote)
+        if why is not None:
+            print(f"sparknet demo: cannot reach the Spark Connect server at {args.remote} "
+                  f"({why}); start one (e.g. $SPARK_HOME/sbin/start-connect-server.sh) or "
+                  f"check the URL, or run `python -m sparknet demo --remote local[2]` for a "
+                  f"local one", file=sys.stderr)
+            return 2
     if use_spark:
         mode = f"Spark Connect {args.remote}" if args.remote else "local Spark"
         acc = _demo_spark(args)
@@ -220,6 +228,31 @@ def _widths(text: str) -> str:
     return text
 
 
+def _remote_url(text: str) -> str:
+    """argparse type: a Spark Connect URL (``sc://host[:port][/;params]``) or a local master
+    (``local``, ``local[2]``) for a local Connect server."""
+    if text.startswith("sc://") or text == "local" or text.startswith("local["):
+        return text
+    hint = f"sc://{text.split('://', 1)[-1]}" if "/" not in text.split("://", 1)[-1] else "sc://host:15002"
+    raise argparse.ArgumentTypeError(f"{text!r} is not a Spark Connect URL: write {hint} (or "
+                                     f"local[2] for a local Connect server)")
+
+
+def _unreachable(url: str, timeout: float = 10.0) -> str | None:
+    """Why the Spark Connect server at ``url`` (``sc://host[:port]...``) cannot be reached
+    over TCP, or None when it can: the Connect client itself retries for minutes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit("http://" + url[len("sc://"):].split("/;", 1)[0].split(";", 1)[0])
+    host, port = where.hostname or "localhost", where.port or 15002
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+
+
 def _log_level(text: str) -> str:
     """argparse type: a logging level name, any case."""
     level = text.upper()
@@ -245,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                         "%(default)s)")
     d.add_argument("--local", action="store_true", help="train in one process instead of on local "
                                                         "Spark")
-    d.add_argument("--remote", default=None, metavar="URL",
+    d.add_argument("--remote", type=_remote_url, default=None, metavar="URL",
                    help="train from a Spark Connect client: sc://host:port, or local[2] for a "
                         "local Connect server (default: local Spark, no Connect)")
     d.add_argument("--quiet", action="store_true", help="no progress output (as --verbose 0)")
