@@ -216,3 +216,21 @@ def test_a_spark_dataframe_handed_to_a_one_process_model_names_the_parts_that_ta
         model.fit(X[:32], y[:32], epochs=1, verbose=0, validation_data=(df, y[:32]))
     with pytest.raises(TypeError, match=r"X is a Spark RDD: a Sequential's fit"):
         model.predict(df.rdd)
+
+
+@pytest.mark.parametrize("kwargs,want", [
+    ({"resume": True}, r"unexpected keyword argument\(s\) resume; resume is an argument of "
+                       r"fit\(\): trainer.fit\(\.\.\., resume=\.\.\.\)"),
+    ({"epochs": 3}, r"epochs is an argument of fit\(\)"),
+    ({"num_partition": 4}, r"num_partition; did you mean num_partitions for num_partition\?"),
+    ({"mode": "async", "max_stalenes": 2}, r"did you mean max_staleness"),
+    ({"max_staleness": 2}, r"max_staleness: option\(s\) of mode='async', and mode='sync'"),
+])
+def test_a_misplaced_or_misspelt_trainer_argument_is_named_with_where_it_belongs(kwargs, want):
+    """The trainer's ``**mode_options`` catch every other keyword: an argument of ``fit``, a
+    misspelling or an async option under ``mode="sync"`` each get their own message, not
+    "mode='sync' takes no options" (no Spark is started)."""
+    from sparknet.cluster import DataParallelTrainer
+
+    with pytest.raises(TypeError, match=want):
+        DataParallelTrainer(Sequential([Dense(10, activation="softmax")]), None, **kwargs)

@@ -71,3 +71,31 @@ def test_bytes_moved_is_a_copy_that_sums_the_steps(digits_xy):
         assert mp.bytes_moved["jobs"] == before["jobs"] + step["jobs"]
     finally:
         mp.close()
+
+
+def test_a_spark_dataframe_or_rdd_is_refused_saying_to_collect_it(spark, digits_xy):
+    """ModelParallel takes numpy arrays (the driver cuts the minibatches): a DataFrame or an
+    RDD in fit, train_on_batch or predict is a TypeError saying how to collect it, and fit
+    without y says that y is missing; no block is touched."""
+    from pyspark.ml.linalg import Vectors
+
+    X, y = digits_xy
+    df = spark.createDataFrame([(Vectors.dense(r), float(t)) for r, t in zip(X[:16], y[:16])],
+                               ["features", "label"])
+    mp = ModelParallel(mp_layers(), BlockPlan({0: 2}), (64,), dtype="float64", seed=0)
+    try:
+        before = mp.to_sequential().params.copy()
+        want = (r"X is a Spark DataFrame: ModelParallel trains and predicts on numpy arrays, "
+                r"which the driver cuts into minibatches for the blocks: collect the features "
+                r"and labels to numpy first")
+        with pytest.raises(TypeError, match=want):
+            mp.fit(df, epochs=1)
+        with pytest.raises(TypeError, match=want):
+            mp.predict(df)
+        with pytest.raises(TypeError, match=r"X is a Spark RDD: ModelParallel trains"):
+            mp.train_on_batch(df.rdd, y[:16])
+        with pytest.raises(TypeError, match=r"ModelParallel.fit needs y: the labels"):
+            mp.fit(X[:16], epochs=1)
+        np.testing.assert_array_equal(mp.to_sequential().params, before)
+    finally:
+        mp.close()

@@ -103,21 +103,30 @@ def refuse_pandas(value: Any, where: str, spark_only: bool = False) -> None:
                     f"(df[feature_columns].to_numpy(), df[label_column].to_numpy())")
 
 
-def refuse_spark(value: Any, name: str = "X") -> None:
-    """Raise ``TypeError`` for a Spark DataFrame or RDD handed to a one-process ``fit``,
-    ``predict`` or ``evaluate`` (which take arrays), saying which sparknet parts take it
-    (told by its type's module; pyspark is not imported)."""
+#: what a Spark DataFrame or RDD given to a part that takes arrays is told, per part
+_SPARK_INPUT_HINTS = {
+    "sequential": ("a Sequential's fit, predict and evaluate run in this process on numpy "
+                   "arrays. On the cluster, DataParallelTrainer(model, spark).fit(...) trains on "
+                   "it (sparknet.cluster) and SparkNetClassificationModel.from_network(model)"
+                   ".transform(df) scores a DataFrame (sparknet.ml; SparkNetRegressionModel for a "
+                   "regressor); a small one may be collected to numpy arrays first"),
+    "model_parallel": ("ModelParallel trains and predicts on numpy arrays, which the driver "
+                       "cuts into minibatches for the blocks: collect the features and labels "
+                       "to numpy first (rows = df.select('features', 'label').collect(); "
+                       "X = np.stack([r.features.toArray() for r in rows]))"),
+}
+
+
+def refuse_spark(value: Any, name: str = "X", part: str = "sequential") -> None:
+    """Raise ``TypeError`` for a Spark DataFrame or RDD handed to a part that takes arrays
+    (``part``: a one-process ``Sequential``, or ``"model_parallel"``), saying what takes it or
+    how to pass it (told by its type's module; pyspark is not imported)."""
     kind = type(value)
     if kind.__module__.split(".")[0] != "pyspark" or not (
             kind.__name__ == "DataFrame" or "RDD" in kind.__name__):
         return
     what = "DataFrame" if kind.__name__ == "DataFrame" else "RDD"
-    raise TypeError(
-        f"{name} is a Spark {what}: a Sequential's fit, predict and evaluate run in this process "
-        f"on numpy arrays. On the cluster, DataParallelTrainer(model, spark).fit(...) trains on "
-        f"it (sparknet.cluster) and SparkNetClassificationModel.from_network(model).transform(df) "
-        f"scores a DataFrame (sparknet.ml; SparkNetRegressionModel for a regressor); a small "
-        f"one may be collected to numpy arrays first")
+    raise TypeError(f"{name} is a Spark {what}: {_SPARK_INPUT_HINTS[part]}")
 
 
 def check_not_class_labels(y: Any, last: Any) -> None:

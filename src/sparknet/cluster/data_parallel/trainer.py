@@ -60,6 +60,8 @@ one fit (round sizing, the synchronous rounds, evaluation) is
 """
 from __future__ import annotations
 
+import difflib
+import inspect
 import logging
 import math
 import time
@@ -248,10 +250,9 @@ class DataParallelTrainer:
         checkpoints.configure(self, checkpoint_dir, checkpoint_every, checkpoint_keep,
                               round_timeout)
         self.mode_options: AsyncOptions | None = None
+        _check_option_names(mode, mode_options)
         if mode == "async":
             self.mode_options = check_options(self, **mode_options)
-        elif mode_options:
-            raise TypeError(f"mode={mode!r} takes no options {sorted(mode_options)}")
 
     @property
     def spark(self) -> "SparkSession":
@@ -545,3 +546,32 @@ def _shape(shape: "tuple[int, ...] | None") -> tuple[int, ...]:
     if shape is None:
         raise RuntimeError("the model is not built")
     return tuple(shape)
+
+
+#: the keyword arguments ``mode="async"`` takes (``**mode_options``)
+_ASYNC_OPTIONS = tuple(p for p in inspect.signature(check_options).parameters if p != "trainer")
+
+
+def _check_option_names(mode: str, options: dict[str, Any]) -> None:
+    """Refuse keyword arguments that are no option of the trainer: an argument of ``fit``
+    given to the constructor, a misspelling (naming the closest names), or an option of
+    ``mode="async"`` given with another mode."""
+    unknown = sorted(set(options) - set(_ASYNC_OPTIONS))
+    if unknown:
+        fit_args = [p for p in inspect.signature(DataParallelTrainer.fit).parameters
+                    if p != "self"]
+        known = [p for p in inspect.signature(DataParallelTrainer.__init__).parameters
+                 if p not in ("self", "mode_options")] + list(_ASYNC_OPTIONS)
+        hints = []
+        for name in unknown:
+            if name in fit_args:
+                hints.append(f"{name} is an argument of fit(): trainer.fit(..., {name}=...)")
+            else:
+                close = difflib.get_close_matches(name, known, n=2)
+                if close:
+                    hints.append(f"did you mean {' or '.join(close)} for {name}?")
+        raise TypeError(f"DataParallelTrainer got unexpected keyword argument(s) "
+                        f"{', '.join(unknown)}" + (f"; {'; '.join(hints)}" if hints else ""))
+    if options and mode != "async":
+        raise TypeError(f"{', '.join(sorted(options))}: option(s) of mode='async', and "
+                        f"mode={mode!r}")

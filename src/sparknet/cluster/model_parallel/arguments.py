@@ -107,8 +107,9 @@ def layer_shapes(layers: Sequence[Layer], plan: BlockPlan, input_shape: tuple[in
 
 def check_inputs(X: Any, input_shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """``X`` as an array of ``(N, *input_shape)`` of ``dtype``."""
-    from sparknet._validation import check_array
+    from sparknet._validation import check_array, refuse_spark
 
+    refuse_spark(X, "X", part="model_parallel")
     return check_array(X, name="X", sample_shape=input_shape, dtype=dtype)
 
 
