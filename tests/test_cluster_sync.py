@@ -327,3 +327,86 @@ def test_rounds_do_not_carry_the_source_rows(spark):
                 assert res.map(total) == [1000.0 * p for p in range(4)]
         finally:
             res.close()
+
+
+def test_a_layer_class_of_the_users_own_trains_and_scores_on_the_executors(spark, digits):
+    """A layer class written in the driver's own code (registered with ``@register``, not
+    importable by the executors) travels with the network: the trainer's fit and evaluate
+    and a Spark ML Model's transform rebuild it on the executors, and they compute what the
+    driver computes (before, the executors failed with "unknown layer class")."""
+    from pyspark.ml.linalg import Vectors
+
+    from sparknet.layers.base import REGISTRY, Layer, register
+    from sparknet.ml import SparkNetClassificationModel
+
+    class HalfForTest(Layer):  # defined in a function: pickled by value
+        def _build(self, input_shape):
+            return tuple(input_shape)
+
+        def forward(self, x, training=False):
+            return x * 0.5
+
+        def backward(self, dy):
+            return dy * 0.5
+
+        def get_config(self):
+            return {}
+
+    register(HalfForTest)
+    try:
+        X, y, Xt, yt = digits
+        model = Sequential([HalfForTest(), Dense(16, activation="relu"),
+                            Dense(10, activation="softmax")], input_shape=(64,), seed=0)
+        trainer = DataParallelTrainer(model, spark, num_partitions=2, optimizer=RMSprop(lr=1e-2))
+        _, history = trainer.fit(X[:400], y[:400], epochs=2, batch_size=32, verbose=0)
+        assert np.isfinite(history["loss"]).all() and history["accuracy"][-1] > 0.5
+        on_executors, on_driver = trainer.evaluate(Xt, yt), model.evaluate(Xt, yt)
+        assert on_executors["loss"] == pytest.approx(on_driver["loss"], rel=1e-5)
+        assert on_executors["accuracy"] == pytest.approx(on_driver["accuracy"])
+        df = spark.createDataFrame([(Vectors.dense(r),) for r in Xt[:40]], ["features"])
+        scored = SparkNetClassificationModel.from_network(model).transform(df)
+        assert [int(r.prediction) for r in scored.collect()] == model.predict(Xt[:40]).tolist()
+    finally:
+        REGISTRY.pop("HalfForTest", None)
+
+
+def test_a_layer_module_the_executors_cannot_import_is_named_with_the_fix(spark, digits,
+                                                                        tmp_path, monkeypatch):
+    """A layer class from a module only the driver can import: the fit fails with one
+    WorkerSetupError naming the module and ``addPyFile``, nothing trained; after
+    ``addPyFile`` the same fit runs."""
+    import importlib
+    import sys
+    import uuid
+
+    from sparknet.errors import WorkerSetupError
+    from sparknet.layers.base import REGISTRY
+
+    name = f"layers_{uuid.uuid4().hex[:8]}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "from sparknet.layers.base import Layer, register\n\n\n"
+        "@register\nclass TwiceForTest(Layer):\n"
+        "    def _build(self, input_shape):\n        return tuple(input_shape)\n\n"
+        "    def forward(self, x, training=False):\n        return x * 2.0\n\n"
+        "    def backward(self, dy):\n        return dy * 2.0\n\n"
+        "    def get_config(self):\n        return {}\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))      # the driver's path only
+    module = importlib.import_module(name)
+    try:
+        X, y, _, _ = digits
+        model = Sequential([module.TwiceForTest(), Dense(10, activation="softmax")],
+                           input_shape=(64,), seed=0)
+        before = model.params.copy()
+        trainer = DataParallelTrainer(model, spark, num_partitions=2)
+        with pytest.raises(WorkerSetupError, match=rf"cannot load the network's own layer classes "
+                                                   rf"\(ModuleNotFoundError: No module named "
+                                                   rf"'{name}'\).*addPyFile"):
+            trainer.fit(X[:100], y[:100], epochs=1, verbose=0)
+        np.testing.assert_array_equal(model.params, before)
+        spark.sparkContext.addPyFile(str(path))
+        _, history = trainer.fit(X[:100], y[:100], epochs=1, verbose=0)
+        assert np.isfinite(history["loss"]).all()
+    finally:
+        REGISTRY.pop("TwiceForTest", None)
+        sys.modules.pop(name, None)

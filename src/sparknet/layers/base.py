@@ -152,6 +152,27 @@ def layer_to_config(layer: Layer) -> dict[str, Any]:
     return {"class": type(layer).__name__, "config": layer.get_config()}
 
 
+def custom_layer_classes(config: Any) -> dict[str, type[Layer]]:
+    """The registered layer classes that ``config`` (an architecture, or any part of one,
+    nested layers included) names and that are not sparknet's own, by name."""
+    found: dict[str, type[Layer]] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            klass = REGISTRY.get(node.get("class")) if isinstance(node.get("class"), str) else None
+            if klass is not None and "config" in node and not (
+                    klass.__module__ == "sparknet" or klass.__module__.startswith("sparknet.")):
+                found[node["class"]] = klass
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return found
+
+
 def layer_from_config(spec: Any, where: str = "layer") -> Layer:
     """The layer a :func:`layer_to_config` entry describes (``where`` names it in errors)."""
     if not isinstance(spec, dict) or "class" not in spec or "config" not in spec:

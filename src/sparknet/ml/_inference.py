@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 _CACHE: OrderedDict[str, Sequential] = OrderedDict()
 _CACHE_SIZE = 4
 #: what the broadcast holds: the architecture as JSON text, the flat parameters, the flat state
-ShippedNetwork = tuple[str, np.ndarray, np.ndarray]
+#: and the user's own layer classes, pickled (b"" when none)
+ShippedNetwork = tuple[str, np.ndarray, np.ndarray, bytes]
 _LOCK = threading.Lock()
 
 
@@ -47,9 +48,11 @@ def _cached_model(key: str, bc: Shipped) -> Sequential:
         if model is not None:
             _CACHE.move_to_end(key)
             return model
+    from sparknet.cluster.engine import layer_classes
     from sparknet.model import Sequential
 
-    config, params, state = bc.value
+    config, params, state, classes = bc.value
+    layer_classes.register(classes)
     model = Sequential.from_config(json.loads(config))
     model.set_params(params)
     model.set_state(state)

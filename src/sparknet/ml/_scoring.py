@@ -276,6 +276,10 @@ class SparkNetModel(Persistable, SparkNetParams, PredictionModel[FeatureVector])
 
 
 def _shipped(net: Sequential) -> ShippedNetwork:
-    """What the executors rebuild the network from: architecture, parameters, layer state."""
-    return (json.dumps(net.get_config()), np.ascontiguousarray(net.params),
-            np.ascontiguousarray(net.state))
+    """What the executors rebuild the network from: architecture, parameters, layer state,
+    and the user's own layer classes it uses (:mod:`sparknet.cluster.engine.layer_classes`)."""
+    from sparknet.cluster.engine import layer_classes
+
+    config = net.get_config()
+    return (json.dumps(config), np.ascontiguousarray(net.params),
+            np.ascontiguousarray(net.state), layer_classes.ship(config))

@@ -43,6 +43,7 @@ from sparknet import precision as precision_mod
 from sparknet import threads
 from sparknet.cluster.data_parallel import guards, layer_state, wire
 from sparknet.cluster.data_parallel.parameter_server import STATS, RoundResult
+from sparknet.cluster.engine import layer_classes
 from sparknet.model import Sequential
 from sparknet.optim import Optimizer
 from sparknet.schedules import ScheduledLR
@@ -86,6 +87,9 @@ class FitSpec:
     y_shape: tuple[int, ...] = ()
     precision: str = "fp32"
     wire: str = "fp32"
+    #: the user's own layer classes the network uses, pickled
+    #: (:mod:`~sparknet.cluster.engine.layer_classes`)
+    layer_classes: bytes = b""
 
 
 #: fit key -> the worker's copy of the model (rebuilt from its config once per fit).
@@ -97,6 +101,7 @@ def worker_model(spec: FitSpec) -> Sequential:
     model = _MODELS.get(spec.key)
     if model is None:
         _MODELS.clear()  # one fit at a time per worker: free the previous fit's model
+        layer_classes.register(spec.layer_classes)
         model = Sequential.from_config(spec.config)
         if not model.built:
             model.build(spec.input_shape)

@@ -89,6 +89,7 @@ from sparknet.cluster.data_parallel.outer_optimizer import OuterOptimizer, resol
 from sparknet.cluster.data_parallel.parameter_server import ParameterServer
 from sparknet.cluster.data_parallel.round_task import FitSpec
 from sparknet.cluster.data_parallel.wire import check_wire
+from sparknet.cluster.engine import layer_classes
 from sparknet.cluster.engine.base import engine_for
 from sparknet.cluster.planning.cost import RoundCostModel
 from sparknet.cluster.planning.rounds import SIZED
@@ -404,13 +405,15 @@ class DataParallelTrainer:
     def _spec(self, key: str, batch_size: int, classification: bool) -> FitSpec:
         """What every task of the fit (or evaluation) ``key`` needs; the model is built."""
         model = self.model
-        return FitSpec(key=key, config=model.get_config(), loss=model.loss.name,
+        config = model.get_config()
+        return FitSpec(key=key, config=config, loss=model.loss.name,
                        optimizer=(self.optimizer.name, self.optimizer.get_config()),
                        batch_size=batch_size, seed=self.seed, input_shape=_shape(model.input_shape),
                        classification=classification,
                        int_input=bool(getattr(model.layers[0], "accepts_int_input", False)),
                        y_shape=() if classification else _shape(model.output_shape),
-                       precision=self.precision, wire=self.wire)
+                       precision=self.precision, wire=self.wire,
+                       layer_classes=layer_classes.ship(config))
 
     def _calibrate(self, ctx: FitContext, t_fit: float) -> None:
         """Size the rounds (from an estimate when ``local_steps="auto"``); the fit's
