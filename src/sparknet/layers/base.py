@@ -159,10 +159,11 @@ def custom_layer_classes(config: Any) -> dict[str, type[Layer]]:
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
-            klass = REGISTRY.get(node.get("class")) if isinstance(node.get("class"), str) else None
+            name = node.get("class")
+            klass = REGISTRY.get(name) if isinstance(name, str) else None
             if klass is not None and "config" in node and not (
                     klass.__module__ == "sparknet" or klass.__module__.startswith("sparknet.")):
-                found[node["class"]] = klass
+                found[str(name)] = klass
             for value in node.values():
                 walk(value)
         elif isinstance(node, (list, tuple)):
