@@ -111,8 +111,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   "e.g. ../shared/data/mnist)", file=sys.stderr)
             return 2
         Xtr, ytr, Xte, yte = load_mnist(args.mnist_dir)
-    hidden = [int(h) for h in args.hidden.split(",") if h]
-    model = Sequential([Dense(h, activation="relu") for h in hidden]
+    model = Sequential([Dense(h, activation="relu") for h in args.hidden]
                        + [Dense(10, activation="softmax")], seed=args.seed)
     model.fit(Xtr, ytr, epochs=args.epochs, batch_size=args.batch_size,
               optimizer=RMSprop(lr=args.lr), validation_data=(Xte, yte), verbose=1)
@@ -220,12 +219,9 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _widths(text: str) -> str:
+def _widths(text: str) -> list[int]:
     """argparse type: comma-separated positive layer widths (``"512,256"``; empty: none)."""
-    for part in text.split(","):
-        if part.strip():
-            _positive_int(part)
-    return text
+    return [_positive_int(part) for part in text.split(",") if part.strip()]
 
 
 def _remote_url(text: str) -> str:
@@ -233,7 +229,8 @@ def _remote_url(text: str) -> str:
     (``local``, ``local[2]``) for a local Connect server."""
     if text.startswith("sc://") or text == "local" or text.startswith("local["):
         return text
-    hint = f"sc://{text.split('://', 1)[-1]}" if "/" not in text.split("://", 1)[-1] else "sc://host:15002"
+    rest = text.split("://", 1)[-1]
+    hint = f"sc://{rest}" if "/" not in rest else "sc://host:15002"
     raise argparse.ArgumentTypeError(f"{text!r} is not a Spark Connect URL: write {hint} (or "
                                      f"local[2] for a local Connect server)")
 

@@ -144,6 +144,8 @@ def run_fit(mp: "ModelParallel", X: Any, y: Any, *, epochs: int, batch_size: int
     resume, shuffle = bool(resume), bool(shuffle)
     lo = mp.loss
     X = arguments.check_inputs(X, mp.input_shape, mp.dtype)
+    if y is None:
+        raise TypeError("ModelParallel.fit needs y: the labels (class ids) or targets of X")
     y = arguments.check_outputs(y, X.shape[0], lo, mp.output_shape, mp.dtype)
     control = BlocksControl(mp)
     cbl = CallbackList(callbacks, mp, mp, control)

@@ -12,7 +12,7 @@ import numpy as np
 from sparknet import losses as losses_mod
 from sparknet import optim as optim_mod
 from sparknet import precision as precision_mod
-from sparknet._validation import positive_int, refuse_spark
+from sparknet._validation import positive_int
 from sparknet.activations import is_softmax_head
 from sparknet.checkpoint import Checkpoint, CheckpointStore
 from sparknet.cluster.engine.sizes import nbytes
@@ -399,9 +399,6 @@ class ModelParallel:
         """
         from sparknet.cluster.model_parallel.fitting import run_fit
 
-        refuse_spark(X, "X", part="model_parallel")
-        if y is None:
-            raise TypeError("ModelParallel.fit needs y: the labels (class ids) or targets of X")
         return run_fit(self, X, y, epochs=epochs, batch_size=batch_size, shuffle=shuffle,
                        checkpoint_every=checkpoint_every, verbose=verbose, max_steps=max_steps,
                        lookahead=lookahead, resume=resume, callbacks=callbacks, precision=precision)
