@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from helpers import quick_jvm
+from helpers import docs_build, quick_jvm
 from helpers.early_job import discard, has_java, in_background
 
 # Spark's Python workers must run this interpreter (where sparknet is installed).
@@ -56,6 +56,7 @@ _EARLY: dict = {}
 
 
 def pytest_collection_modifyitems(session, config, items):
+    docs_build.start_early([it.nodeid for it in items])
     first = next((i for i, it in enumerate(items) if "_standalone" in getattr(it, "fixturenames", ())), 0)
     if first > 0:
         j = first - 1
@@ -78,6 +79,7 @@ def pytest_runtest_setup(item):
 
 def pytest_sessionfinish(session, exitstatus):
     discard(_EARLY.pop("future", None), "stop")  # started early, never used: stopped here
+    docs_build.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,21 +1,24 @@
 """The Sphinx documentation builds with warnings treated as errors."""
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
-DOCS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
+from helpers import docs_build
 
 
 @pytest.mark.slow
-def test_sphinx_builds_without_warnings(tmp_path):
+def test_sphinx_builds_without_warnings():
     pytest.importorskip("sphinx", reason="sphinx is not installed: pip install '.[test]'")
-    proc = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", DOCS, str(tmp_path / "html")],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    html = tmp_path / "html"
+    build = docs_build.take()  # started as the run started (tests/helpers/docs_build.py)
+    try:
+        returncode, output = build.result(timeout=300)
+        assert returncode == 0, output
+        _check_pages(Path(build.out) / "html")
+    finally:
+        build.close()
+
+
+def _check_pages(html: Path) -> None:
     for page in ("api/index", "api/sparknet", "api/layers", "api/cluster", "api/ml", "api/export",
                  "api/internals/index", "install", "quickstart", "troubleshooting", "changelog", "benchmarks", "scaling",
                  "guides/dense", "guides/conv", "guides/recurrent", "guides/data_parallel", "guides/async",

@@ -186,6 +186,64 @@ def test_flat_vector_rows_into_a_conv_or_recurrent_network_say_to_give_its_input
     assert "inputShape" in str(err.value) and "reshape" not in str(err.value)
 
 
+def _rank_layers():
+    import sparknet as sn
+
+    return [
+        (lambda: sn.Conv2D(4, 3), 3, "images (H, W, C)"),
+        (lambda: sn.MaxPool2D(2), 3, "images (H, W, C)"),
+        (lambda: sn.GlobalAveragePooling2D(), 3, "images (H, W, C)"),
+        (lambda: sn.LSTM(8), 2, "sequences (T, F)"),
+        (lambda: sn.GRU(8), 2, "sequences (T, F)"),
+        (lambda: sn.Bidirectional(sn.SimpleRNN(8)), 2, "sequences (T, F)"),
+        (lambda: sn.Conv1D(4, 3), 2, "sequences (T, C)"),
+        (lambda: sn.MaxPool1D(2), 2, "sequences (T, C)"),
+        (lambda: sn.GlobalMaxPooling1D(), 2, "sequences (T, C)"),
+        (lambda: sn.MultiHeadAttention(2, 4), 2, "sequences (T, D)"),
+        (lambda: sn.TransformerEncoder(2, 8), 2, "sequences (T, D)"),
+    ]
+
+
+@pytest.mark.parametrize("make,rank,layout", _rank_layers())
+def test_a_layer_given_inputs_of_another_rank_raises_input_rank_error(make, rank, layout):
+    """Every layer that reads images or sequences refuses flat vectors with an
+    InputRankError (a ValueError) that says what it reads and where it sits in the model;
+    the Estimators' and the trainer's advice on flat rows is built from it."""
+    from sparknet.cluster.data.fit_inputs import flat_rows_error
+    from sparknet.errors import InputRankError
+
+    first = Sequential([make(), Flatten(), Dense(3)])
+    with pytest.raises(InputRankError) as err:
+        first.build((64,))
+    e = err.value
+    assert isinstance(e, ValueError) and (e.index, e.rank, e.layout, e.got) == (0, rank, layout, (64,))
+    assert str(e).startswith(f"layer 0 ({type(first.layers[0]).__name__} ")
+    advice = str(flat_rows_error(e, first, 64, "the training data"))
+    assert f"takes {layout}, and the training data holds flat rows of 64 numbers" in advice
+    assert ("(8, 8, 1) for 8 x 8 gray-scale images" if rank == 3 else "(8, 8) for 8 steps") in advice
+
+    second = Sequential([Dense(6), make()])  # not the first layer: the input shape is not at fault
+    with pytest.raises(InputRankError) as err:
+        second.build((64,))
+    assert (err.value.index, err.value.got) == (1, (6,))
+    assert flat_rows_error(err.value, second, 64, "the training data") is err.value
+
+
+def test_flat_rows_of_a_size_that_is_no_square_get_the_layout_not_a_guess():
+    from sparknet import Conv2D
+    from sparknet.cluster.data.fit_inputs import flat_rows_error
+
+    model = Sequential([Conv2D(4, 3), Flatten(), Dense(3)])
+    with pytest.raises(ValueError) as err:
+        model.build((60,))
+    advice = str(flat_rows_error(err.value, model, 60, "the features column 'x'"))
+    assert "the features column 'x' holds flat rows of 60 numbers" in advice
+    assert "e.g. (H, W, C) (Sequential(..., input_shape=...)" in advice and "its product must be 60" in advice
+    # another build error passes through unchanged
+    other = ValueError("layer 0 (Dense 'dense'): something else")
+    assert flat_rows_error(other, model, 60, "x") is other
+
+
 def test_a_spark_dataframe_handed_to_a_one_process_model_names_the_parts_that_take_it(
         spark, digits):
     """``model.fit(df)`` / ``predict(df)`` / ``evaluate(df, ...)`` with a Spark DataFrame (or an

@@ -15,6 +15,11 @@ column or value; the classes here are for what happens *during* a run:
   the wrong length, NaN), found while scoring or loading.
 * :class:`TaskError` -- any other failure of sparknet's own code in a task.
 
+One shape error has a class of its own, for the code that explains it in the caller's terms:
+
+* :class:`InputRankError` -- a layer built for per-sample inputs with another number of
+  axes: a ``Conv2D`` or a pool given flat vectors, an ``LSTM`` given vectors.
+
 The errors a task raises reach the driver as themselves, not inside Spark's wrappers
 (:mod:`sparknet.cluster.engine.task_errors`): they are the types in :data:`TASK_ERRORS`.
 
@@ -145,3 +150,31 @@ TASK_ERRORS: dict[str, type[Exception]] = {
     cls.__name__: cls for cls in (DataError, TaskError, TrainingDiverged, CheckpointError,
                                   WorkerSetupError)
 }
+
+
+class InputRankError(ValueError):
+    """A layer was built for per-sample inputs with another number of axes than it reads:
+    a ``Conv2D`` or a 2-D pool given vectors, a recurrent layer, ``Conv1D`` or attention
+    given anything but sequences.  ``ValueError`` is its base, as for any bad shape.
+
+    Attributes:
+        layout: what the layer reads, e.g. ``"images (H, W, C)"``, ``"sequences (T, F)"``.
+        rank: the number of axes of one sample the layer reads (3 for images, 2 for
+            sequences).
+        got: the per-sample shape it was given.
+        index: the layer's place in its ``Sequential`` (None when built alone).
+    """
+
+    def __init__(self, message: str, *, layout: str, rank: int, got: tuple[int, ...],
+                 index: int | None = None) -> None:
+        super().__init__(message)
+        self.layout = layout
+        self.rank = int(rank)
+        self.got = tuple(int(d) for d in got)
+        self.index = index
+
+    def at(self, index: int, prefix: str) -> "InputRankError":
+        """The same error as raised by layer ``index`` of a model, its message after
+        ``prefix`` (``Sequential.build`` names the layer)."""
+        return InputRankError(f"{prefix}{self}", layout=self.layout, rank=self.rank, got=self.got,
+                              index=index)

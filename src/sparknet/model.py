@@ -14,6 +14,7 @@ from sparknet._validation import check_name, check_shape, non_negative_int, posi
 from sparknet.activations import grad as act_grad
 from sparknet.activations import is_softmax_head, softmax
 from sparknet.epochs import fit_one_process
+from sparknet.errors import InputRankError
 from sparknet.history import History
 from sparknet.layers.base import Layer, MaskedLayer, architecture, layers_from_config
 from sparknet.losses import Loss
@@ -110,6 +111,8 @@ class Sequential:
             layer.rng = np.random.default_rng([self.seed, i, 1])
             try:
                 shape = layer.build(shape, self.dtype)
+            except InputRankError as exc:
+                raise exc.at(i, f"layer {i} ({type(layer).__name__} {layer.name!r}): ") from exc
             except ValueError as exc:
                 raise ValueError(f"layer {i} ({type(layer).__name__} {layer.name!r}): "
                                  f"{exc}") from exc

@@ -30,6 +30,7 @@ import sparknet._dense as _dense
 from sparknet import initializers
 from sparknet._validation import check_bool, check_float, check_mask, positive_int
 from sparknet.activations import canonical_name
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, MaskedLayer, ParamSpec, register
 from sparknet.layers.container import Container
 from sparknet.layers.core import Dense, Dropout
@@ -40,9 +41,10 @@ __all__ = ["MultiHeadAttention", "PositionalEmbedding", "TransformerEncoder"]
 
 def _sequence_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int]:
     if len(input_shape) != 2:
-        raise ValueError(f"{type(layer).__name__} {layer.name!r} needs sequences of per-sample "
-                         f"shape (T, D) (tokens, features), got per-sample shape "
-                         f"{tuple(input_shape)}")
+        raise InputRankError(f"{type(layer).__name__} {layer.name!r} needs sequences of "
+                             f"per-sample shape (T, D) (tokens, features), got per-sample shape "
+                             f"{tuple(input_shape)}", layout="sequences (T, D)", rank=2,
+                             got=input_shape)
     return int(input_shape[0]), int(input_shape[1])
 
 

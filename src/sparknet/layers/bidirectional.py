@@ -20,6 +20,7 @@ from typing import Any, Union, cast
 import numpy as np
 
 import sparknet._bidirectional as _bidirectional
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, layer_from_config, layer_to_config, register
 from sparknet.layers.container import Container
 from sparknet.layers.recurrent import GRU, LSTM, SimpleRNN
@@ -100,6 +101,11 @@ class Bidirectional(Container):
 
     # -- construction -------------------------------------------------------
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        if len(input_shape) != 2:
+            raise InputRankError(
+                f"Bidirectional {self.name!r} takes sequences (N, T, features); got per-sample "
+                f"shape {tuple(input_shape)} (add an Embedding for token ids, or reshape to "
+                "(N, T, F))", layout="sequences (T, F)", rank=2, got=input_shape)
         out = self._build_child("forward", input_shape)
         self._build_child("backward", input_shape)
         if self.merge_mode == "concat":

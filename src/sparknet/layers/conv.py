@@ -38,6 +38,7 @@ import sparknet._pool as _pool
 from sparknet import initializers, precision
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, ParamSpec, register
 
 PADDINGS = ("valid", "same")
@@ -77,11 +78,11 @@ def out_and_pad(size: int, extent: int, stride: int, padding: str) -> tuple[int,
 
 def _image_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     if len(input_shape) != 3:
-        raise ValueError(
+        raise InputRankError(
             f"{type(layer).__name__} {layer.name!r} needs images of per-sample shape (H, W, C) "
             f"(channels last), got per-sample shape {tuple(input_shape)} (rank "
             f"{len(input_shape)}); give gray-scale images a channel axis, e.g. X.reshape(-1, H, W, "
-            "1)")
+            "1)", layout="images (H, W, C)", rank=3, got=input_shape)
     H, W, C = input_shape
     return H, W, C
 

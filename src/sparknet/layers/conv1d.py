@@ -29,6 +29,7 @@ import sparknet._pool as _pool
 from sparknet import initializers
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, ParamSpec, register
 from sparknet.layers.conv import check_padding, out_and_pad, writable
 
@@ -48,11 +49,11 @@ def _single(value: IntOne, what: str) -> int:
 
 def _sequence_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int]:
     if len(input_shape) != 2:
-        raise ValueError(
+        raise InputRankError(
             f"{type(layer).__name__} {layer.name!r} needs sequences of per-sample shape (T, C) "
             f"(steps, channels last), got per-sample shape {tuple(input_shape)} (rank "
             f"{len(input_shape)}); give a one-channel series a channel axis, e.g. "
-            f"X.reshape(-1, T, 1)")
+            f"X.reshape(-1, T, 1)", layout="sequences (T, C)", rank=2, got=input_shape)
     T, C = input_shape
     return T, C
 

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 import sparknet._pool_global as _pool_global
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, register
 
 __all__ = ["GlobalAveragePooling1D", "GlobalMaxPooling1D",
@@ -81,11 +82,14 @@ class _GlobalPool(Layer):
     #: axes of one sample, and how an error message names them
     rank: ClassVar[int] = 2
     layout: ClassVar[str] = "(T, C) (steps, channels last)"
+    kind: ClassVar[str] = "sequences (T, C)"
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != self.rank:
-            raise ValueError(f"{type(self).__name__} {self.name!r} needs per-sample shape "
-                             f"{self.layout}, got {tuple(input_shape)} (rank {len(input_shape)})")
+            raise InputRankError(f"{type(self).__name__} {self.name!r} needs per-sample shape "
+                                 f"{self.layout}, got {tuple(input_shape)} (rank "
+                                 f"{len(input_shape)})", layout=self.kind, rank=self.rank,
+                                 got=input_shape)
         return (int(input_shape[-1]),)
 
     def _steps(self, x: Any) -> np.ndarray:
@@ -191,6 +195,7 @@ class _GlobalPool2D(_GlobalPool):
 
     rank: ClassVar[int] = 3
     layout: ClassVar[str] = "(H, W, C) (channels last)"
+    kind: ClassVar[str] = "images (H, W, C)"
 
 
 @register

@@ -35,6 +35,7 @@ import sparknet._rnn as _rnn
 from sparknet import initializers, precision, threads
 from sparknet._validation import check_bool, positive_int
 from sparknet.activations import activation_id, canonical_name
+from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, ParamSpec, register
 from sparknet.layers.embedding import Embedding  # noqa: F401 - re-exported
 
@@ -81,10 +82,10 @@ class _Recurrent(Layer):
     # -- construction -------------------------------------------------------
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         if len(input_shape) != 2:
-            raise ValueError(
+            raise InputRankError(
                 f"{type(self).__name__} {self.name!r} takes sequences (N, T, features); got "
                 f"per-sample shape {tuple(input_shape)} (add an Embedding for token ids, or "
-                "reshape to (N, T, F))")
+                "reshape to (N, T, F))", layout="sequences (T, F)", rank=2, got=input_shape)
         self.in_features = int(input_shape[1])
         self.timesteps = int(input_shape[0])
         return self._out_shape(self.timesteps)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from sparknet.cluster.data.labels import check_label_range, label_desc
 from sparknet.cluster.data.sharding import ShardedData, is_dataframe, is_rdd, shard_data
 from sparknet.cluster.engine.base import engine_for
+from sparknet.errors import InputRankError
 
 if TYPE_CHECKING:
     from sparknet.cluster.data_parallel.trainer import DataParallelTrainer
@@ -71,26 +72,24 @@ def load(trainer: "DataParallelTrainer", data: Any, y: Any, cols: tuple[str, str
 
 def flat_rows_error(exc: ValueError, model: Any, size: int, where: str) -> ValueError:
     """The error for a network whose first layer cannot read flat rows of ``size`` numbers
-    (a Conv2D, a recurrent layer) and was given no input shape: how to give it one, in the
-    trainer (``input_shape``) and in the Estimators (``inputShape``); ``exc`` itself when the
-    build failed for another reason."""
-    msg = str(exc)
-    if not msg.startswith("layer 0 (") or f"per-sample shape ({size},)" not in msg:
+    (a Conv2D, a recurrent layer: an :class:`~sparknet.errors.InputRankError` of layer 0)
+    and was given no input shape: how to give it one, in the trainer (``input_shape``) and
+    in the Estimators (``inputShape``); ``exc`` itself when the build failed for another
+    reason."""
+    if not (isinstance(exc, InputRankError) and exc.index == 0 and exc.got == (size,)):
         return exc
     first = model.layers[0]
     side = math.isqrt(size)
-    if "(H, W, C)" in msg:
-        needs, shape = "images (H, W, C)", "(H, W, C)"
-        if side * side == size:
-            shape = f"({side}, {side}, 1) for {side} x {side} gray-scale images"
-    elif "sequences" in msg:
-        needs, shape = "sequences (T, F)", "(T, F)"
-        if side * side == size:
-            shape = f"({side}, {side}) for {side} steps of {side} features"
+    square = side * side == size
+    if exc.rank == 3:
+        shape = f"({side}, {side}, 1) for {side} x {side} gray-scale images" if square else \
+            "(H, W, C)"
+    elif exc.rank == 2:
+        shape = f"({side}, {side}) for {side} steps of {side} features" if square else "(T, F)"
     else:
         return exc
     return ValueError(
-        f"layer 0 ({type(first).__name__} {first.name!r}) takes {needs}, and {where} holds "
+        f"layer 0 ({type(first).__name__} {first.name!r}) takes {exc.layout}, and {where} holds "
         f"flat rows of {size} numbers: give the network the shape each row is read as, e.g. "
         f"{shape} (Sequential(..., input_shape=...) for a trainer, the inputShape Param for "
         f"an Estimator); its product must be {size}")
