@@ -292,3 +292,101 @@ def test_a_misplaced_or_misspelt_trainer_argument_is_named_with_where_it_belongs
 
     with pytest.raises(TypeError, match=want):
         DataParallelTrainer(Sequential([Dense(10, activation="softmax")]), None, **kwargs)
+
+
+@pytest.mark.parametrize("suffix,names", [
+    (".onnx", r"not an ONNX file: sparknet.onnx.export\(model, path\) writes ONNX"),
+    (".pt", r"not a PyTorch file: sparknet.interop.to_torch\(model\) gives a torch.nn.Module"),
+    (".keras", r"not a Keras file: sparknet writes no Keras file; sparknet.onnx.export"),
+    (".H5", r"not a Keras file"),
+])
+def test_saving_under_another_tools_file_name_is_refused_and_names_the_export(tmp_path, suffix, names):
+    """``model.save("model.onnx")`` would write sparknet's npz archive under a name that
+    promises ONNX (onnxruntime then fails on it far from the cause): refused, naming the
+    export that writes the format and the name save() takes; a file already there is left
+    as it was."""
+    from sparknet.io import save_model
+
+    model = Sequential([Dense(3)], input_shape=(4,))
+    path = tmp_path / f"model{suffix}"
+    path.write_bytes(b"kept")
+    for save in (model.save, lambda p: save_model(model, p)):
+        with pytest.raises(ValueError, match=rf"cannot save to .*model{suffix}'?: save\(\) writes sparknet's own "
+                                             rf"model file \(an .npz archive\), {names}.*such as .*model.npz"):
+            save(path)
+        assert path.read_bytes() == b"kept"
+    model.save(tmp_path / "model.npz")  # the name it takes
+    assert load_model(tmp_path / "model.npz").input_shape == (4,)
+
+
+def test_keras_and_pytorch_model_methods_name_their_sparknet_spelling():
+    model = Sequential([Dense(10, activation="softmax")], input_shape=(4,))
+    for name, says in [("compile", r"give the optimizer and the loss to fit\(\), e.g. model.fit\(X, y"),
+                       ("train", r"fit\(\) trains .* there is no mode to switch"),
+                       ("eval", r"fit\(\) trains .* predict\(\) / evaluate\(\) run in inference mode"),
+                       ("parameters", r"the weights are one flat array, model.params"),
+                       ("get_weights", r"the weights are .* \(model.param_slices\(\) says where each layer's lie")]:
+        with pytest.raises(AttributeError, match=rf"Sequential has no {name}\(\): {says}"):
+            getattr(model, name)
+        assert not hasattr(model, name)
+    with pytest.raises(AttributeError, match=r"^'Sequential' object has no attribute 'nonsense'$"):
+        model.nonsense  # noqa: B018 - the attribute access is the test
+    # copies and pickles still work (they look attributes up before __init__ has run)
+    assert pickle.loads(pickle.dumps(model)).n_params == model.n_params
+
+
+def test_an_optimizer_class_instead_of_an_instance_says_to_call_it(digits):
+    X, y, _, _ = digits
+    model = Sequential([Dense(10, activation="softmax")], seed=0)
+    with pytest.raises(TypeError, match=r"optimizer=RMSprop is the class; pass an instance: "
+                                        r"optimizer=RMSprop\(\)"):
+        model.fit(X, y, epochs=1, verbose=0, optimizer=RMSprop)
+    assert model.fit(X, y, epochs=1, verbose=0, optimizer=RMSprop()).history["loss"]
+
+
+@pytest.mark.parametrize("package,call,extra", [
+    ("torch", "from sparknet.interop import to_torch; to_torch(None)", "torch"),
+    ("torch", "from sparknet.interop import from_torch; from_torch(None)", "torch"),
+    ("torch", "from sparknet.interop import RecurrentOutput", "torch"),
+    ("keras", "from sparknet.interop import from_keras; from_keras(None)", "keras"),
+    ("onnx", "import sparknet.onnx", "onnx"),
+])
+def test_a_missing_optional_package_names_the_extra_that_installs_it(package, call, extra):
+    """Without torch, keras or onnx (hidden from the import system in a fresh interpreter,
+    whether or not they are installed here), the call says which extra installs it, not a
+    bare ``No module named``."""
+    import subprocess
+    import sys
+
+    code = f"import sys; sys.modules[{package!r}] = None\n{call}"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError: ") and f"pip install 'sparknet[{extra}]'" in last, out.stderr
+
+
+def test_validation_split_holds_out_the_last_samples_as_keras_does(digits):
+    """``validation_split=0.2`` trains on the first 80% and validates on the last 20% (before
+    shuffling): the same history, to the bit, as passing that split by hand."""
+    X, y, _, _ = digits
+    n = X.shape[0]
+    cut = int(np.floor(n * 0.8))
+
+    def model():
+        return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=3)
+
+    split = model().fit(X, y, epochs=2, verbose=0, validation_split=0.2)
+    by_hand = model().fit(X[:cut], y[:cut], epochs=2, verbose=0, validation_data=(X[cut:], y[cut:]))
+    assert split.history["val_loss"] == by_hand.history["val_loss"]
+    assert split.history["loss"] == by_hand.history["loss"]
+    assert len(split.history["val_accuracy"]) == 2
+
+    with pytest.raises(ValueError, match=r"give validation_data or validation_split, not both"):
+        model().fit(X, y, epochs=1, verbose=0, validation_split=0.2, validation_data=(X, y))
+    for bad in (1.0, -0.1, "0.2"):
+        with pytest.raises(ValueError, match=r"validation_split must be in \[0, 1\), got"):
+            model().fit(X, y, epochs=1, verbose=0, validation_split=bad)
+    with pytest.raises(ValueError, match=r"validation_split=0.9 of 5 samples leaves no sample to train on"):
+        model().fit(X[:5], y[:5], epochs=1, verbose=0, validation_split=0.9)
+    with pytest.raises(ValueError, match=r"validation_split=1e-17 of 5 samples leaves no validation sample"):
+        model().fit(X[:5], y[:5], epochs=1, verbose=0, validation_split=1e-17)

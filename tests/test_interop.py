@@ -587,10 +587,62 @@ def test_to_torch_errors(torch):
         to_torch(Sequential([SimpleRNN(3, activation="sigmoid")], input_shape=SEQ))
     with pytest.raises(ValueError, match="not built"):
         to_torch(Sequential([Dense(3)]))
-    with pytest.raises(TypeError, match="takes a torch.nn.Sequential"):
+    with pytest.raises(TypeError, match=r"takes a torch.nn.Sequential .*got Linear: wrap the one "
+                                        r"module, from_torch\(nn.Sequential\(module\)"):
         from_torch(torch.nn.Linear(3, 2), (3,))
-    with pytest.raises(ValueError, match="needs input_shape"):
-        from_torch(torch.nn.Sequential(torch.nn.Linear(3, 2)))
+
+
+def test_from_torch_says_what_to_pass_instead_of_a_state_dict_a_path_or_its_own_forward(torch):
+    from sparknet.interop import from_torch
+
+    class OwnForward(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.a(x) * 2
+
+    cases = [
+        (torch.nn.Sequential(torch.nn.Linear(4, 2)).state_dict(),
+         r"got OrderedDict: a state_dict holds the weights, not the network; build the nn.Sequential, "
+         r"load_state_dict"),
+        ("model.pt", r"got str 'model.pt': load the module first"),
+        (OwnForward(), r"got OwnForward, a module with its own forward\(\), which from_torch cannot "
+                        r"read: write the same network as an nn.Sequential"),
+    ]
+    for module, message in cases:
+        with pytest.raises(TypeError, match=message):
+            from_torch(module)
+
+
+def test_from_torch_reads_the_input_shape_of_a_first_linear_and_names_the_shape_otherwise(torch):
+    from sparknet.interop import RecurrentOutput, from_torch
+
+    nn = torch.nn
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Dropout(0.1), nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 4)).eval()
+    model = from_torch(module)  # no input_shape: the first Linear's in_features
+    assert model.input_shape == (3,)
+    x = np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32)
+    with torch.no_grad():
+        want = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(model.predict_output(x), want, rtol=1e-5, atol=1e-6)
+
+    for start, message in [
+        (nn.Sequential(nn.Conv2d(3, 4, 3)),
+         r"needs input_shape: module 0 \(Conv2d\) reads images \(C, H, W\).*input_shape=\(3, 28, 28\)"),
+        (nn.Sequential(nn.Dropout(0.1), nn.BatchNorm2d(2)),
+         r"module 1 \(BatchNorm2d\) reads images \(C, H, W\).*input_shape=\(2, 28, 28\)"),
+        (nn.Sequential(nn.Conv1d(2, 4, 3)), r"module 0 \(Conv1d\) reads series \(C, T\).*input_shape=\(2, 100\)"),
+        (nn.Sequential(nn.LSTM(5, 3, batch_first=True), RecurrentOutput()),
+         r"module 0 \(LSTM\) reads sequences \(T, F\).*input_shape=\(28, 5\)"),
+        (nn.Sequential(nn.Embedding(10, 4)), r"module 0 \(Embedding\) reads token ids \(T,\)"),
+        (nn.Sequential(nn.Linear(3, 2), nn.Upsample(scale_factor=2)),
+         r"module 1 \(Upsample\) has no sparknet equivalent"),  # before any shape question
+    ]:
+        with pytest.raises(ValueError, match=message):
+            from_torch(start)
 
 
 # -------------------------------------------------------------------------------- Keras

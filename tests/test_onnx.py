@@ -854,6 +854,13 @@ def test_bad_arguments_are_refused(tmp_path):
             to_onnx(model, opset=bad)
     with pytest.raises(ValueError, match="mask must be None, True or False, got 'yes'"):
         to_onnx(model, mask="yes")
+    # a file name where the opset goes: to_onnx writes no file, export does
+    for path in ("model.onnx", tmp_path / "m.onnx"):
+        with pytest.raises(TypeError, match=r"to_onnx\(model\) returns the ONNX model and writes no "
+                                            r"file: to write .*m(odel)?\.onnx', call "
+                                            r"sparknet.onnx.export\(model, "):
+            to_onnx(model, path)
+    assert not (tmp_path / "m.onnx").exists()
     with pytest.raises(ValueError, match="folder .* does not exist"):
         export(model, tmp_path / "nowhere" / "m.onnx")
 

@@ -86,11 +86,43 @@ def _first_bad(a: np.ndarray) -> tuple[int, int]:
     return count, (int(np.argmax(bad)) if count else -1)
 
 
+#: file-name suffixes of other tools' formats, which a sparknet model file must not take
+#: (the file would hold sparknet's archive under a name that promises another format):
+#: the format, and what writes it
+_KERAS = ("a Keras file", "sparknet writes no Keras file; sparknet.onnx.export(model, path) "
+          "writes ONNX, which most tools read")
+OTHER_FORMATS = {
+    ".onnx": ("an ONNX file", "sparknet.onnx.export(model, path) writes ONNX"),
+    ".pt": ("a PyTorch file", "sparknet.interop.to_torch(model) gives a torch.nn.Module to "
+                              "torch.save"),
+    ".pth": ("a PyTorch file", "sparknet.interop.to_torch(model) gives a torch.nn.Module to "
+                               "torch.save"),
+    ".keras": _KERAS,
+    ".h5": _KERAS,
+    ".hdf5": _KERAS,
+    ".safetensors": ("a safetensors file", "the state_dict() of sparknet.interop.to_torch(model) "
+                                           "is what safetensors saves"),
+}
+
+
+def check_model_suffix(path: str) -> None:
+    """Refuse a file name whose suffix promises another tool's format (``model.onnx``),
+    saying what writes that format."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in OTHER_FORMATS:
+        kind, how = OTHER_FORMATS[suffix]
+        raise ValueError(
+            f"cannot save to {path!r}: save() writes sparknet's own model file (an .npz "
+            f"archive), not {kind}: {how}. For sparknet's file, give a name "
+            f"such as {os.path.splitext(path)[0] + '.npz'!r}")
+
+
 def write_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = None,
                 extra: dict[str, Any] | None = None) -> None:
     """:func:`sparknet.io.save_model`: ``model`` (and ``optimizer``'s state, and ``extra``)
     written to ``path`` atomically, after its checks."""
     path = check_path(path)
+    check_model_suffix(path)
     if not model.built:
         raise ValueError("cannot save a model that is not built (fit it or call build first)")
     count, first = _first_bad(model.params)

@@ -12,6 +12,7 @@ from sparknet import losses as losses_mod
 from sparknet import precision as precision_mod
 from sparknet._validation import (
     check_bool,
+    check_float,
     check_mask,
     check_not_class_labels,
     check_sample_weight,
@@ -32,10 +33,15 @@ if TYPE_CHECKING:
 def fit_one_process(model: Sequential, X: Any, y: Any, epochs: int, batch_size: int,
                     validation_data: ValidationData | None, optimizer: Optimizer | str | None,
                     loss: Loss | str | None, shuffle: bool, mask: Any, sample_weight: Any,
-                    verbose: int, callbacks: Sequence[Callback]) -> History:
+                    verbose: int, callbacks: Sequence[Callback],
+                    validation_split: float = 0.0) -> History:
     """:meth:`Sequential.fit <sparknet.model.Sequential.fit>` within its BLAS threads and
     precision (its arguments described there): every argument and the data checked, the
     optimizer, divergence guard, callbacks and progress bar set up, then :func:`run_epochs`."""
+    validation_split = check_float(validation_split, "validation_split", 0.0, 1.0, high_open=True)
+    if validation_split and validation_data is not None:
+        raise ValueError("give validation_data or validation_split, not both (validation_split "
+                         "holds out the last part of X and y)")
     epochs = positive_int(epochs, "epochs")
     batch_size = positive_int(batch_size, "batch_size")
     shuffle = check_bool(shuffle, "shuffle")
@@ -56,6 +62,9 @@ def fit_one_process(model: Sequential, X: Any, y: Any, epochs: int, batch_size: 
         raise ValueError("mask is all zero: every time step is padding, no step would count")
     if sample_weight is not None:
         sample_weight = check_sample_weight(sample_weight, X.shape[0], model.dtype)
+    if validation_split:
+        X, y, mask, sample_weight, validation_data = split_tail(X, y, mask, sample_weight,
+                                                                validation_split)
     val = prepare_validation(model, validation_data, lo)
     opt = model._get_optimizer(optimizer)
     opt.bind_owner(model)  # an optimizer that stepped for another model fails here
@@ -70,6 +79,22 @@ def fit_one_process(model: Sequential, X: Any, y: Any, epochs: int, batch_size: 
                    guard, history, cbl, progress)
     cbl.on_fit_end({k: v[-1] for k, v in history.history.items() if v})
     return history
+
+
+def split_tail(X: np.ndarray, y: np.ndarray, mask: np.ndarray | None,
+               sample_weight: np.ndarray | None, fraction: float
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, tuple]:
+    """Keras's ``validation_split``: the last ``fraction`` of the samples (before any
+    shuffling) held out as validation data ``(X, y[, mask])``, the rest returned to train on.
+    The validation samples are evaluated unweighted, as ``validation_data`` is."""
+    n = X.shape[0]
+    cut = int(np.floor(n * (1.0 - fraction)))
+    if cut == 0 or cut == n:
+        raise ValueError(f"validation_split={fraction:g} of {n} samples leaves "
+                         f"{'no sample to train on' if cut == 0 else 'no validation sample'}")
+    val = (X[cut:], y[cut:]) if mask is None else (X[cut:], y[cut:], mask[cut:])
+    return (X[:cut], y[:cut], None if mask is None else mask[:cut],
+            None if sample_weight is None else sample_weight[:cut], val)
 
 
 def run_epochs(model: Sequential, X: np.ndarray, y: np.ndarray, epochs: int, batch_size: int,

@@ -47,8 +47,9 @@ def save_model(model: Sequential, path: PathLike, optimizer: Optimizer | None = 
     """Write ``model`` (built) and optionally ``optimizer`` state to ``path`` atomically.
 
     Raises ``ValueError`` (and leaves any existing file untouched) for a model that is not
-    built or whose parameters are not finite, a folder or a missing folder as ``path``, or
-    an ``extra`` that is not JSON."""
+    built or whose parameters are not finite, a folder or a missing folder as ``path``, a
+    name of another tool's format (``.onnx``, ``.pt``, ``.keras``, ``.h5``...: the message
+    names what writes it), or an ``extra`` that is not JSON."""
     write_model(model, path, optimizer, extra)
 
 

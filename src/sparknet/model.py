@@ -30,6 +30,23 @@ ValidationData = Sequence[Any]
 Callback = Any
 
 
+
+#: what a name of Keras's or PyTorch's model API is in sparknet (``Sequential.__getattr__``)
+_OTHER_APIS = {
+    "compile": "give the optimizer and the loss to fit(), e.g. model.fit(X, y, epochs=10, "
+               "optimizer=RMSprop(lr=1e-3), loss='cross_entropy'); the metrics are the loss "
+               "and, for a classifier, accuracy",
+    "train": "fit() trains (Dropout and BatchNormalization in training mode) and predict() / "
+             "evaluate() run in inference mode; there is no mode to switch",
+    "eval": "fit() trains (Dropout and BatchNormalization in training mode) and predict() / "
+            "evaluate() run in inference mode; there is no mode to switch",
+    "parameters": "the weights are one flat array, model.params (model.param_slices() says "
+                  "where each layer's lie; model.set_params(flat) sets them)",
+    "get_weights": "the weights are one flat array, model.params (model.param_slices() says "
+                   "where each layer's lie; model.set_params(flat) sets them)",
+}
+
+
 class Sequential:
     """A linear stack of layers.
 
@@ -91,6 +108,14 @@ class Sequential:
             self.build(input_shape)
 
     # ------------------------------------------------------------------ build
+    def __getattr__(self, name: str) -> Any:
+        # called only for a name the model lacks: one a Keras or PyTorch user reaches for
+        # gets its sparknet spelling
+        hint = _OTHER_APIS.get(name)
+        if hint is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raise AttributeError(f"Sequential has no {name}(): {hint}")
+
     def add(self, layer: Layer) -> "Sequential":
         if not isinstance(layer, Layer):
             raise TypeError(f"Sequential takes Layer instances, got {type(layer).__name__}")
@@ -294,7 +319,7 @@ class Sequential:
             loss: "Loss | str | None" = None, shuffle: bool = True, mask: Any = None,
             sample_weight: Any = None, verbose: int = 1,
             callbacks: Sequence[Callback] = (), num_threads: int | None = 0,
-            precision: str = "fp32") -> History:
+            precision: str = "fp32", validation_split: float = 0.0) -> History:
         """Train with minibatch gradient descent.
 
         Args:
@@ -326,6 +351,9 @@ class Sequential:
                 float32; weights, gradients, optimizer state, losses stay float32 (see
                 :mod:`sparknet.precision`).  Needs a float32 model; on a CPU without
                 AVX512-BF16 it trains in float32 and warns once.
+            validation_split: as Keras: the fraction (in ``[0, 1)``) of the samples held out
+                as validation data, the *last* ones of ``X`` and ``y`` (before shuffling),
+                evaluated after every epoch like ``validation_data`` (which it replaces).
 
         Returns:
             :class:`History` with ``loss``, ``accuracy`` (classification), ``val_loss``,
@@ -347,7 +375,8 @@ class Sequential:
         precision = precision_mod.resolve(precision)  # "fp32", warning once, without bf16
         with blas_threads(num_threads), precision_mod.autocast(precision):
             return fit_one_process(self, X, y, epochs, batch_size, validation_data, optimizer,
-                                   loss, shuffle, mask, sample_weight, verbose, callbacks)
+                                   loss, shuffle, mask, sample_weight, verbose, callbacks,
+                                   validation_split)
 
     # ----------------------------------------------------------- inference
     def _batched_forward(self, X: np.ndarray, batch_size: int,

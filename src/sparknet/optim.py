@@ -529,6 +529,10 @@ def get(optimizer: "str | Optimizer | None") -> Optimizer:
         return optimizer
     if isinstance(optimizer, str) and optimizer.lower() in _BY_NAME:
         return _BY_NAME[optimizer.lower()]()
+    if isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
+        name = optimizer.__name__
+        raise TypeError(f"optimizer={name} is the class; pass an instance: optimizer={name}() "
+                        f"(its settings as arguments, e.g. {name}(lr=1e-3))")
     raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
                      f"{', '.join(map(repr, _BY_NAME))} or an Optimizer instance")
 

@@ -13,6 +13,7 @@ with any backend) are imported only when these functions are called.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -22,6 +23,15 @@ if TYPE_CHECKING:
     from sparknet.model import Sequential
 
 __all__ = ["to_torch", "from_torch", "from_keras", "RecurrentOutput"]
+
+
+def _needs(package: str, what: str) -> None:
+    """Import ``package`` (``"torch"``, ``"keras"``), or say which extra installs it."""
+    try:
+        importlib.import_module(package)
+    except ImportError as exc:
+        raise ImportError(f"{what} needs {package}, which is not installed ({exc}): "
+                          f"pip install 'sparknet[{package}]'") from exc
 
 
 def to_torch(model: Sequential) -> SparknetModule:
@@ -34,6 +44,7 @@ def to_torch(model: Sequential) -> SparknetModule:
         ValueError: a layer kind without a PyTorch equivalent (naming the layer), or a
             SimpleRNN whose activation ``torch.nn.RNN`` lacks (sigmoid, identity).
     """
+    _needs("torch", "to_torch")
     from sparknet.interop._torch import to_torch as _to_torch
 
     return _to_torch(model)
@@ -42,6 +53,7 @@ def to_torch(model: Sequential) -> SparknetModule:
 def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) -> Sequential:
     """A sparknet model from a ``torch.nn.Sequential`` of standard modules, or from a module
     :func:`to_torch` made; see :func:`sparknet.interop._from_torch.from_torch`."""
+    _needs("torch", "from_torch")
     from sparknet.interop._from_torch import from_torch as _from_torch
 
     return _from_torch(module, input_shape, dtype)
@@ -50,6 +62,7 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
 def from_keras(model: Any, dtype: Any = None) -> Sequential:
     """A sparknet model from a built Keras 3 model; see
     :func:`sparknet.interop._keras.from_keras`."""
+    _needs("keras", "from_keras")
     from sparknet.interop._keras import from_keras as _from_keras
 
     return _from_keras(model, dtype)
@@ -57,6 +70,7 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
 
 def __getattr__(name: str) -> Any:
     if name == "RecurrentOutput":  # a torch.nn.Module: defined where torch is imported
+        _needs("torch", "sparknet.interop.RecurrentOutput")
         from sparknet.interop._torch import RecurrentOutput
 
         return RecurrentOutput

@@ -9,6 +9,7 @@ of a channels-first tensor gets its columns reordered, since the features it rea
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -400,6 +401,51 @@ _CONVERTERS: dict[type[nn.Module], Callable[[int, Any, _Walk], None]] = {
 }
 
 
+def _not_sequential(module: Any) -> str:
+    """What to do with something from_torch cannot read as it is."""
+    got = type(module).__name__
+    head = f"from_torch takes a torch.nn.Sequential (or a module made by to_torch), got {got}"
+    if isinstance(module, dict):
+        return (f"{head}: a state_dict holds the weights, not the network; build the "
+                "nn.Sequential, load_state_dict(...) into it, and pass the module")
+    if isinstance(module, (str, os.PathLike)):
+        return (f"{head} {os.fspath(module)!r}: load the module first (torch.load, or build it "
+                "and load_state_dict) and pass the module")
+    if type(module) in _CONVERTERS:
+        return f"{head}: wrap the one module, from_torch(nn.Sequential(module), ...)"
+    if isinstance(module, nn.Module):
+        return (f"{head}, a module with its own forward(), which from_torch cannot read: write "
+                "the same network as an nn.Sequential of standard modules (and copy the weights "
+                "over with load_state_dict)")
+    return head
+
+
+def _input_shape_of(module: nn.Sequential, first: nn.Module | None) -> tuple[int, ...]:
+    """The per-sample shape a module that starts with an ``nn.Linear`` reads; for any other
+    start, the error saying which shape to give."""
+    if isinstance(first, nn.Linear):
+        return (int(first.in_features),)
+    if first is None:
+        raise ValueError("from_torch got an nn.Sequential with no module to convert")
+    i = next(j for j, m in enumerate(module) if m is first)
+    if isinstance(first, (nn.RNN, nn.LSTM, nn.GRU)):
+        reads, example = "sequences (T, F)", f"(28, {first.input_size})"
+    elif isinstance(first, nn.Embedding):
+        reads, example = "token ids (T,)", "(100,)"
+    elif isinstance(first, _SPATIAL):
+        channels = getattr(first, "in_channels", getattr(first, "num_features", 1))
+        two_d = isinstance(first, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
+                                   nn.AdaptiveMaxPool2d, nn.BatchNorm2d))
+        reads, example = (("images (C, H, W)", f"({channels}, 28, 28)") if two_d
+                          else ("series (C, T)", f"({channels}, 100)"))
+    else:
+        reads, example = "inputs whose size it does not fix", "(64,)"
+    raise ValueError(
+        f"from_torch needs input_shape: {_where(i, first)} reads {reads}, and the sizes cannot "
+        f"be read from the module; give the per-sample shape in PyTorch's layout, e.g. "
+        f"input_shape={example}")
+
+
 def sparknet_input_shape(shape: tuple[int, ...], channels_first: bool) -> tuple[int, ...]:
     """The per-sample shape sparknet reads for torch's ``shape``."""
     return (*shape[1:], shape[0]) if channels_first else shape
@@ -417,7 +463,8 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
             ``Softmax``, ``Flatten``, ``Identity``; or a module made by :func:`to_torch` (then
             ``input_shape`` is not needed: the model is its own architecture with the module's
             current weights).
-        input_shape: the per-sample shape ``module`` reads, in PyTorch's layout: ``(C, H, W)``
+        input_shape: the per-sample shape ``module`` reads, in PyTorch's layout (default:
+            ``(in_features,)`` of a first ``nn.Linear``; needed for any other start): ``(C, H, W)``
             for images, ``(C, T)`` for 1-D convolutions, ``(T, F)`` for recurrent layers,
             ``(T,)`` for token ids, ``(F,)`` for vectors.  The sparknet model reads
             channels-last: ``(H, W, C)`` and ``(T, C)`` (transpose the data with
@@ -425,22 +472,19 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
         dtype: the model's float type (default: the module's, float32 or float64).
 
     Raises:
+        TypeError: ``module`` is not an ``nn.Sequential`` (the message says what to pass
+            instead of a state_dict, a path, one module or a module with its own forward).
         ValueError: the first module sparknet has no equivalent for (named with its index and
-            its settings), or an arrangement it cannot express.
+            its settings), a missing ``input_shape`` (naming the shape the first module reads),
+            or an arrangement it cannot express.
     """
     if isinstance(module, SparknetModule):
         return from_sparknet_module(module)
     if not isinstance(module, nn.Sequential):
-        raise TypeError(
-            f"from_torch takes a torch.nn.Sequential (or a module made by to_torch), "
-            f"got {type(module).__name__}"
-        )
-    if input_shape is None:
-        raise ValueError(
-            "from_torch needs input_shape: the per-sample shape the module reads, "
-            "in PyTorch's layout, e.g. (1, 28, 28) for images"
-        )
-    shape = tuple(int(d) for d in input_shape)
+        raise TypeError(_not_sequential(module))
+    for i, m in enumerate(module):
+        if type(m) not in _CONVERTERS:
+            raise ValueError(f"{_where(i, m)} has no sparknet equivalent: {m!r}")
     first = next(
         (
             m
@@ -449,12 +493,13 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
         ),
         None,
     )
+    if input_shape is None:
+        input_shape = _input_shape_of(module, first)
+    shape = tuple(int(d) for d in input_shape)
     channels_first = isinstance(first, _SPATIAL)
     walk = _Walk(shape, channels_first)
     for i, m in enumerate(module):
-        convert = _CONVERTERS.get(type(m))
-        if convert is None:
-            raise ValueError(f"{_where(i, m)} has no sparknet equivalent: {m!r}")
+        convert = _CONVERTERS[type(m)]
         if walk.recurrent is not None and not isinstance(m, RecurrentOutput):
             raise ValueError(
                 f"{_where(i, m)} follows an nn.{type(module[i - 1]).__name__}, whose output is "

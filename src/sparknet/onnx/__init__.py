@@ -44,8 +44,14 @@ import os
 from typing import Any, Union
 
 import numpy as np
-import onnx
-from onnx import helper
+
+try:
+    import onnx
+    from onnx import helper
+except ImportError as exc:  # the optional dependency: say which extra brings it
+    raise ImportError(f"sparknet.onnx needs the onnx package, which is not installed ({exc}): "
+                      "pip install 'sparknet[onnx]' (onnx, and onnxruntime to run the "
+                      "files)") from exc
 
 from sparknet.activations import FusedActivation
 from sparknet.model import Sequential
@@ -184,6 +190,10 @@ def to_onnx(
         ValueError: an unbuilt model, a bad ``opset`` or ``mask``, or a layer of a class
             that has no exporter (the message names the layer and its class).
     """
+    if isinstance(opset, os.PathLike) or (isinstance(opset, str) and not opset.strip().isdigit()):
+        where = os.fspath(opset)
+        raise TypeError(f"to_onnx(model) returns the ONNX model and writes no file: to write "
+                        f"{where!r}, call sparknet.onnx.export(model, {where!r})")
     model = check_model(model)
     opset = check_opset(opset)
     if mask not in (None, True, False):

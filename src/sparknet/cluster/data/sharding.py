@@ -394,8 +394,8 @@ def _from_dataframe(data: DataFrame, features_col: str, label_col: str, dtype: s
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:  # pragma: no cover - pyarrow is installed with pyspark[sql]
-        raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows): "
-                          "pip install 'sparknet[arrow]'") from exc
+        raise ImportError("reading a DataFrame needs pyarrow (Arrow batches, not rows), one "
+                          "of sparknet's own dependencies: pip install 'pyarrow>=12'") from exc
     df, kind = _dataframe_columns(data, features_col, label_col, dtype, classification)
     # (the select is narrow: ``data``'s partitions, whose ``rdd`` a fit has usually built already)
     if num_partitions is not None and engine.num_partitions(data) != num_partitions:
