@@ -19,6 +19,7 @@ from sparknet import (
     Embedding,
     Flatten,
     Layer,
+    LeakyReLU,
     MaxPool2D,
     Sequential,
     SimpleRNN,
@@ -77,6 +78,22 @@ def _flagged(rng, n):
 
 # (id, layers, per-sample input shape, input maker, whether a mask input applies)
 SPARKNET_CASES = [
+    (
+        "silu_leaky_relu",
+        lambda: [
+            Dense(8, activation="silu"),
+            LeakyReLU(0.2),
+            Dense(6),
+            Activation("swish"),
+            Conv1D(3, 2),
+            LeakyReLU(),
+            Flatten(),
+            Dense(3, activation="softmax"),
+        ],
+        (4, 5),
+        lambda r, n: r.standard_normal((n, 4, 5)),
+        False,
+    ),
     (
         "mlp",
         lambda: [
@@ -348,6 +365,32 @@ def _torch_sequentials(nn, RecurrentOutput):
     """(id, module, torch per-sample input shape, token ids?)"""
     return [
         (
+            "mlp_silu_leaky_relu",
+            nn.Sequential(
+                nn.Linear(5, 8),
+                nn.SiLU(),
+                nn.Linear(8, 6),
+                nn.LeakyReLU(0.2),
+                nn.Identity(),
+                nn.SiLU(),
+                nn.Linear(6, 3),
+            ),
+            (5,),
+            False,
+        ),
+        (
+            "cnn_leaky_relu",
+            nn.Sequential(
+                nn.Conv2d(2, 4, 3, padding=1),
+                nn.LeakyReLU(0.1),
+                nn.SiLU(),
+                nn.Flatten(),
+                nn.Linear(4 * 7 * 8, 3),
+            ),
+            (2, 7, 8),
+            False,
+        ),
+        (
             "mlp",
             nn.Sequential(
                 nn.Linear(5, 8),
@@ -458,6 +501,8 @@ def _torch_sequentials(nn, RecurrentOutput):
 @pytest.mark.parametrize(
     "case_id",
     [
+        "mlp_silu_leaky_relu",
+        "cnn_leaky_relu",
         "mlp",
         "cnn",
         "cnn_adaptive",

@@ -32,6 +32,7 @@ from sparknet import (  # noqa: E402
     Embedding,
     Flatten,
     Layer,
+    LeakyReLU,
     MaxPool2D,
     Sequential,
     SimpleRNN,
@@ -362,6 +363,29 @@ CASES = [
         for a in ("gelu", "gelu_tanh")
     ],
     (
+        "activation_silu",
+        lambda: [Dense(6, activation="silu"), Dense(4), Activation("swish")],
+        (5,),
+        lambda r, n: r.standard_normal((n, 5)) * 3,
+        {"Gemm", "Sigmoid", "Mul"},
+    ),
+    (
+        "leaky_relu",
+        # 0.25 is exact in float32, LeakyRelu's alpha type; in float64 graphs 0.01 is not,
+        # and becomes Where(x > 0, x, 0.01 x)
+        lambda: [Dense(6), LeakyReLU(0.25), Dense(3), LeakyReLU()],
+        (5,),
+        lambda r, n: r.standard_normal((n, 5)),
+        {"Gemm", "LeakyRelu"},
+    ),
+    (
+        "leaky_relu_images",
+        lambda: [Conv2D(3, 2), LeakyReLU(0.125), MaxPool2D(2), Flatten(), Dense(2)],
+        IMG,
+        _images,
+        {"Conv", "LeakyRelu"},
+    ),
+    (
         "batch_norm",
         lambda: [Dense(6), BatchNormalization()],
         (5,),
@@ -668,6 +692,8 @@ def test_every_opset_from_13_runs(opset):
         "layer_norm",
         "activation_gelu",
         "activation_gelu_tanh",
+        "activation_silu",
+        "leaky_relu_images",
         "global_max_pool_1d",
         "gru_bidirectional_sum_sequences",
     ):
@@ -680,6 +706,19 @@ def test_every_opset_from_13_runs(opset):
         if case_id.startswith("activation_gelu"):
             assert ("Gelu" in ops) == (opset >= 20)
         assert rel(run_onnx(proto, x), model.predict_output(x)) <= 1e-5, case_id
+
+
+def test_leaky_relu_slope_without_an_exact_float32_value_is_written_out_in_float64():
+    """LeakyRelu's alpha is a float32 attribute: a float64 graph with slope 0.01 computes
+    ``Where(x > 0, x, 0.01 x)`` in float64 instead (exact to rounding), a float32 one uses
+    the operator."""
+    x = np.random.default_rng(0).standard_normal((6, 5))
+    for dtype, want, other in (("float64", "Where", "LeakyRelu"), ("float32", "LeakyRelu", "Where")):
+        model = randomize(Sequential([Dense(4), LeakyReLU(0.01)], input_shape=(5,), dtype=dtype))
+        proto = to_onnx(model)
+        ops = {n.op_type for n in proto.graph.node}
+        assert want in ops and other not in ops, ops
+        assert rel(run_onnx(proto, x.astype(dtype)), model.predict_output(x.astype(dtype))) <= TOL[dtype]
 
 
 def test_norm_operators_and_their_float64_form():

@@ -109,6 +109,19 @@ cdef extern from *:
                      * (1.0f + 3.0f * SN_GELU_C_F * x * x);
         }
     }
+    /* float32 silu (swish) rows: silu(z) = z sigmoid(z) in place, and through the input z,
+       dy <- dy s (1 + z (1 - s)), s = sigmoid(z) */
+    SN_ACT_CLONES static void sn_silu_f(float* z, long n) {
+        for (long j = 0; j < n; j++) z[j] = z[j] / (1.0f + sn_expf(-z[j]));
+    }
+    SN_ACT_CLONES static void sn_silu_back_f(const float* restrict z, float* restrict dy,
+                                             long n) {
+        for (long j = 0; j < n; j++) {
+            float x = z[j];
+            float s = 1.0f / (1.0f + sn_expf(-x));
+            dy[j] *= s * (1.0f + x * (1.0f - s));
+        }
+    }
     """
     # c ? a : b; float32 e^x and the normal CDF, vectorisable (the C above gives their accuracy)
     float sn_self(int c, float a, float b) noexcept nogil
@@ -120,6 +133,9 @@ cdef extern from *:
     void sn_gelu_back_f(const float* z, float* dy, long n) noexcept nogil
     void sn_gelu_tanh_f(float* z, long n) noexcept nogil
     void sn_gelu_tanh_back_f(const float* z, float* dy, long n) noexcept nogil
+    # float32 silu rows: forward in place, backward dy <- dy * silu'(z)
+    void sn_silu_f(float* z, long n) noexcept nogil
+    void sn_silu_back_f(const float* z, float* dy, long n) noexcept nogil
 
 cdef enum:
     ACT_IDENTITY = 0
@@ -129,11 +145,12 @@ cdef enum:
     ACT_SOFTMAX = 4
     ACT_GELU = 5
     ACT_GELU_TANH = 6
+    ACT_SILU = 7
 
 # True for the activations whose derivative is written through their input z, not their
-# output (the gelus): a layer keeps z for them and calls act_backward_input_row.
+# output (the gelus, silu): a layer keeps z for them and calls act_backward_input_row.
 cdef inline bint act_needs_input(int act) noexcept nogil:
-    return act == ACT_GELU or act == ACT_GELU_TANH
+    return act == ACT_GELU or act == ACT_GELU_TANH or act == ACT_SILU
 
 # In place: z <- f(z) over a row of n values (softmax normalises the row).
 cdef void act_forward_row(int act, floating* z, Py_ssize_t n) noexcept nogil

@@ -21,7 +21,8 @@ sigmoid(2 u)``: gelu(z) = z s, gelu'(z) = s + 2 z s (1 - s) u'(z).  float64 call
 from cython cimport floating
 from libc.math cimport erf, exp, tanh, expf, tanhf
 from sparknet._activations cimport (sn_gelu_f, sn_gelu_back_f, sn_gelu_tanh_f,
-                                    sn_gelu_tanh_back_f)
+                                    sn_gelu_tanh_back_f, sn_silu_f, sn_silu_back_f,
+                                    sn_self, sn_seld)
 
 cdef double _SQRT1_2 = 0.70710678118654752440        # 1 / sqrt(2)
 cdef double _INV_SQRT_2PI = 0.39894228040143267794   # 1 / sqrt(2 pi)
@@ -76,6 +77,12 @@ cdef void act_forward_row(int act, floating* z, Py_ssize_t n) noexcept nogil:
                 # 0.5 z (1 + tanh(u)), u = sqrt(2/pi) (z + c z^3)
                 m = z[j]
                 z[j] = 0.5 * m * (1 + tanh(_SQRT_2_PI * (m + _GELU_C * m * m * m)))
+    elif act == ACT_SILU:
+        if floating is float:
+            sn_silu_f(z, n)
+        else:
+            for j in range(n):
+                z[j] = z[j] * _sigmoid(z[j])
     elif act == ACT_SOFTMAX:
         if n == 0:
             return
@@ -135,6 +142,15 @@ cdef void act_backward_input_row(int act, const floating* z, floating* dy,
                 t = tanh(_SQRT_2_PI * (x + _GELU_C * x * x * x))
                 dy[j] = dy[j] * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _SQRT_2_PI
                                  * (1 + 3 * _GELU_C * x * x))
+    elif act == ACT_SILU:
+        if floating is float:
+            sn_silu_back_f(z, dy, n)
+        else:
+            for j in range(n):
+                # dy s (1 + z (1 - s)), s = sigmoid(z)
+                x = z[j]
+                t = _sigmoid(x)
+                dy[j] = dy[j] * t * (1 + x * (1 - t))
 
 
 def forward(int act, floating[:, ::1] z):
@@ -158,7 +174,7 @@ def backward(int act, const floating[:, ::1] y, floating[:, ::1] dy):
     if dy.shape[0] != rows or dy.shape[1] != cols:
         raise ValueError(f"activation backward: y is ({rows}, {cols}), dy is ({dy.shape[0]}, {dy.shape[1]})")
     if act_needs_input(act):
-        raise ValueError(f"activation backward: activation id {act} (a gelu) has no derivative "
+        raise ValueError(f"activation backward: activation id {act} (a gelu or silu) has no derivative "
                          f"through its output; keep its input z and call backward_input")
     if act == ACT_IDENTITY or rows == 0 or cols == 0:
         return
@@ -171,7 +187,8 @@ def backward(int act, const floating[:, ::1] y, floating[:, ::1] dy):
 
 
 def backward_input(int act, const floating[:, ::1] z, floating[:, ::1] dy):
-    """``dy <- dy * f'(z)`` in place, written through the forward input ``z`` (the gelus)."""
+    """``dy <- dy * f'(z)`` in place, written through the forward input ``z`` (the gelus,
+    silu)."""
     cdef Py_ssize_t rows = z.shape[0], cols = z.shape[1]
     if dy.shape[0] != rows or dy.shape[1] != cols:
         raise ValueError(f"activation backward: z is ({rows}, {cols}), "
@@ -183,3 +200,42 @@ def backward_input(int act, const floating[:, ::1] z, floating[:, ::1] dy):
         return
     with nogil:
         act_backward_input_row(act, &z[0, 0], &dy[0, 0], rows * cols)
+
+
+def leaky_relu_forward(floating[:, ::1] z, double slope):
+    """``z <- z if z > 0 else slope * z`` in place (``slope >= 0``)."""
+    cdef Py_ssize_t j, n = z.shape[0] * z.shape[1]
+    cdef floating a = <floating>slope
+    cdef floating* p
+    if n == 0:
+        return
+    p = &z[0, 0]
+    with nogil:
+        if floating is float:
+            for j in range(n):
+                p[j] = sn_self(p[j] > 0, p[j], a * p[j])
+        else:
+            for j in range(n):
+                p[j] = sn_seld(p[j] > 0, p[j], a * p[j])
+
+
+def leaky_relu_backward(const floating[:, ::1] y, floating[:, ::1] dy, double slope):
+    """``dy <- dy if y > 0 else slope * dy`` in place, through the forward output ``y``
+    (its sign is its input's, for ``slope >= 0``)."""
+    cdef Py_ssize_t j, n = y.shape[0] * y.shape[1]
+    cdef floating a = <floating>slope
+    cdef const floating* q
+    cdef floating* d
+    if dy.shape[0] != y.shape[0] or dy.shape[1] != y.shape[1]:
+        raise ValueError(f"leaky_relu backward: y is ({y.shape[0]}, {y.shape[1]}), dy is "
+                         f"({dy.shape[0]}, {dy.shape[1]})")
+    if n == 0:
+        return
+    q, d = &y[0, 0], &dy[0, 0]
+    with nogil:
+        if floating is float:
+            for j in range(n):
+                d[j] = sn_self(q[j] > 0, d[j], a * d[j])
+        else:
+            for j in range(n):
+                d[j] = sn_seld(q[j] > 0, d[j], a * d[j])

@@ -1,9 +1,10 @@
 """Activation names, their kernel ids, and the Python entry points over the Cython kernels.
 
 Most activations' derivatives are written through their output ``y``, so a layer keeps only
-its output.  The gelus (:data:`INPUT_ACTIVATIONS`) are not invertible: their derivative needs
-the pre-activation ``z``, which only the layers that keep it (:class:`FusedActivation`
-subclasses with ``fuses_input_activations``: ``Dense`` and ``Activation``) can offer.
+its output.  The gelus and silu (:data:`INPUT_ACTIVATIONS`) are not invertible: their
+derivative needs the pre-activation ``z``, which only the layers that keep it
+(:class:`FusedActivation` subclasses with ``fuses_input_activations``: ``Dense`` and
+``Activation``) can offer.
 """
 from __future__ import annotations
 
@@ -15,26 +16,29 @@ import sparknet._activations as _activations
 
 #: kernel ids, shared with ``_activations.pxd``
 IDS = {"identity": 0, "linear": 0, None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, "softmax": 4,
-       "gelu": 5, "gelu_tanh": 6}
+       "gelu": 5, "gelu_tanh": 6, "silu": 7, "swish": 7}
 CANONICAL = {0: "identity", 1: "relu", 2: "tanh", 3: "sigmoid", 4: "softmax", 5: "gelu",
-             6: "gelu_tanh"}
+             6: "gelu_tanh", 7: "silu"}
 #: activations whose derivative is written through their input ``z`` (GELU, exact and the
-#: tanh form of ``torch.nn.functional.gelu(approximate="tanh")``)
-INPUT_ACTIVATIONS = frozenset({"gelu", "gelu_tanh"})
+#: tanh form of ``torch.nn.functional.gelu(approximate="tanh")``; SiLU, ``z * sigmoid(z)``,
+#: also called swish)
+INPUT_ACTIVATIONS = frozenset({"gelu", "gelu_tanh", "silu"})
 
 
 def _lookup(name: str | None) -> int:
     key = name.lower() if isinstance(name, str) else name
     if not (key is None or isinstance(key, str)) or key not in IDS:
+        hint = (" (leaky ReLU is a layer of its own: LeakyReLU(negative_slope))"
+                if isinstance(key, str) and key.replace("_", "") == "leakyrelu" else "")
         raise ValueError(f"unknown activation {name!r}; choose one of: identity, relu, tanh, "
-                         f"sigmoid, softmax, gelu, gelu_tanh")
+                         f"sigmoid, softmax, gelu, gelu_tanh, silu{hint}")
     return IDS[key]
 
 
 def activation_id(name: str | None, from_input: bool = False) -> int:
     """Kernel id of an activation name (``None`` and ``"linear"`` mean identity).
 
-    The gelus need their input ``z`` for the derivative; a caller that keeps it passes
+    The gelus and silu need their input ``z`` for the derivative; a caller that keeps it passes
     ``from_input=True``, any other caller gets a ``ValueError`` for them."""
     act = _lookup(name)
     if not from_input and CANONICAL[act] in INPUT_ACTIVATIONS:
@@ -74,7 +78,7 @@ class FusedActivation:
 
     @property
     def _keeps_input(self) -> bool:
-        """True when the layer must keep the pre-activation for its backward (the gelus)."""
+        """True when the layer must keep the pre-activation for its backward (the gelus, silu)."""
         return self.activation in INPUT_ACTIVATIONS
 
     @property
@@ -102,8 +106,8 @@ def apply(name: str | None, z: np.ndarray) -> np.ndarray:
 
 
 def grad(name: str | None, y: np.ndarray, dy: np.ndarray) -> np.ndarray:
-    """Return ``dy * f'(z)`` given the forward output ``y = f(z)`` (new array); the gelus
-    take :func:`grad_from_input`."""
+    """Return ``dy * f'(z)`` given the forward output ``y = f(z)`` (new array); the gelus and
+    silu take :func:`grad_from_input`."""
     if canonical_name(name) in INPUT_ACTIVATIONS:
         raise ValueError(f"the derivative of {name!r} needs its input z, not its output: call "
                          f"grad_from_input({name!r}, z, dy)")

@@ -30,8 +30,10 @@ def _needs(package: str, what: str) -> None:
     try:
         importlib.import_module(package)
     except ImportError as exc:
-        raise ImportError(f"{what} needs {package}, which is not installed ({exc}): "
-                          f"pip install 'sparknet[{package}]'") from exc
+        raise ImportError(
+            f"{what} needs {package}, which is not installed ({exc}): "
+            f"pip install 'sparknet[{package}]'"
+        ) from exc
 
 
 def to_torch(model: Sequential) -> SparknetModule:

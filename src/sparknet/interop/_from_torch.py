@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from sparknet.activations import INPUT_ACTIVATIONS
 from sparknet.interop._torch import RecurrentOutput, SparknetModule, from_sparknet_module
 from sparknet.layers import (
     GRU,
@@ -38,6 +39,7 @@ from sparknet.layers import (
     GlobalMaxPooling2D,
     Layer,
     LayerNormalization,
+    LeakyReLU,
     MaxPool1D,
     MaxPool2D,
     SimpleRNN,
@@ -59,7 +61,12 @@ _SPATIAL = (
     nn.AdaptiveMaxPool2d,
     nn.BatchNorm2d,
 )
-_ACTIVATIONS: dict[type[nn.Module], str] = {nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid"}
+_ACTIVATIONS: dict[type[nn.Module], str] = {
+    nn.ReLU: "relu",
+    nn.Tanh: "tanh",
+    nn.Sigmoid: "sigmoid",
+    nn.SiLU: "silu",
+}
 
 
 def _np(t: torch.Tensor | None) -> np.ndarray | None:
@@ -359,11 +366,20 @@ def _activation(i: int, m: nn.Module, w: _Walk) -> None:
     else:
         name = _ACTIVATIONS[type(m)]
     prev = w.layers[-1] if w.layers else None
-    fusable = Dense if name.startswith("gelu") else (Dense, Conv1D, Conv2D)
+    fusable = Dense if name in INPUT_ACTIVATIONS else (Dense, Conv1D, Conv2D)
     if isinstance(prev, fusable) and prev.activation == "identity":
         prev._set_activation(name)  # fused, as sparknet's kernels apply it
     else:
         w.add(Activation(name))
+
+
+def _leaky_relu(i: int, m: nn.LeakyReLU, w: _Walk) -> None:
+    if not 0.0 <= m.negative_slope <= 1.0:
+        raise ValueError(
+            f"{_where(i, m)}: negative_slope={m.negative_slope}; sparknet's "
+            f"LeakyReLU takes a slope in [0, 1]"
+        )
+    w.add(LeakyReLU(m.negative_slope))
 
 
 def _dropout(i: int, m: nn.Dropout, w: _Walk) -> None:
@@ -396,6 +412,8 @@ _CONVERTERS: dict[type[nn.Module], Callable[[int, Any, _Walk], None]] = {
     nn.Tanh: _activation,
     nn.Sigmoid: _activation,
     nn.GELU: _activation,
+    nn.SiLU: _activation,
+    nn.LeakyReLU: _leaky_relu,
     nn.Softmax: _activation,
     nn.Identity: lambda i, m, w: None,
 }
@@ -406,17 +424,23 @@ def _not_sequential(module: Any) -> str:
     got = type(module).__name__
     head = f"from_torch takes a torch.nn.Sequential (or a module made by to_torch), got {got}"
     if isinstance(module, dict):
-        return (f"{head}: a state_dict holds the weights, not the network; build the "
-                "nn.Sequential, load_state_dict(...) into it, and pass the module")
+        return (
+            f"{head}: a state_dict holds the weights, not the network; build the "
+            "nn.Sequential, load_state_dict(...) into it, and pass the module"
+        )
     if isinstance(module, (str, os.PathLike)):
-        return (f"{head} {os.fspath(module)!r}: load the module first (torch.load, or build it "
-                "and load_state_dict) and pass the module")
+        return (
+            f"{head} {os.fspath(module)!r}: load the module first (torch.load, or build it "
+            "and load_state_dict) and pass the module"
+        )
     if type(module) in _CONVERTERS:
         return f"{head}: wrap the one module, from_torch(nn.Sequential(module), ...)"
     if isinstance(module, nn.Module):
-        return (f"{head}, a module with its own forward(), which from_torch cannot read: write "
-                "the same network as an nn.Sequential of standard modules (and copy the weights "
-                "over with load_state_dict)")
+        return (
+            f"{head}, a module with its own forward(), which from_torch cannot read: write "
+            "the same network as an nn.Sequential of standard modules (and copy the weights "
+            "over with load_state_dict)"
+        )
     return head
 
 
@@ -434,16 +458,29 @@ def _input_shape_of(module: nn.Sequential, first: nn.Module | None) -> tuple[int
         reads, example = "token ids (T,)", "(100,)"
     elif isinstance(first, _SPATIAL):
         channels = getattr(first, "in_channels", getattr(first, "num_features", 1))
-        two_d = isinstance(first, (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d,
-                                   nn.AdaptiveMaxPool2d, nn.BatchNorm2d))
-        reads, example = (("images (C, H, W)", f"({channels}, 28, 28)") if two_d
-                          else ("series (C, T)", f"({channels}, 100)"))
+        two_d = isinstance(
+            first,
+            (
+                nn.Conv2d,
+                nn.MaxPool2d,
+                nn.AvgPool2d,
+                nn.AdaptiveAvgPool2d,
+                nn.AdaptiveMaxPool2d,
+                nn.BatchNorm2d,
+            ),
+        )
+        reads, example = (
+            ("images (C, H, W)", f"({channels}, 28, 28)")
+            if two_d
+            else ("series (C, T)", f"({channels}, 100)")
+        )
     else:
         reads, example = "inputs whose size it does not fix", "(64,)"
     raise ValueError(
         f"from_torch needs input_shape: {_where(i, first)} reads {reads}, and the sizes cannot "
         f"be read from the module; give the per-sample shape in PyTorch's layout, e.g. "
-        f"input_shape={example}")
+        f"input_shape={example}"
+    )
 
 
 def sparknet_input_shape(shape: tuple[int, ...], channels_first: bool) -> tuple[int, ...]:
@@ -460,9 +497,9 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
             ``RNN``/``LSTM``/``GRU`` (``batch_first=True``, any ``num_layers``, bidirectional)
             each followed by :class:`~sparknet.interop.RecurrentOutput`, ``BatchNorm1d/2d``,
             ``LayerNorm``, ``Embedding``, ``Dropout``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``GELU``,
-            ``Softmax``, ``Flatten``, ``Identity``; or a module made by :func:`to_torch` (then
-            ``input_shape`` is not needed: the model is its own architecture with the module's
-            current weights).
+            ``SiLU``, ``LeakyReLU``, ``Softmax``, ``Flatten``, ``Identity``; or a module made by
+            :func:`to_torch` (then ``input_shape`` is not needed: the model is its own
+            architecture with the module's current weights).
         input_shape: the per-sample shape ``module`` reads, in PyTorch's layout (default:
             ``(in_features,)`` of a first ``nn.Linear``; needed for any other start): ``(C, H, W)``
             for images, ``(C, T)`` for 1-D convolutions, ``(T, F)`` for recurrent layers,

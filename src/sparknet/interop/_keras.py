@@ -34,6 +34,7 @@ from sparknet.layers import (
     GlobalMaxPooling2D,
     Layer,
     LayerNormalization,
+    LeakyReLU,
     MaxPool1D,
     MaxPool2D,
     SimpleRNN,
@@ -48,6 +49,8 @@ _ACTIVATIONS = {
     "sigmoid": "sigmoid",
     "softmax": "softmax",
     "gelu": "gelu",
+    "silu": "silu",
+    "swish": "silu",
 }
 
 
@@ -278,6 +281,14 @@ def _embedding(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     return layer, lambda: layer.params["embeddings"].__setitem__(Ellipsis, _np(k.embeddings))
 
 
+def _leaky(k: Any, slope: float) -> Layer:
+    if not 0.0 <= float(slope) <= 1.0:
+        raise ValueError(
+            f"{_where(k)}: negative_slope={slope}; sparknet's LeakyReLU takes a slope in [0, 1]"
+        )
+    return LeakyReLU(float(slope))
+
+
 def _activation_layer(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     import keras
 
@@ -287,12 +298,12 @@ def _activation_layer(k: Any) -> tuple[Layer, Callable[[], None] | None]:
                 f"{_where(k)}: axis={k.axis}; sparknet's softmax is over the last axis"
             )
         return Activation("softmax"), None
+    if isinstance(k, keras.layers.LeakyReLU):
+        return _leaky(k, k.negative_slope), None
     if isinstance(k, keras.layers.ReLU):
-        if k.max_value is not None or k.negative_slope or k.threshold:
-            raise ValueError(
-                f"{_where(k)}: max_value, negative_slope and threshold have no sparknet equivalent"
-            )
-        return Activation("relu"), None
+        if k.max_value is not None or k.threshold:
+            raise ValueError(f"{_where(k)}: max_value and threshold have no sparknet equivalent")
+        return (_leaky(k, k.negative_slope) if k.negative_slope else Activation("relu")), None
     return Activation(_activation(k)), None
 
 
@@ -324,6 +335,7 @@ def _converters() -> dict[type, Callable[[Any], tuple[Layer, Callable[[], None] 
         L.Activation: _activation_layer,
         L.Softmax: _activation_layer,
         L.ReLU: _activation_layer,
+        L.LeakyReLU: _activation_layer,
     }
 
 
@@ -336,8 +348,8 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
             ``GlobalAveragePooling1D/2D``, ``GlobalMaxPooling1D/2D``, ``SimpleRNN``, ``LSTM``,
             ``GRU`` (``reset_after=True``), ``Bidirectional`` (``concat`` or ``sum``),
             ``BatchNormalization``, ``LayerNormalization``, ``Embedding``, ``Dropout``,
-            ``Flatten``, ``Activation``, ``Softmax``, ``ReLU`` layers (channels-last, as
-            sparknet), with a known input shape.
+            ``Flatten``, ``Activation``, ``Softmax``, ``ReLU``, ``LeakyReLU`` layers
+            (channels-last, as sparknet), with a known input shape.
         dtype: the model's float type (default: float64 for a float64 Keras model, else
             float32).
 

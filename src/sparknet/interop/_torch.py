@@ -52,6 +52,7 @@ from sparknet.layers import (
     GlobalMaxPooling2D,
     Layer,
     LayerNormalization,
+    LeakyReLU,
     MaxPool1D,
     MaxPool2D,
     SequenceMask,
@@ -103,6 +104,7 @@ def make_adapter(layer: Layer) -> Adapter:
 ADAPTERS: dict[type[Layer], Callable[[Any], Adapter]] = {
     Dense: DenseAdapter,
     Activation: lambda layer: ModuleAdapter(activation(layer.activation)),
+    LeakyReLU: lambda layer: ModuleAdapter(nn.LeakyReLU(layer.negative_slope)),
     Dropout: lambda layer: ModuleAdapter(nn.Dropout(layer.rate)),
     Flatten: lambda layer: FlattenAdapter(),
     Conv2D: ConvAdapter,

@@ -51,6 +51,7 @@ def activation(name: str, dim: int = -1) -> nn.Module:
         "softmax": lambda: nn.Softmax(dim=dim),
         "gelu": nn.GELU,
         "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+        "silu": nn.SiLU,
     }
     return table[name]()
 

@@ -4,7 +4,7 @@ from sparknet.layers.base import REGISTRY, Layer, register
 from sparknet.layers.bidirectional import Bidirectional
 from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D
 from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
-from sparknet.layers.core import Activation, Dense, Dropout, Flatten
+from sparknet.layers.core import Activation, Dense, Dropout, Flatten, LeakyReLU
 from sparknet.layers.embedding import Embedding
 from sparknet.layers.masking import SequenceMask
 from sparknet.layers.normalization import BatchNormalization, LayerNormalization
@@ -20,7 +20,7 @@ from sparknet.layers.tabular import ColumnEmbedding
 
 __all__ = [
     "Layer", "register", "REGISTRY",
-    "Dense", "Activation", "Dropout", "Flatten",
+    "Dense", "Activation", "LeakyReLU", "Dropout", "Flatten",
     "Conv2D", "MaxPool2D", "AvgPool2D",
     "Conv1D", "MaxPool1D", "AvgPool1D",
     "GlobalAveragePooling1D", "GlobalMaxPooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling2D",

@@ -1,4 +1,4 @@
-"""Core layers: Dense, Activation, Dropout, Flatten."""
+"""Core layers: Dense, Activation, LeakyReLU, Dropout, Flatten."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,7 +24,8 @@ class Dense(FusedActivation, Layer):
         units: number of output neurons.
         activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"``,
             ``"softmax"``, ``"gelu"`` or ``"gelu_tanh"`` (``torch.nn.functional.gelu`` with
-            ``approximate="none"`` / ``"tanh"``). A softmax on the model's last layer is
+            ``approximate="none"`` / ``"tanh"``), ``"silu"`` (``z * sigmoid(z)``, also
+            ``"swish"``). A softmax on the model's last layer is
             fused with the cross-entropy loss (the loss then reads logits).
         use_bias: add a bias vector.
         kernel_initializer: ``"auto"`` (He for relu, Glorot otherwise) or an
@@ -108,7 +109,8 @@ class Activation(FusedActivation, Layer):
 
     Args:
         activation: ``"identity"``, ``"relu"``, ``"tanh"``, ``"sigmoid"``, ``"softmax"``,
-            ``"gelu"`` or ``"gelu_tanh"``.
+            ``"gelu"``, ``"gelu_tanh"`` or ``"silu"`` (``"swish"``).  For leaky ReLU, the
+            layer :class:`LeakyReLU`.
     """
 
     fuses_input_activations = True
@@ -137,6 +139,39 @@ class Activation(FusedActivation, Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"activation": self.activation, "name": self.name}
+
+
+@register
+class LeakyReLU(Layer):
+    """Leaky ReLU: ``y = x`` where ``x > 0``, else ``negative_slope * x`` (PyTorch's
+    ``nn.LeakyReLU``, Keras's ``layers.LeakyReLU``); elementwise, any input shape.
+
+    Args:
+        negative_slope: the slope for negative inputs, in ``[0, 1]``; default 0.01 as
+            PyTorch (Keras's layer defaults to 0.3: pass it).
+        name: layer name.
+    """
+
+    def __init__(self, negative_slope: float = 0.01, name: str | None = None) -> None:
+        super().__init__(name)
+        self.negative_slope = check_float(negative_slope, "LeakyReLU negative_slope", 0.0, 1.0)
+
+    def forward(self, x: np.ndarray, training: bool = False) -> np.ndarray:
+        y = np.array(x, dtype=self.dtype, order="C", copy=True)
+        if y.size:
+            _activations.leaky_relu_forward(y.reshape(y.shape[0], -1), self.negative_slope)
+        self._y = y
+        return y
+
+    def backward(self, dy: np.ndarray) -> np.ndarray:
+        d = np.array(dy, dtype=self.dtype, order="C", copy=True)
+        if d.size:
+            _activations.leaky_relu_backward(self._y.reshape(d.shape[0], -1),
+                                             d.reshape(d.shape[0], -1), self.negative_slope)
+        return d
+
+    def get_config(self) -> dict[str, Any]:
+        return {"negative_slope": self.negative_slope, "name": self.name}
 
 
 @register

@@ -49,9 +49,11 @@ try:
     import onnx
     from onnx import helper
 except ImportError as exc:  # the optional dependency: say which extra brings it
-    raise ImportError(f"sparknet.onnx needs the onnx package, which is not installed ({exc}): "
-                      "pip install 'sparknet[onnx]' (onnx, and onnxruntime to run the "
-                      "files)") from exc
+    raise ImportError(
+        f"sparknet.onnx needs the onnx package, which is not installed ({exc}): "
+        "pip install 'sparknet[onnx]' (onnx, and onnxruntime to run the "
+        "files)"
+    ) from exc
 
 from sparknet.activations import FusedActivation
 from sparknet.model import Sequential
@@ -192,8 +194,10 @@ def to_onnx(
     """
     if isinstance(opset, os.PathLike) or (isinstance(opset, str) and not opset.strip().isdigit()):
         where = os.fspath(opset)
-        raise TypeError(f"to_onnx(model) returns the ONNX model and writes no file: to write "
-                        f"{where!r}, call sparknet.onnx.export(model, {where!r})")
+        raise TypeError(
+            f"to_onnx(model) returns the ONNX model and writes no file: to write "
+            f"{where!r}, call sparknet.onnx.export(model, {where!r})"
+        )
     model = check_model(model)
     opset = check_opset(opset)
     if mask not in (None, True, False):

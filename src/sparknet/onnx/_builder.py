@@ -175,6 +175,8 @@ class Builder:
             return self.op("Softmax", [x], hint, axis=axis)
         if name in ("gelu", "gelu_tanh"):
             return self.gelu(x, hint, approximate=name == "gelu_tanh")
+        if name == "silu":  # x * sigmoid(x): no SiLU operator in ai.onnx
+            return self.op("Mul", [x, self.op("Sigmoid", [x], hint)], hint)
         raise ValueError(f"no ONNX operator for the activation {name!r}")
 
     def gelu(self, x: str, hint: str, approximate: bool) -> str:

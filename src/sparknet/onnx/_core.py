@@ -1,10 +1,11 @@
-"""Exporters of the core layers: Dense, Activation, Dropout, Flatten, and ColumnEmbedding."""
+"""Exporters of the core layers: Dense, Activation, LeakyReLU, Dropout, Flatten, and
+ColumnEmbedding."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from sparknet.layers.core import Activation, Dense, Dropout, Flatten
+from sparknet.layers.core import Activation, Dense, Dropout, Flatten, LeakyReLU
 from sparknet.layers.tabular import ColumnEmbedding
 from sparknet.onnx._builder import INT64, Builder
 from sparknet.onnx._registry import register_exporter
@@ -37,6 +38,19 @@ def activation(layer: Activation, b: Builder, x: str) -> str:
     return b.activation(
         layer.activation, x, layer.name, axis=1 if b.channels_first else -1, layer=layer
     )
+
+
+@register_exporter(LeakyReLU, any_layout=True)
+def leaky_relu(layer: LeakyReLU, b: Builder, x: str) -> str:
+    """``LeakyRelu`` with ``alpha`` the layer's negative slope; a float64 graph whose slope
+    has no exact float32 value (``alpha`` is a float32 attribute) writes it out,
+    ``Where(x > 0, x, slope * x)``."""
+    slope, name = float(layer.negative_slope), layer.name
+    if b.dtype == np.float32 or float(np.float32(slope)) == slope:
+        return b.op("LeakyRelu", [x], name, alpha=slope)
+    positive = b.op("Greater", [x, b.const(0.0, f"{name}/zero")], name)
+    scaled = b.op("Mul", [x, b.const(slope, f"{name}/slope")], name)
+    return b.op("Where", [positive, x, scaled], name)
 
 
 @register_exporter(Dropout, any_layout=True)

@@ -241,9 +241,11 @@ class BlockPlan:
             head = softmax_head and j == n - 1
             act = layer.activation
             if act not in ELEMENTWISE and not head:
-                raise ValueError(f"BlockPlan: layer {j} has activation {act!r}, which needs whole "
-                                 f"rows; a blocked layer may use {', '.join(ELEMENTWISE)} (softmax "
-                                 f"only as the model's last layer)")
+                why = ("whose derivative needs the pre-activation, which a block does not keep"
+                       if act != "softmax" else "which needs whole rows")
+                raise ValueError(f"BlockPlan: layer {j} has activation {act!r}, {why}; a blocked "
+                                 f"layer may use {', '.join(ELEMENTWISE)} (softmax only as the "
+                                 f"model's last layer)")
             init = layer.kernel_initializer
             if init == "auto":
                 init = "he_uniform" if act == "relu" else "glorot_uniform"
