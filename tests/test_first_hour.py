@@ -372,8 +372,10 @@ def test_validation_split_holds_out_the_last_samples_as_keras_does(digits):
     n = X.shape[0]
     cut = int(np.floor(n * 0.8))
 
+    from helpers.models import mlp
+
     def model():
-        return Sequential([Dense(16, activation="relu"), Dense(10, activation="softmax")], seed=3)
+        return mlp(16, seed=3)
 
     split = model().fit(X, y, epochs=2, verbose=0, validation_split=0.2)
     by_hand = model().fit(X[:cut], y[:cut], epochs=2, verbose=0, validation_data=(X[cut:], y[cut:]))
