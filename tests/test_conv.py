@@ -390,8 +390,8 @@ def test_bad_constructor_arguments_name_the_problem():
         Conv2D(4, 3, dilation=(1, -1))
     with pytest.raises(ValueError, match="padding must be 'valid' or 'same'"):
         Conv2D(4, 3, padding="full")
-    with pytest.raises(ValueError, match="unknown activation 'swish'"):
-        Conv2D(4, 3, activation="swish")
+    with pytest.raises(ValueError, match="unknown activation 'mish'"):
+        Conv2D(4, 3, activation="mish")
     with pytest.raises(ValueError, match="unknown initializer"):
         Conv2D(4, 3, kernel_initializer="ones")
     with pytest.raises(ValueError, match="MaxPool2D pool_size"):

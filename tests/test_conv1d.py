@@ -416,7 +416,7 @@ def test_bad_constructor_arguments_name_the_layer_and_value():
         (lambda: Conv1D(4, 3, dilation=-1), "Conv1D dilation must be a positive integer, got -1"),
         (lambda: Conv1D(4, 3, padding="causal"),
          "Conv1D padding must be 'valid' or 'same', got 'causal'"),
-        (lambda: Conv1D(4, 3, activation="swish"), "unknown activation 'swish'"),
+        (lambda: Conv1D(4, 3, activation="mish"), "unknown activation 'mish'"),
         (lambda: Conv1D(4, 3, use_bias="yes"), "Conv1D use_bias must be True or False, got 'yes'"),
         (lambda: Conv1D(4, 3, kernel_initializer="ones"), "unknown initializer"),
         (lambda: MaxPool1D(0), "MaxPool1D pool_size must be a positive integer, got 0"),

@@ -251,7 +251,7 @@ def test_bad_arguments_name_the_argument(small):
     with pytest.raises(ValueError, match="unknown loss"):
         model.fit(X, y, loss="hinge", verbose=0)
     with pytest.raises(ValueError, match="unknown activation"):
-        Dense(3, activation="swish")
+        Dense(3, activation="mish")
     with pytest.raises(ValueError, match="Dense units must be a positive integer"):
         Dense(0)
     with pytest.raises(ValueError, match="Dropout rate"):

@@ -683,6 +683,8 @@ def test_from_torch_reads_the_input_shape_of_a_first_linear_and_names_the_shape_
         (nn.Sequential(nn.LSTM(5, 3, batch_first=True), RecurrentOutput()),
          r"module 0 \(LSTM\) reads sequences \(T, F\).*input_shape=\(28, 5\)"),
         (nn.Sequential(nn.Embedding(10, 4)), r"module 0 \(Embedding\) reads token ids \(T,\)"),
+        (nn.Sequential(nn.Flatten(), nn.Linear(784, 10)),
+         r"module 0 \(Flatten\) reads any shape and flattens it.*input_shape=\(784,\) or an image shape"),
         (nn.Sequential(nn.Linear(3, 2), nn.Upsample(scale_factor=2)),
          r"module 1 \(Upsample\) has no sparknet equivalent"),  # before any shape question
     ]:

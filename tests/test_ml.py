@@ -62,6 +62,48 @@ def _probs(df, name="probability"):
     return np.array([r[0].toArray() for r in df.select(name).collect()])
 
 
+def test_validation_indicator_col_holds_rows_out_and_evaluates_them_every_epoch(spark, digits):
+    """MLlib's validationIndicatorCol: the flagged rows do not train (the weights are those
+    of a fit on the other rows alone, bit for bit) and are evaluated after every epoch (the
+    last val_loss and val_accuracy are the fitted network's on exactly those rows)."""
+    from pyspark.sql import functions as F
+
+    X, y, _, _ = digits
+    df = vector_frame(spark, X, y).withColumn("is_val", F.rand(seed=1) < 0.2).cache()
+    rows = df.collect()
+    val = [r for r in rows if r.is_val]
+    X_val = np.array([r.features.toArray() for r in val])
+    y_val = np.array([r.label for r in val]).astype(np.int64)
+    assert 200 < len(val) < 400
+
+    def clf(**kw):
+        return SparkNetClassifier(network=mlp(32), epochs=3, learningRate=2e-3, seed=4,
+                                  syncMethod="gradient", **dict(FAST, **kw))
+
+    held = clf(validationIndicatorCol="is_val").fit(df)
+    alone = clf().fit(df.filter(~F.col("is_val")))
+    np.testing.assert_array_equal(held.network.params, alone.network.params)
+    hist = held.history.history
+    assert len(hist["val_loss"]) == len(hist["val_accuracy"]) == 3
+    assert "val_loss" not in alone.history.history
+    ev = held.network.evaluate(X_val, y_val)
+    np.testing.assert_allclose(hist["val_loss"][-1], ev["loss"], rtol=1e-4)
+    assert hist["val_accuracy"][-1] == pytest.approx(ev["accuracy"], abs=1e-9)
+    assert ev["accuracy"] > 0.85
+    df.unpersist()
+
+
+def test_validation_indicator_col_must_name_a_boolean_column(spark, small):
+    X, y = small
+    df = vector_frame(spark, X, y)
+    _fit_error(spark, _clf(validationIndicatorCol="held_out"), df,
+               r"validationIndicatorCol: the DataFrame has no column 'held_out' \(its columns: ")
+    _fit_error(spark, _clf(validationIndicatorCol="label"), df,
+               r"validationIndicatorCol: column 'label' has type double; it must be boolean")
+    with pytest.raises(TypeError, match="validationIndicatorCol must be a column name"):
+        _clf(validationIndicatorCol="")
+
+
 # --------------------------------------------------------------------------- classifier
 @pytest.mark.slow
 def test_classifier_accuracy_and_mllib_schema(frames, fitted, digits):

@@ -474,6 +474,13 @@ def _input_shape_of(module: nn.Sequential, first: nn.Module | None) -> tuple[int
             if two_d
             else ("series (C, T)", f"({channels}, 100)")
         )
+    elif isinstance(first, nn.Flatten):
+        after = next((m for m in list(module)[i + 1 :] if isinstance(m, nn.Linear)), None)
+        flat = f"({after.in_features},)" if after is not None else "(784,)"
+        reads, example = (
+            "any shape and flattens it",
+            f"{flat} or an image shape such as (1, 28, 28)",
+        )
     else:
         reads, example = "inputs whose size it does not fix", "(64,)"
     raise ValueError(

@@ -172,6 +172,20 @@ def declared_outputs(config: dict[str, Any]) -> int | None:
     return int(units) if isinstance(units, int) else None
 
 
+def check_indicator(df: DataFrame, col: str) -> None:
+    """The validation indicator column ``col``: present and boolean."""
+    from pyspark.sql import types as T
+
+    if col not in df.columns:
+        raise ValueError(f"validationIndicatorCol: the DataFrame has no column {col!r} (its "
+                         f"columns: {df.columns})")
+    dt = df.schema[col].dataType
+    if not isinstance(dt, T.BooleanType):
+        raise ValueError(f"validationIndicatorCol: column {col!r} has type {dt.simpleString()}; "
+                         f"it must be boolean (true: a validation row), e.g. "
+                         f"df.withColumn({col!r}, F.rand(seed=0) < 0.2)")
+
+
 def label_width(df: DataFrame, col: str) -> int | None:
     """Values per row of a regression label column: 1 for numbers, a Vector's size from
     its metadata or else from the first non-null row (one small job), an array's from the

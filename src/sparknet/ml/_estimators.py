@@ -91,6 +91,10 @@ class SparkNetClassifier(SparkNetEstimator["SparkNetClassificationModel"], Thres
         callbacks: :mod:`sparknet.callbacks` run by every ``fit`` (early stopping,
             schedules, ...): a constructor argument, not a Param (``setCallbacks``), so
             copies share them and saved Estimators and Models leave them out.
+        validationIndicatorCol: MLlib's name (``GBTClassifier``): a boolean column whose
+            true rows are held out of training and evaluated after every epoch
+            (``val_loss``, ``val_accuracy`` in ``model.history``; what
+            ``EarlyStopping(monitor="val_loss")`` reads).  None (default): every row trains.
 
     Example::
 
@@ -120,7 +124,8 @@ class SparkNetClassifier(SparkNetEstimator["SparkNetClassificationModel"], Thres
                  inferenceEngine: str | None = None, verbose: int | None = None,
                  checkpointInterval: int | None = None, checkpointDir: str | None = None,
                  resume: bool | None = None, callbacks: Sequence[Any] | None = None,
-                 precision: str | None = None) -> None:
+                 precision: str | None = None,
+                 validationIndicatorCol: str | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -140,7 +145,8 @@ class SparkNetClassifier(SparkNetEstimator["SparkNetClassificationModel"], Thres
                   inferenceEngine: str | None = None, verbose: int | None = None,
                   checkpointInterval: int | None = None, checkpointDir: str | None = None,
                   resume: bool | None = None, callbacks: Sequence[Any] | None = None,
-                  precision: str | None = None) -> SparkNetClassifier:
+                  precision: str | None = None,
+                  validationIndicatorCol: str | None = None) -> SparkNetClassifier:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 
@@ -246,7 +252,8 @@ class SparkNetRegressor(SparkNetEstimator["SparkNetRegressionModel"]):
                  inferenceBatchSize: int | None = None, inferenceEngine: str | None = None,
                  verbose: int | None = None, checkpointInterval: int | None = None,
                  checkpointDir: str | None = None, resume: bool | None = None,
-                 callbacks: Sequence[Any] | None = None, precision: str | None = None) -> None:
+                 callbacks: Sequence[Any] | None = None, precision: str | None = None,
+                 validationIndicatorCol: str | None = None) -> None:
         super().__init__()
         self._set_all(self._input_kwargs)
 
@@ -265,7 +272,8 @@ class SparkNetRegressor(SparkNetEstimator["SparkNetRegressionModel"]):
                   verbose: int | None = None, checkpointInterval: int | None = None,
                   checkpointDir: str | None = None, resume: bool | None = None,
                   callbacks: Sequence[Any] | None = None,
-                  precision: str | None = None) -> SparkNetRegressor:
+                  precision: str | None = None,
+                  validationIndicatorCol: str | None = None) -> SparkNetRegressor:
         """Set several Params at once (keyword arguments as in the constructor)."""
         return self._set_all(self._input_kwargs)
 

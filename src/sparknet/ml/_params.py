@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Sequence, Union
 import numpy as np
 from pyspark.ml.base import _PredictorParams
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasCheckpointInterval, HasSeed, HasThresholds
+from pyspark.ml.param.shared import (
+    HasCheckpointInterval,
+    HasSeed,
+    HasThresholds,
+    HasValidationIndicatorCol,
+)
 
 from sparknet.layers.base import Layer
 from sparknet.model import Sequential
@@ -102,6 +107,13 @@ def _optional_folder(value: Any) -> str:
     """Param converter: a non-empty folder path or URI (``None`` is stored as it is)."""
     if not isinstance(value, str) or not value.strip():
         raise TypeError(f"checkpointDir must be a folder path or a Hadoop URI (str), got {value!r}")
+    return value
+
+
+def _optional_column(value: Any) -> str:
+    """Param converter: a non-empty column name (``None`` is stored as it is)."""
+    if not isinstance(value, str) or not value.strip():
+        raise TypeError(f"validationIndicatorCol must be a column name (str), got {value!r}")
     return value
 
 
@@ -348,10 +360,30 @@ class _CheckpointParams(HasCheckpointInterval):
         return self._set(resume=value)
 
 
-class EstimatorParams(SparkNetParams, _CheckpointParams):
+class _ValidationParams(HasValidationIndicatorCol):
+    """MLlib's ``validationIndicatorCol`` (as on ``GBTClassifier``): the rows where that
+    boolean column is true are held out and evaluated after every epoch (``val_loss``,
+    ``val_accuracy`` in the history; what ``EarlyStopping`` callbacks read)."""
+
+    validationIndicatorCol: Param[str] = Param(
+        Params._dummy(), "validationIndicatorCol",
+        "boolean column: true marks a validation row (held out, evaluated after every epoch), "
+        "false or null a training row; None (default): every row trains",
+        typeConverter=_optional_column)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(validationIndicatorCol=None)
+
+    def setValidationIndicatorCol(self, value: str | None) -> Self:
+        """Set :attr:`validationIndicatorCol` (None: no validation rows)."""
+        return self._set(validationIndicatorCol=value)
+
+
+class EstimatorParams(SparkNetParams, _CheckpointParams, _ValidationParams):
     """The Estimators' Params: the shared ones, the ``network`` Param (a fitted Model
-    holds the trained network instead, as its ``network`` property), the checkpoint
-    Params and the setters."""
+    holds the trained network instead, as its ``network`` property), the checkpoint and
+    validation Params and the setters."""
 
     network: Param[str] = Param(
         Params._dummy(), "network",

@@ -113,7 +113,9 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
             T = self.getMaxSequenceLength() or (shape[0] if shape else longest)
             model = _sequence_network(config, (T, feat + 1))
             features = _columns.flat_features(dataset, fcol, kind, model.dtype.name, (T, feat))
-            data = dataset.select(features.alias(fcol), F.col(_columns.quote(lcol)))
+            vcol = self.getValidationIndicatorCol()
+            kept = [F.col(_columns.quote(c)) for c in (lcol, vcol) if c is not None]
+            data = dataset.select(features.alias(fcol), *kept)
             return model, data
         model = Sequential.from_config(config)
         if shape:
@@ -159,10 +161,24 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
             return {}, False
         return {"checkpoint_dir": folder, "checkpoint_every": f"{every} epochs"}, self.getResume()
 
+    def _split_validation(self, data: DataFrame) -> tuple[DataFrame, DataFrame | None]:
+        """``(training rows, validation rows or None)`` by ``validationIndicatorCol``."""
+        vcol = self.getValidationIndicatorCol()
+        if vcol is None:
+            return data, None
+        from sparknet.cluster.engine.base import functions_for
+
+        F, _ = functions_for(data)
+        flag = F.col(_columns.quote(vcol))
+        # a null flag trains, as false does (a plain filter on ~flag would drop it silently)
+        return data.filter(~flag | flag.isNull()), data.filter(flag)
+
     def _train(self, dataset: DataFrame) -> tuple[Sequential, History]:
         from sparknet.cluster.data_parallel.trainer import DataParallelTrainer, resolve_mode
 
         self._check_params()
+        if self.getValidationIndicatorCol() is not None:
+            _columns.check_indicator(dataset, self.getValidationIndicatorCol())
         _jvm.quiet_task_errors(dataset.sparkSession)  # errors of tasks, raised as themselves
         optimizer = self._make_optimizer()
         checkpoints, resume = self._checkpoint_options()
@@ -176,6 +192,9 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
             loss=None if self._classification else "mse", seed=int(self.getSeed()) & 0x7FFFFFFF,
             precision=self.getPrecision(), **checkpoints)
         fit_options: dict[str, Any] = {"resume": True} if resume else {}
+        data, val = self._split_validation(data)
+        if val is not None:
+            fit_options["validation_data"] = val
         try:
             return trainer.fit(data, epochs=self.getEpochs(), batch_size=self.getBatchSize(),
                                features_col=self.getFeaturesCol(), label_col=self.getLabelCol(),
