@@ -379,6 +379,25 @@ def _torch_sequentials(nn, RecurrentOutput):
             False,
         ),
         (
+            "transformer",
+            nn.Sequential(
+                nn.Linear(5, 8),
+                nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True),
+                nn.TransformerEncoder(
+                    nn.TransformerEncoderLayer(
+                        8, 4, 12, activation="gelu", batch_first=True, norm_first=True,
+                        layer_norm_eps=1e-6,
+                    ),
+                    num_layers=2,
+                    norm=nn.LayerNorm(8),
+                    enable_nested_tensor=False,
+                ),
+                nn.Linear(8, 3),
+            ),
+            (6, 5),
+            False,
+        ),
+        (
             "cnn_leaky_relu",
             nn.Sequential(
                 nn.Conv2d(2, 4, 3, padding=1),
@@ -502,6 +521,7 @@ def _torch_sequentials(nn, RecurrentOutput):
     "case_id",
     [
         "mlp_silu_leaky_relu",
+        "transformer",
         "cnn_leaky_relu",
         "mlp",
         "cnn",
@@ -543,7 +563,7 @@ def test_from_torch_sequential(torch, case_id):
         want = module(torch.from_numpy(x)).numpy()
     x_last = (
         x
-        if ids or len(shape) == 1 or isinstance(module[0], (nn.RNNBase,))
+        if ids or len(shape) == 1 or isinstance(module[0], (nn.RNNBase, nn.Linear))
         else np.moveaxis(x, 1, -1)
     )
     err = rel(model.predict_output(x_last), want)
@@ -847,3 +867,19 @@ def test_from_keras_names_the_layer_it_cannot_convert(keras, make, message):
     km = keras.Sequential([keras.Input(SEQ), layer])
     with pytest.raises(ValueError, match=message):
         from_keras(km)
+
+
+def test_from_torch_names_what_a_transformer_layer_cannot_bring(torch):
+    from torch import nn
+
+    from sparknet.interop import from_torch
+
+    for layer, message in [
+        (nn.TransformerEncoderLayer(8, 2, 16), r"module 0 \(TransformerEncoderLayer\): needs batch_first=True"),
+        (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, bias=False),
+         r"bias=False .*sparknet's TransformerEncoder has every bias"),
+        (nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, activation=nn.functional.silu),
+         r"activation .*silu.*takes relu or gelu"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            from_torch(nn.Sequential(layer), (5, 8))

@@ -43,6 +43,7 @@ from sparknet.layers import (
     MaxPool1D,
     MaxPool2D,
     SimpleRNN,
+    TransformerEncoder,
 )
 from sparknet.layers.conv import out_and_pad
 from sparknet.model import Sequential
@@ -382,6 +383,60 @@ def _leaky_relu(i: int, m: nn.LeakyReLU, w: _Walk) -> None:
     w.add(LeakyReLU(m.negative_slope))
 
 
+def _transformer_name(torch_name: str) -> str:
+    """sparknet's name of a ``TransformerEncoderLayer`` ``state_dict`` entry (the children's
+    names are PyTorch's; the leaves are sparknet's: ``kernel``, ``gamma``, ``beta``,
+    ``out_proj_weight``)."""
+    head, leaf = torch_name.rsplit(".", 1)
+    if head == "self_attn.out_proj":
+        return f"self_attn.out_proj_{leaf}"
+    if head.startswith("linear"):
+        return f"{head}.{'kernel' if leaf == 'weight' else leaf}"
+    if head.startswith("norm"):
+        return f"{head}.{'gamma' if leaf == 'weight' else 'beta'}"
+    return torch_name
+
+
+def _transformer_layer(i: int, m: nn.TransformerEncoderLayer, w: _Walk) -> None:
+    act = {1: "relu", 2: "gelu"}.get(getattr(m, "activation_relu_or_gelu", 0))
+    if not m.self_attn.batch_first:
+        raise ValueError(
+            f"{_where(i, m)}: needs batch_first=True (sparknet's sequences are (N, T, D))"
+        )
+    if act is None:
+        raise ValueError(
+            f"{_where(i, m)}: activation {m.activation!r}; sparknet's "
+            f"TransformerEncoder takes relu or gelu"
+        )
+    parts = (m.self_attn.in_proj_bias, m.linear1.bias, m.linear2.bias, m.norm1.bias, m.norm2.bias)
+    if any(p is None for p in parts) or m.norm1.eps != m.norm2.eps:
+        raise ValueError(
+            f"{_where(i, m)}: bias=False (or two norm eps); sparknet's "
+            f"TransformerEncoder has every bias and one eps"
+        )
+    layer = TransformerEncoder(
+        m.self_attn.num_heads,
+        m.linear1.out_features,
+        dropout=m.dropout.p,
+        activation=act,
+        norm_first=m.norm_first,
+        eps=m.norm1.eps,
+    )
+
+    def setter() -> None:
+        for name, value in m.state_dict().items():
+            layer.params[_transformer_name(name)][...] = _np(value)
+
+    w.add(layer, setter)
+
+
+def _transformer_stack(i: int, m: nn.TransformerEncoder, w: _Walk) -> None:
+    for layer in m.layers:
+        _transformer_layer(i, layer, w)
+    if m.norm is not None:
+        _layer_norm(i, m.norm, w)
+
+
 def _dropout(i: int, m: nn.Dropout, w: _Walk) -> None:
     w.add(Dropout(m.p))
 
@@ -407,6 +462,8 @@ _CONVERTERS: dict[type[nn.Module], Callable[[int, Any, _Walk], None]] = {
     nn.BatchNorm2d: _batch_norm,
     nn.LayerNorm: _layer_norm,
     nn.Embedding: _embedding,
+    nn.TransformerEncoderLayer: _transformer_layer,
+    nn.TransformerEncoder: _transformer_stack,
     nn.Dropout: _dropout,
     nn.ReLU: _activation,
     nn.Tanh: _activation,
@@ -503,7 +560,8 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
             ``AvgPool1d/2d``, ``AdaptiveAvgPool1d/2d`` and ``AdaptiveMaxPool1d/2d`` to 1,
             ``RNN``/``LSTM``/``GRU`` (``batch_first=True``, any ``num_layers``, bidirectional)
             each followed by :class:`~sparknet.interop.RecurrentOutput`, ``BatchNorm1d/2d``,
-            ``LayerNorm``, ``Embedding``, ``Dropout``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``GELU``,
+            ``LayerNorm``, ``Embedding``, ``TransformerEncoderLayer`` and ``TransformerEncoder``
+            (``batch_first=True``), ``Dropout``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``GELU``,
             ``SiLU``, ``LeakyReLU``, ``Softmax``, ``Flatten``, ``Identity``; or a module made by
             :func:`to_torch` (then ``input_shape`` is not needed: the model is its own
             architecture with the module's current weights).
