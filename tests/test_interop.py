@@ -789,6 +789,18 @@ def _keras_models(keras):
             np.random.default_rng(0).random((7,) + SEQ),
         ),
         (
+            "silu_leaky_relu",
+            [
+                keras.Input((5,)),
+                L.Dense(8, activation="silu"),
+                L.LeakyReLU(negative_slope=0.3),
+                L.Dense(6, activation="swish"),
+                L.ReLU(negative_slope=0.1),
+                L.Dense(3),
+            ],
+            np.random.default_rng(0).standard_normal((7, 5)),
+        ),
+        (
             "embedding",
             [
                 keras.Input((6,), dtype="int32"),
@@ -812,7 +824,8 @@ def _keras_models(keras):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["cnn", "cnn_global", "conv1d", "recurrent", "embedding", "embedding_lstm"]
+    "case_id",
+    ["cnn", "cnn_global", "conv1d", "recurrent", "silu_leaky_relu", "embedding", "embedding_lstm"],
 )
 def test_from_keras_matches_keras_predict(keras, case_id):
     _, layers, x = next(c for c in _keras_models(keras) if c[0] == case_id)
