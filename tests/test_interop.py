@@ -801,6 +801,17 @@ def _keras_models(keras):
             np.random.default_rng(0).standard_normal((7, 5)),
         ),
         (
+            "conv_silu_gelu",  # the convolution's silu/gelu becomes an Activation after it
+            [
+                keras.Input(IMG),
+                L.Conv2D(4, 3, padding="same", activation="silu"),
+                L.Conv2D(3, 2, activation="gelu"),
+                L.Flatten(),
+                L.Dense(2),
+            ],
+            np.random.default_rng(0).random((7,) + IMG),
+        ),
+        (
             "embedding",
             [
                 keras.Input((6,), dtype="int32"),
@@ -825,7 +836,16 @@ def _keras_models(keras):
 
 @pytest.mark.parametrize(
     "case_id",
-    ["cnn", "cnn_global", "conv1d", "recurrent", "silu_leaky_relu", "embedding", "embedding_lstm"],
+    [
+        "cnn",
+        "cnn_global",
+        "conv1d",
+        "recurrent",
+        "silu_leaky_relu",
+        "conv_silu_gelu",
+        "embedding",
+        "embedding_lstm",
+    ],
 )
 def test_from_keras_matches_keras_predict(keras, case_id):
     _, layers, x = next(c for c in _keras_models(keras) if c[0] == case_id)

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from sparknet.activations import INPUT_ACTIVATIONS
 from sparknet.layers import (
     GRU,
     LSTM,
@@ -95,6 +96,24 @@ def _dense(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     return layer, setter
 
 
+def _conv_activation(k: Any) -> str:
+    """The activation a convolution applies itself: not the gelus and silu, whose derivative
+    needs the pre-activation a convolution does not keep (:func:`_after` adds them)."""
+    act = _activation(k)
+    return "identity" if act in INPUT_ACTIVATIONS else act
+
+
+def _after(k: Any) -> list[Layer]:
+    """The layers that follow Keras layer ``k``'s own: a convolution's gelu or silu."""
+    import keras
+
+    if isinstance(k, (keras.layers.Conv1D, keras.layers.Conv2D)):
+        act = _activation(k)
+        if act in INPUT_ACTIVATIONS:
+            return [Activation(act)]
+    return []
+
+
 def _conv(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     _channels_last(k)
     if k.groups != 1 or k.padding not in ("valid", "same"):
@@ -111,7 +130,7 @@ def _conv(k: Any) -> tuple[Layer, Callable[[], None] | None]:
         strides=pick(k.strides),
         padding=k.padding,
         dilation=pick(k.dilation_rate),
-        activation=_activation(k),
+        activation=_conv_activation(k),
         use_bias=k.use_bias,
     )
 
@@ -382,7 +401,7 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
         if convert is None:
             raise ValueError(f"{_where(k)} has no sparknet equivalent")
         layer, setter = convert(k)
-        layers.append(layer)
+        layers += [layer, *_after(k)]
         if setter is not None:
             setters.append(setter)
     if dtype is None:
