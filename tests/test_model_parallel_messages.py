@@ -99,3 +99,23 @@ def test_a_spark_dataframe_or_rdd_is_refused_saying_to_collect_it(spark, digits_
         np.testing.assert_array_equal(mp.to_sequential().params, before)
     finally:
         mp.close()
+
+
+def test_a_blocked_layer_with_silu_says_to_put_the_activation_after_it_which_then_trains_exactly():
+    """A block keeps no pre-activation, which silu's (and the gelus') derivative needs: the
+    plan names the Activation layer that does, and with it the model trains as one process."""
+    from sparknet import Activation, Dense, LeakyReLU
+
+    with pytest.raises(ValueError, match=r"BlockPlan: layer 0 has activation 'silu', whose derivative "
+                                         r"needs the pre-activation.*an Activation\('silu'\) layer after it"):
+        ModelParallel([Dense(16, activation="silu"), Dense(10, activation="softmax")], BlockPlan({0: 2}),
+                      (8,), dtype="float64")
+    layers = [Dense(16), Activation("silu"), Dense(12), LeakyReLU(0.1), Dense(10, activation="softmax")]
+    mp = ModelParallel(layers, BlockPlan({0: 2, 2: 2}), (8,), dtype="float64", seed=0,
+                       optimizer=RMSprop(lr=1e-2))
+    ref = mp.to_sequential()
+    X = np.random.default_rng(0).standard_normal((48, 8))
+    y = np.arange(48) % 10
+    mp.fit(X, y, epochs=2, batch_size=16, shuffle=False)
+    ref.fit(X, y, epochs=2, batch_size=16, shuffle=False, optimizer=RMSprop(lr=1e-2), verbose=0)
+    np.testing.assert_allclose(mp.to_sequential().params, ref.params, rtol=1e-10, atol=1e-12)

@@ -30,7 +30,6 @@ ValidationData = Sequence[Any]
 Callback = Any
 
 
-
 #: what a name of Keras's or PyTorch's model API is in sparknet (``Sequential.__getattr__``)
 _OTHER_APIS = {
     "compile": "give the optimizer and the loss to fit(), e.g. model.fit(X, y, epochs=10, "

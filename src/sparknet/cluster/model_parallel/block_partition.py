@@ -241,7 +241,8 @@ class BlockPlan:
             head = softmax_head and j == n - 1
             act = layer.activation
             if act not in ELEMENTWISE and not head:
-                why = ("whose derivative needs the pre-activation, which a block does not keep"
+                why = ("whose derivative needs the pre-activation, which a block does not keep "
+                       f"(an Activation({act!r}) layer after it does)"
                        if act != "softmax" else "which needs whole rows")
                 raise ValueError(f"BlockPlan: layer {j} has activation {act!r}, {why}; a blocked "
                                  f"layer may use {', '.join(ELEMENTWISE)} (softmax only as the "
