@@ -9,7 +9,6 @@ of a channels-first tensor gets its columns reordered, since the features it rea
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 
 from sparknet.activations import INPUT_ACTIVATIONS
+from sparknet.interop._from_torch_messages import input_shape_of, not_sequential, where
 from sparknet.interop._torch import RecurrentOutput, SparknetModule, from_sparknet_module
 from sparknet.layers import (
     GRU,
@@ -96,10 +96,6 @@ class _Walk:
             self.setters.append(setter)
 
 
-def _where(i: int, module: nn.Module) -> str:
-    return f"module {i} ({type(module).__name__})"
-
-
 def _padding(
     i: int,
     module: nn.Module,
@@ -119,7 +115,7 @@ def _padding(
         out, lead = out_and_pad(size, extent, stride, "same")
         if lead != p or (size + 2 * p - extent) // stride + 1 != out:
             raise ValueError(
-                f"{_where(i, module)}: padding={pad} is neither 'valid' (0) nor sparknet's "
+                f"{where(i, module)}: padding={pad} is neither 'valid' (0) nor sparknet's "
                 f"'same' for this input size {sizes}; sparknet pads 'valid' or 'same' only"
             )
     return "same"
@@ -132,7 +128,7 @@ def _tuple(v: Any, n: int) -> tuple[int, ...]:
 def _linear(i: int, m: nn.Linear, w: _Walk) -> None:
     if w.channels_first and len(w.shape) > 1:
         raise ValueError(
-            f"{_where(i, m)} reads the last axis of a channels-first tensor {w.shape}: "
+            f"{where(i, m)} reads the last axis of a channels-first tensor {w.shape}: "
             f"put nn.Flatten() before it"
         )
     layer = Dense(m.out_features, use_bias=m.bias is not None)
@@ -154,7 +150,7 @@ def _conv(i: int, m: nn.Conv1d | nn.Conv2d, w: _Walk) -> None:
     n = 1 if isinstance(m, nn.Conv1d) else 2
     if m.groups != 1 or m.padding_mode != "zeros":
         raise ValueError(
-            f"{_where(i, m)}: groups={m.groups}, padding_mode={m.padding_mode!r}; sparknet "
+            f"{where(i, m)}: groups={m.groups}, padding_mode={m.padding_mode!r}; sparknet "
             f"convolutions have groups=1 and zero padding"
         )
     sizes = w.shape[1:]
@@ -193,7 +189,7 @@ def _pool(i: int, m: nn.Module, w: _Walk) -> None:
         or getattr(m, "divisor_override", None)
     ):
         raise ValueError(
-            f"{_where(i, m)}: ceil_mode, return_indices, dilation and divisor_override "
+            f"{where(i, m)}: ceil_mode, return_indices, dilation and divisor_override "
             f"have no sparknet equivalent"
         )
     ks = _tuple(m.kernel_size, n)
@@ -201,7 +197,7 @@ def _pool(i: int, m: nn.Module, w: _Walk) -> None:
     padding = _padding(i, m, w.shape[1:], ks, st, m.padding)
     if padding == "same" and not is_max and getattr(m, "count_include_pad", True):
         raise ValueError(
-            f"{_where(i, m)}: count_include_pad=True; sparknet's average pools leave the "
+            f"{where(i, m)}: count_include_pad=True; sparknet's average pools leave the "
             f"padding out of the mean (count_include_pad=False)"
         )
     kind: Any = {
@@ -220,7 +216,7 @@ def _adaptive(i: int, m: nn.Module, w: _Walk) -> None:
     n = 1 if isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveMaxPool1d)) else 2
     if _tuple(m.output_size, n) != (1,) * n:
         raise ValueError(
-            f"{_where(i, m)}: output_size={m.output_size}; sparknet's global pools give one "
+            f"{where(i, m)}: output_size={m.output_size}; sparknet's global pools give one "
             f"value per channel (output_size=1)"
         )
     is_max = isinstance(m, (nn.AdaptiveMaxPool1d, nn.AdaptiveMaxPool2d))
@@ -238,7 +234,7 @@ def _adaptive(i: int, m: nn.Module, w: _Walk) -> None:
 def _flatten(i: int, m: nn.Flatten, w: _Walk) -> None:
     if m.start_dim != 1 or m.end_dim != -1:
         raise ValueError(
-            f"{_where(i, m)}: start_dim={m.start_dim}, end_dim={m.end_dim}; sparknet's "
+            f"{where(i, m)}: start_dim={m.start_dim}, end_dim={m.end_dim}; sparknet's "
             f"Flatten keeps the batch axis and flattens the rest (1, -1)"
         )
     size = int(np.prod(w.shape))
@@ -256,11 +252,11 @@ def _flatten(i: int, m: nn.Flatten, w: _Walk) -> None:
 def _recurrent(i: int, m: nn.RNNBase, w: _Walk) -> None:
     if not m.batch_first or getattr(m, "proj_size", None):
         raise ValueError(
-            f"{_where(i, m)}: needs batch_first=True and no proj_size (sparknet sequences "
+            f"{where(i, m)}: needs batch_first=True and no proj_size (sparknet sequences "
             f"are (N, T, F))"
         )
     if len(w.shape) != 2 or w.channels_first:
-        raise ValueError(f"{_where(i, m)} needs sequences (N, T, F), got {w.shape}")
+        raise ValueError(f"{where(i, m)} needs sequences (N, T, F), got {w.shape}")
     made: list[Layer] = []
     for layer_i in range(m.num_layers):
 
@@ -294,7 +290,7 @@ def _recurrent(i: int, m: nn.RNNBase, w: _Walk) -> None:
 
 def _recurrent_output(i: int, m: Any, w: _Walk) -> None:
     if not w.recurrent:
-        raise ValueError(f"{_where(i, m)} must follow an nn.RNN, nn.LSTM or nn.GRU")
+        raise ValueError(f"{where(i, m)} must follow an nn.RNN, nn.LSTM or nn.GRU")
     if not m.return_sequences:
         last: Any = w.recurrent[-1]  # not built yet: its output can still change
         for c in [last] + (
@@ -308,12 +304,12 @@ def _recurrent_output(i: int, m: Any, w: _Walk) -> None:
 def _batch_norm(i: int, m: nn.modules.batchnorm._BatchNorm, w: _Walk) -> None:
     if m.momentum is None or not m.track_running_stats:
         raise ValueError(
-            f"{_where(i, m)}: momentum=None (a cumulative average) and "
+            f"{where(i, m)}: momentum=None (a cumulative average) and "
             f"track_running_stats=False have no sparknet equivalent"
         )
     if isinstance(m, nn.BatchNorm1d) and len(w.shape) == 2 and not w.channels_first:
         raise ValueError(
-            f"{_where(i, m)} on (N, {w.shape[0]}, {w.shape[1]}) normalises axis 1 of a "
+            f"{where(i, m)} on (N, {w.shape[0]}, {w.shape[1]}) normalises axis 1 of a "
             f"sequence; sparknet normalises the last axis (use it on (N, F) or after Conv1d)"
         )
     layer = BatchNormalization(momentum=m.momentum, eps=m.eps, center=m.affine, scale=m.affine)
@@ -331,7 +327,7 @@ def _batch_norm(i: int, m: nn.modules.batchnorm._BatchNorm, w: _Walk) -> None:
 def _layer_norm(i: int, m: nn.LayerNorm, w: _Walk) -> None:
     if len(m.normalized_shape) != 1 or (w.channels_first and len(w.shape) > 1):
         raise ValueError(
-            f"{_where(i, m)}: normalized_shape={tuple(m.normalized_shape)} on {w.shape}; "
+            f"{where(i, m)}: normalized_shape={tuple(m.normalized_shape)} on {w.shape}; "
             f"sparknet normalises the last axis of channels-last tensors only"
         )
     layer = LayerNormalization(eps=m.eps, center=m.bias is not None, scale=m.weight is not None)
@@ -347,7 +343,7 @@ def _layer_norm(i: int, m: nn.LayerNorm, w: _Walk) -> None:
 
 def _embedding(i: int, m: nn.Embedding, w: _Walk) -> None:
     if m.max_norm is not None:
-        raise ValueError(f"{_where(i, m)}: max_norm has no sparknet equivalent")
+        raise ValueError(f"{where(i, m)}: max_norm has no sparknet equivalent")
     layer = Embedding(m.num_embeddings, m.embedding_dim)
     w.add(layer, lambda: layer.params["embeddings"].__setitem__(Ellipsis, _np(m.weight)))
     w.shape = w.shape + (m.embedding_dim,)
@@ -360,7 +356,7 @@ def _activation(i: int, m: nn.Module, w: _Walk) -> None:
         spatial = w.channels_first and len(w.shape) > 1
         if m.dim != 1 if spatial else m.dim not in (-1, len(w.shape)):
             raise ValueError(
-                f"{_where(i, m)}: dim={m.dim}; sparknet's softmax is over the features "
+                f"{where(i, m)}: dim={m.dim}; sparknet's softmax is over the features "
                 f"(the last axis, or the channels)"
             )
         name = "softmax"
@@ -377,7 +373,7 @@ def _activation(i: int, m: nn.Module, w: _Walk) -> None:
 def _leaky_relu(i: int, m: nn.LeakyReLU, w: _Walk) -> None:
     if not 0.0 <= m.negative_slope <= 1.0:
         raise ValueError(
-            f"{_where(i, m)}: negative_slope={m.negative_slope}; sparknet's "
+            f"{where(i, m)}: negative_slope={m.negative_slope}; sparknet's "
             f"LeakyReLU takes a slope in [0, 1]"
         )
     w.add(LeakyReLU(m.negative_slope))
@@ -401,17 +397,17 @@ def _transformer_layer(i: int, m: nn.TransformerEncoderLayer, w: _Walk) -> None:
     act = {1: "relu", 2: "gelu"}.get(getattr(m, "activation_relu_or_gelu", 0))
     if not m.self_attn.batch_first:
         raise ValueError(
-            f"{_where(i, m)}: needs batch_first=True (sparknet's sequences are (N, T, D))"
+            f"{where(i, m)}: needs batch_first=True (sparknet's sequences are (N, T, D))"
         )
     if act is None:
         raise ValueError(
-            f"{_where(i, m)}: activation {m.activation!r}; sparknet's "
+            f"{where(i, m)}: activation {m.activation!r}; sparknet's "
             f"TransformerEncoder takes relu or gelu"
         )
     parts = (m.self_attn.in_proj_bias, m.linear1.bias, m.linear2.bias, m.norm1.bias, m.norm2.bias)
     if any(p is None for p in parts) or m.norm1.eps != m.norm2.eps:
         raise ValueError(
-            f"{_where(i, m)}: bias=False (or two norm eps); sparknet's "
+            f"{where(i, m)}: bias=False (or two norm eps); sparknet's "
             f"TransformerEncoder has every bias and one eps"
         )
     layer = TransformerEncoder(
@@ -476,77 +472,6 @@ _CONVERTERS: dict[type[nn.Module], Callable[[int, Any, _Walk], None]] = {
 }
 
 
-def _not_sequential(module: Any) -> str:
-    """What to do with something from_torch cannot read as it is."""
-    got = type(module).__name__
-    head = f"from_torch takes a torch.nn.Sequential (or a module made by to_torch), got {got}"
-    if isinstance(module, dict):
-        return (
-            f"{head}: a state_dict holds the weights, not the network; build the "
-            "nn.Sequential, load_state_dict(...) into it, and pass the module"
-        )
-    if isinstance(module, (str, os.PathLike)):
-        return (
-            f"{head} {os.fspath(module)!r}: load the module first (torch.load, or build it "
-            "and load_state_dict) and pass the module"
-        )
-    if type(module) in _CONVERTERS:
-        return f"{head}: wrap the one module, from_torch(nn.Sequential(module), ...)"
-    if isinstance(module, nn.Module):
-        return (
-            f"{head}, a module with its own forward(), which from_torch cannot read: write "
-            "the same network as an nn.Sequential of standard modules (and copy the weights "
-            "over with load_state_dict)"
-        )
-    return head
-
-
-def _input_shape_of(module: nn.Sequential, first: nn.Module | None) -> tuple[int, ...]:
-    """The per-sample shape a module that starts with an ``nn.Linear`` reads; for any other
-    start, the error saying which shape to give."""
-    if isinstance(first, nn.Linear):
-        return (int(first.in_features),)
-    if first is None:
-        raise ValueError("from_torch got an nn.Sequential with no module to convert")
-    i = next(j for j, m in enumerate(module) if m is first)
-    if isinstance(first, (nn.RNN, nn.LSTM, nn.GRU)):
-        reads, example = "sequences (T, F)", f"(28, {first.input_size})"
-    elif isinstance(first, nn.Embedding):
-        reads, example = "token ids (T,)", "(100,)"
-    elif isinstance(first, _SPATIAL):
-        channels = getattr(first, "in_channels", getattr(first, "num_features", 1))
-        two_d = isinstance(
-            first,
-            (
-                nn.Conv2d,
-                nn.MaxPool2d,
-                nn.AvgPool2d,
-                nn.AdaptiveAvgPool2d,
-                nn.AdaptiveMaxPool2d,
-                nn.BatchNorm2d,
-            ),
-        )
-        reads, example = (
-            ("images (C, H, W)", f"({channels}, 28, 28)")
-            if two_d
-            else ("series (C, T)", f"({channels}, 100)")
-        )
-    elif isinstance(first, nn.Flatten):
-        after = next((m for m in list(module)[i + 1 :] if isinstance(m, nn.Linear)), None)
-        flat = f"({after.in_features},)" if after is not None else "(784,)"
-        reads, example = (
-            "any shape and flattens it",
-            f"{flat} or an image shape such as (1, 28, 28)",
-        )
-    else:
-        reads, example = "inputs whose size it does not fix", "(64,)"
-    raise ValueError(
-        f"from_torch needs input_shape: {_where(i, first)} reads {reads}, and the sizes cannot "
-        f"be read from the module; give the per-sample shape in PyTorch's layout, e.g. "
-        f"input_shape={example}"
-    )
-
-
 def sparknet_input_shape(shape: tuple[int, ...], channels_first: bool) -> tuple[int, ...]:
     """The per-sample shape sparknet reads for torch's ``shape``."""
     return (*shape[1:], shape[0]) if channels_first else shape
@@ -583,10 +508,10 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
     if isinstance(module, SparknetModule):
         return from_sparknet_module(module)
     if not isinstance(module, nn.Sequential):
-        raise TypeError(_not_sequential(module))
+        raise TypeError(not_sequential(module, type(module) in _CONVERTERS))
     for i, m in enumerate(module):
         if type(m) not in _CONVERTERS:
-            raise ValueError(f"{_where(i, m)} has no sparknet equivalent: {m!r}")
+            raise ValueError(f"{where(i, m)} has no sparknet equivalent: {m!r}")
     first = next(
         (
             m
@@ -596,7 +521,7 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
         None,
     )
     if input_shape is None:
-        input_shape = _input_shape_of(module, first)
+        input_shape = input_shape_of(module, first, _SPATIAL)
     shape = tuple(int(d) for d in input_shape)
     channels_first = isinstance(first, _SPATIAL)
     walk = _Walk(shape, channels_first)
@@ -604,7 +529,7 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
         convert = _CONVERTERS[type(m)]
         if walk.recurrent is not None and not isinstance(m, RecurrentOutput):
             raise ValueError(
-                f"{_where(i, m)} follows an nn.{type(module[i - 1]).__name__}, whose output is "
+                f"{where(i, m)} follows an nn.{type(module[i - 1]).__name__}, whose output is "
                 f"a tuple: put sparknet.interop.RecurrentOutput(...) between them"
             )
         convert(i, m, walk)
