@@ -25,11 +25,15 @@ if TYPE_CHECKING:
 __all__ = ["to_torch", "from_torch", "from_keras", "RecurrentOutput"]
 
 
-def _needs(package: str, what: str) -> None:
-    """Import ``package`` (``"torch"``, ``"keras"``), or say which extra installs it."""
+def _load(module: str, package: str, what: str) -> Any:
+    """sparknet's module ``module``, which imports ``package`` (``"torch"``, ``"keras"``); when
+    that package is missing, an ``ImportError`` saying which extra installs it.  (A module
+    already imported, such as under Sphinx's mocked imports, is returned as it is.)"""
     try:
-        importlib.import_module(package)
+        return importlib.import_module(module)
     except ImportError as exc:
+        if exc.name != package and not (exc.name or "").startswith(package + "."):
+            raise
         raise ImportError(
             f"{what} needs {package}, which is not installed ({exc}): "
             f"pip install 'sparknet[{package}]'"
@@ -46,34 +50,25 @@ def to_torch(model: Sequential) -> SparknetModule:
         ValueError: a layer kind without a PyTorch equivalent (naming the layer), or a
             SimpleRNN whose activation ``torch.nn.RNN`` lacks (sigmoid, identity).
     """
-    _needs("torch", "to_torch")
-    from sparknet.interop._torch import to_torch as _to_torch
-
-    return _to_torch(model)
+    return _load("sparknet.interop._torch", "torch", "to_torch").to_torch(model)
 
 
 def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) -> Sequential:
     """A sparknet model from a ``torch.nn.Sequential`` of standard modules, or from a module
     :func:`to_torch` made; see :func:`sparknet.interop._from_torch.from_torch`."""
-    _needs("torch", "from_torch")
-    from sparknet.interop._from_torch import from_torch as _from_torch
-
-    return _from_torch(module, input_shape, dtype)
+    convert = _load("sparknet.interop._from_torch", "torch", "from_torch").from_torch
+    return convert(module, input_shape, dtype)
 
 
 def from_keras(model: Any, dtype: Any = None) -> Sequential:
     """A sparknet model from a built Keras 3 model; see
     :func:`sparknet.interop._keras.from_keras`."""
-    _needs("keras", "from_keras")
-    from sparknet.interop._keras import from_keras as _from_keras
-
-    return _from_keras(model, dtype)
+    # _keras imports keras inside its functions: ask for it first
+    _load("keras", "keras", "from_keras")
+    return _load("sparknet.interop._keras", "keras", "from_keras").from_keras(model, dtype)
 
 
 def __getattr__(name: str) -> Any:
     if name == "RecurrentOutput":  # a torch.nn.Module: defined where torch is imported
-        _needs("torch", "sparknet.interop.RecurrentOutput")
-        from sparknet.interop._torch import RecurrentOutput
-
-        return RecurrentOutput
+        return _load("sparknet.interop._torch", "torch", f"sparknet.interop.{name}").RecurrentOutput
     raise AttributeError(f"module 'sparknet.interop' has no attribute {name!r}")
