@@ -62,6 +62,7 @@ def _probs(df, name="probability"):
     return np.array([r[0].toArray() for r in df.select(name).collect()])
 
 
+@pytest.mark.slow
 def test_validation_indicator_col_holds_rows_out_and_evaluates_them_every_epoch(spark, digits):
     """MLlib's validationIndicatorCol: the flagged rows do not train (the weights are those
     of a fit on the other rows alone, bit for bit) and are evaluated after every epoch (the
@@ -76,9 +77,9 @@ def test_validation_indicator_col_holds_rows_out_and_evaluates_them_every_epoch(
     y_val = np.array([r.label for r in val]).astype(np.int64)
     assert 200 < len(val) < 400
 
-    def clf(**kw):
+    def clf(**kw):  # one averaging round per epoch: the same shards give the same weights
         return SparkNetClassifier(network=mlp(32), epochs=3, learningRate=2e-3, seed=4,
-                                  syncMethod="gradient", **dict(FAST, **kw))
+                                  **dict(FAST, **kw))
 
     held = clf(validationIndicatorCol="is_val").fit(df)
     alone = clf().fit(df.filter(~F.col("is_val")))
@@ -89,7 +90,7 @@ def test_validation_indicator_col_holds_rows_out_and_evaluates_them_every_epoch(
     ev = held.network.evaluate(X_val, y_val)
     np.testing.assert_allclose(hist["val_loss"][-1], ev["loss"], rtol=1e-4)
     assert hist["val_accuracy"][-1] == pytest.approx(ev["accuracy"], abs=1e-9)
-    assert ev["accuracy"] > 0.85
+    assert ev["accuracy"] > 0.8
     df.unpersist()
 
 
