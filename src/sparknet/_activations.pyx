@@ -202,40 +202,36 @@ def backward_input(int act, const floating[:, ::1] z, floating[:, ::1] dy):
         act_backward_input_row(act, &z[0, 0], &dy[0, 0], rows * cols)
 
 
+cdef void _leaky_scale(const floating* sign, floating* v, Py_ssize_t n,
+                       floating a) noexcept nogil:
+    """``v <- v if sign > 0 else a * v`` over ``n`` values (``sign`` may be ``v``): a select
+    on the bits, so that the loop vectorises."""
+    cdef Py_ssize_t j
+    if floating is float:
+        for j in range(n):
+            v[j] = sn_self(sign[j] > 0, v[j], a * v[j])
+    else:
+        for j in range(n):
+            v[j] = sn_seld(sign[j] > 0, v[j], a * v[j])
+
+
 def leaky_relu_forward(floating[:, ::1] z, double slope):
     """``z <- z if z > 0 else slope * z`` in place (``slope >= 0``)."""
-    cdef Py_ssize_t j, n = z.shape[0] * z.shape[1]
-    cdef floating a = <floating>slope
-    cdef floating* p
+    cdef Py_ssize_t n = z.shape[0] * z.shape[1]
     if n == 0:
         return
-    p = &z[0, 0]
     with nogil:
-        if floating is float:
-            for j in range(n):
-                p[j] = sn_self(p[j] > 0, p[j], a * p[j])
-        else:
-            for j in range(n):
-                p[j] = sn_seld(p[j] > 0, p[j], a * p[j])
+        _leaky_scale(&z[0, 0], &z[0, 0], n, <floating>slope)
 
 
 def leaky_relu_backward(const floating[:, ::1] y, floating[:, ::1] dy, double slope):
     """``dy <- dy if y > 0 else slope * dy`` in place, through the forward output ``y``
     (its sign is its input's, for ``slope >= 0``)."""
-    cdef Py_ssize_t j, n = y.shape[0] * y.shape[1]
-    cdef floating a = <floating>slope
-    cdef const floating* q
-    cdef floating* d
+    cdef Py_ssize_t n = y.shape[0] * y.shape[1]
     if dy.shape[0] != y.shape[0] or dy.shape[1] != y.shape[1]:
         raise ValueError(f"leaky_relu backward: y is ({y.shape[0]}, {y.shape[1]}), dy is "
                          f"({dy.shape[0]}, {dy.shape[1]})")
     if n == 0:
         return
-    q, d = &y[0, 0], &dy[0, 0]
     with nogil:
-        if floating is float:
-            for j in range(n):
-                d[j] = sn_self(q[j] > 0, d[j], a * d[j])
-        else:
-            for j in range(n):
-                d[j] = sn_seld(q[j] > 0, d[j], a * d[j])
+        _leaky_scale(&y[0, 0], &dy[0, 0], n, <floating>slope)
