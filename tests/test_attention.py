@@ -109,7 +109,10 @@ def test_dense_and_activation_gelu_gradcheck(name):
     assert p_err <= TOL and x_err <= TOL, (p_err, x_err)
 
 
-def test_dense_gelu_kernel_float32_agrees_with_float64():
+@pytest.mark.parametrize("name", ["gelu", "silu"])
+def test_dense_input_activation_kernel_float32_agrees_with_float64(name):
+    """Dense's fused gelu and silu (derivatives through the kept pre-activation Z): Z is
+    the product, Y the activation of Z, and float32 agrees with float64."""
     rng = np.random.default_rng(4)
     X, W = rng.standard_normal((32, 40)), rng.standard_normal((24, 40)) * 0.2
     b = rng.standard_normal(24)
@@ -117,11 +120,12 @@ def test_dense_gelu_kernel_float32_agrees_with_float64():
     for dt in (np.float32, np.float64):
         Xd, Wd, bd = X.astype(dt), W.astype(dt), b.astype(dt)
         Y, Z = np.empty((32, 24), dt), np.empty((32, 24), dt)
-        _dense.forward(Xd, Wd, bd, Y, IDS["gelu"], Z)
+        _dense.forward(Xd, Wd, bd, Y, IDS[name], Z)
         np.testing.assert_allclose(Z, Xd @ Wd.T + bd, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(Y, apply(name, Z.astype(np.float64)), rtol=1e-5, atol=1e-6)
         dY = np.full((32, 24), 0.1, dt)
         dX, dW, db = np.empty_like(Xd), np.empty_like(Wd), np.empty(24, dt)
-        _dense.backward(Xd, Wd, Y, dY, dX, dW, db, IDS["gelu"], Z)
+        _dense.backward(Xd, Wd, Y, dY, dX, dW, db, IDS[name], Z)
         out[dt] = (Y, dX, dW, db)
     for a32, a64 in zip(out[np.float32], out[np.float64]):
         np.testing.assert_allclose(a32, a64, rtol=2e-4, atol=2e-5)

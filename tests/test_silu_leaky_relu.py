@@ -1,7 +1,8 @@
 """SiLU (swish) and leaky ReLU, the activations of PyTorch and Keras networks that come in.
 
 - ``silu``: values and derivative against the formula and central differences (float64),
-  the float32 kernels against float64, ``torch.nn.functional.silu`` and its autograd,
+  the float32 kernels against float64 (Dense's fused kernel: in ``test_attention.py``, beside
+  the gelus'), ``torch.nn.functional.silu`` and its autograd,
   finite-difference gradchecks through ``Dense`` and ``Activation`` (its derivative needs
   the pre-activation, which the other layers refuse to keep), the ``"swish"`` name.
 - ``LeakyReLU``: values and derivative against numpy, gradchecks, float32 against float64,
@@ -13,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import sparknet._dense as _dense
 from helpers.gradcheck import model_gradcheck, rel_error
 from sparknet import Activation, Conv2D, Dense, LeakyReLU, Sequential, load_model
-from sparknet.activations import IDS, apply, canonical_name, grad_from_input
+from sparknet.activations import apply, canonical_name, grad_from_input
 from sparknet.datasets import load_digits
 
 TOL = 1e-6
@@ -67,24 +67,6 @@ def test_dense_and_activation_silu_gradcheck():
     assert [getattr(layer, "activation", None) for layer in model.layers] == ["silu", "identity", "silu"]
     p_err, x_err = model_gradcheck(model, np.random.default_rng(1).standard_normal((7, 5)))
     assert p_err <= TOL and x_err <= TOL, (p_err, x_err)
-
-
-def test_dense_silu_kernel_float32_agrees_with_float64():
-    rng = np.random.default_rng(4)
-    X, W = rng.standard_normal((32, 40)), rng.standard_normal((24, 40)) * 0.2
-    b = rng.standard_normal(24)
-    out = {}
-    for dt in (np.float32, np.float64):
-        Xd, Wd, bd = X.astype(dt), W.astype(dt), b.astype(dt)
-        Y, Z = np.empty((32, 24), dt), np.empty((32, 24), dt)
-        _dense.forward(Xd, Wd, bd, Y, IDS["silu"], Z)
-        np.testing.assert_allclose(Y, _silu(Z.astype(np.float64)), rtol=1e-5, atol=1e-6)
-        dY = np.full((32, 24), 0.1, dt)
-        dX, dW, db = np.empty_like(Xd), np.empty_like(Wd), np.empty(24, dt)
-        _dense.backward(Xd, Wd, Y, dY, dX, dW, db, IDS["silu"], Z)
-        out[dt] = (Y, dX, dW, db)
-    for a32, a64 in zip(out[np.float32], out[np.float64]):
-        np.testing.assert_allclose(a32, a64, rtol=2e-4, atol=2e-5)
 
 
 def test_silu_is_refused_where_the_pre_activation_is_not_kept():
