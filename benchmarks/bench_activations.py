@@ -17,7 +17,6 @@ The contenders run in interleaved rounds in the same process; each keeps its bes
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from bench_norm import SparknetStep, TorchStep, make_batches, timed_rounds
@@ -65,7 +64,8 @@ def mlp_table(seconds: float, rounds: int) -> None:
 
 
 def kernel_table(seconds: float) -> None:
-    """Forward + backward of the activation alone on (128, 512) float32, best of rounds."""
+    """Forward + backward of the activation alone on (128, 512) float32, best of 4 interleaved
+    rounds (:func:`bench_norm.timed_rounds`, one call per sample)."""
     import torch
     import torch.nn.functional as F
     rng = np.random.default_rng(0)
@@ -99,24 +99,21 @@ def kernel_table(seconds: float) -> None:
             fn(x).backward(dyt)
         return run
 
+    class Named:  # a contender of timed_rounds: one call per "sample"
+        def __init__(self, name: str, fn) -> None:
+            self.name, self.fn = name, fn
+
+        def __call__(self, i: int) -> None:
+            self.fn()
+
     print("\nthe activation alone, forward + backward, (128, 512) float32, microseconds per call")
     print(f"  {'':11s} {'sparknet':>10s} {'torch':>10s} {'ratio':>7s}")
-    per = max(seconds / 8, 0.05)
     for act in ACTIVATIONS:
-        best = {}
-        for name, fn in (("sparknet", sn(act)), ("torch", th(act))):
-            for _ in range(3):
-                fn()
-            b = float("inf")
-            for _ in range(4):
-                c0, k = time.process_time(), 0
-                while time.process_time() - c0 < per or k == 0:
-                    fn()
-                    k += 1
-                b = min(b, (time.process_time() - c0) / k)
-            best[name] = b * 1e6
-        print(f"  {act:11s} {best['sparknet']:9.1f} {best['torch']:9.1f} "
-              f"{best['torch'] / best['sparknet']:6.2f}x")
+        calls = timed_rounds([Named("sparknet", sn(act)), Named("torch", th(act))], 1,
+                             max(seconds / 2, 0.1), 4)
+        us = {k: 1e6 / v for k, v in calls.items()}
+        print(f"  {act:11s} {us['sparknet']:9.1f} {us['torch']:9.1f} "
+              f"{us['torch'] / us['sparknet']:6.2f}x")
 
 
 def main(argv=None) -> None:
