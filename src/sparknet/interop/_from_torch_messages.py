@@ -10,20 +10,24 @@ from typing import Any
 from torch import nn
 
 
-def where(i: int, module: nn.Module) -> str:
-    """How a message names module ``i`` of the ``nn.Sequential``."""
-    return f"module {i} ({type(module).__name__})"
+def where(i: int | str, module: nn.Module) -> str:
+    """How a message names module ``i`` of the ``nn.Sequential`` (an index), or of a traced
+    module (its name in ``forward()``, e.g. ``'layer1.0.conv1'``)."""
+    return f"module {i if isinstance(i, int) else repr(i)} ({type(module).__name__})"
 
 
 def not_sequential(module: Any, one_module: bool) -> str:
     """What to do with ``module``, which from_torch cannot read as it is (``one_module``: a
     single module of a kind it converts)."""
     got = type(module).__name__
-    head = f"from_torch takes a torch.nn.Sequential (or a module made by to_torch), got {got}"
+    head = (
+        "from_torch takes a torch.nn.Module (an nn.Sequential, a module with its own "
+        f"forward(), or one made by to_torch), got {got}"
+    )
     if isinstance(module, dict):
         return (
             f"{head}: a state_dict holds the weights, not the network; build the "
-            "nn.Sequential, load_state_dict(...) into it, and pass the module"
+            "module, load_state_dict(...) into it, and pass the module"
         )
     if isinstance(module, (str, os.PathLike)):
         return (
@@ -34,24 +38,29 @@ def not_sequential(module: Any, one_module: bool) -> str:
         return f"{head}: wrap the one module, from_torch(nn.Sequential(module), ...)"
     if isinstance(module, nn.Module):
         return (
-            f"{head}, a module with its own forward(), which from_torch cannot read: write "
-            "the same network as an nn.Sequential of standard modules (and copy the weights "
-            "over with load_state_dict)"
+            f"{head}, which is not a network sparknet reads by itself: pass the "
+            "nn.Sequential or the module whose forward() uses it"
         )
     return head
 
 
 def input_shape_of(
-    module: nn.Sequential, first: nn.Module | None, spatial: tuple[type, ...]
+    named: list[tuple[int | str, nn.Module]], first: nn.Module | None, spatial: tuple[type, ...]
 ) -> tuple[int, ...]:
-    """The per-sample shape a module that starts with an ``nn.Linear`` reads; for any other
-    start (``first``: its first module that converts to a layer; ``spatial``: the
-    channels-first kinds), the error saying which shape to give."""
+    """The per-sample shape a network that starts with an ``nn.Linear`` reads; for any other
+    start, the error saying which shape to give.
+
+    Args:
+        named: the network's modules in order, each with the name a message gives it.
+        first: the first of them that converts to a layer.
+        spatial: the channels-first kinds.
+    """
     if isinstance(first, nn.Linear):
         return (int(first.in_features),)
     if first is None:
-        raise ValueError("from_torch got an nn.Sequential with no module to convert")
-    i = next(j for j, m in enumerate(module) if m is first)
+        raise ValueError("from_torch got a network with no module to convert")
+    at = next(j for j, (_, m) in enumerate(named) if m is first)
+    i = named[at][0]
     if isinstance(first, (nn.RNN, nn.LSTM, nn.GRU)):
         reads, example = "sequences (T, F)", f"(28, {first.input_size})"
     elif isinstance(first, nn.Embedding):
@@ -75,7 +84,7 @@ def input_shape_of(
             else ("series (C, T)", f"({channels}, 100)")
         )
     elif isinstance(first, nn.Flatten):
-        after = next((m for m in list(module)[i + 1 :] if isinstance(m, nn.Linear)), None)
+        after = next((m for _, m in named[at + 1 :] if isinstance(m, nn.Linear)), None)
         flat = f"({after.in_features},)" if after is not None else "(784,)"
         reads, example = (
             "any shape and flattens it",
