@@ -1,4 +1,5 @@
-"""Shared fixtures: a local Spark session (one per test run) and data paths."""
+"""Shared fixtures: a local Spark session (one per test run), data paths, and PyTorch and
+Keras for the interop tests (skipped, saying why, where they are not installed)."""
 from __future__ import annotations
 
 import os
@@ -165,3 +166,18 @@ def digits_xy():
 
     X, y = load_digits(return_X_y=True)
     return (X / 16.0), y.astype(np.int64)
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """PyTorch, for the interop tests."""
+    return pytest.importorskip("torch", reason="torch not installed: PyTorch interop skipped")
+
+
+@pytest.fixture(scope="session")
+def keras():
+    """Keras 3 on the torch backend (unless KERAS_BACKEND says otherwise)."""
+    os.environ.setdefault("KERAS_BACKEND", "torch")
+    keras = pytest.importorskip("keras", reason="keras not installed: Keras interop skipped")
+    print(f"Keras {keras.__version__}, backend {keras.backend.backend()}")
+    return keras

@@ -10,11 +10,6 @@ import pytest
 from helpers.gradcheck import rel_error
 
 
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch not installed: PyTorch interop skipped")
-
-
 def _networks(torch):
     """name -> (module, per-sample shape in PyTorch's layout, token ids?, sparknet's layers)."""
     nn, F = torch.nn, torch.nn.functional

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -259,11 +257,6 @@ def _sparknet_case(case_id, dtype="float64"):
 
 
 # ------------------------------------------------------------------------------ PyTorch
-@pytest.fixture(scope="module")
-def torch():
-    return pytest.importorskip("torch", reason="torch not installed: PyTorch interop skipped")
-
-
 @pytest.mark.parametrize("case_id", [c[0] for c in SPARKNET_CASES])
 def test_to_torch_computes_the_same_function(torch, case_id):
     from sparknet.interop import to_torch
@@ -706,14 +699,6 @@ def test_from_torch_reads_the_input_shape_of_a_first_linear_and_names_the_shape_
 
 
 # -------------------------------------------------------------------------------- Keras
-@pytest.fixture(scope="module")
-def keras():
-    os.environ.setdefault("KERAS_BACKEND", "torch")
-    keras = pytest.importorskip("keras", reason="keras not installed: Keras interop skipped")
-    print(f"Keras {keras.__version__}, backend {keras.backend.backend()}")
-    return keras
-
-
 def _randomize_keras(keras, km, seed=0):
     rng = np.random.default_rng(seed)
     for w in km.weights:

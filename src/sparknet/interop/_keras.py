@@ -15,6 +15,7 @@ from typing import Any, Callable
 import numpy as np
 
 from sparknet.activations import INPUT_ACTIVATIONS
+from sparknet.interop._keras_graph import attention, chain_of, layers_of
 from sparknet.layers import (
     GRU,
     LSTM,
@@ -355,6 +356,7 @@ def _converters() -> dict[type, Callable[[Any], tuple[Layer, Callable[[], None] 
         L.Softmax: _activation_layer,
         L.ReLU: _activation_layer,
         L.LeakyReLU: _activation_layer,
+        L.MultiHeadAttention: attention,
     }
 
 
@@ -362,13 +364,15 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
     """A sparknet model computing what the built Keras 3 ``model`` computes (in inference).
 
     Args:
-        model: a ``keras.Sequential`` or a functional ``keras.Model`` that is one chain of
+        model: a ``keras.Sequential``, or a functional ``keras.Model`` that is one chain
+            (with skip connections ``Add()([x, f(x)])``, read as ``Residual`` blocks) of
             ``Dense``, ``Conv1D``, ``Conv2D``, ``MaxPooling1D/2D``, ``AveragePooling1D/2D``,
             ``GlobalAveragePooling1D/2D``, ``GlobalMaxPooling1D/2D``, ``SimpleRNN``, ``LSTM``,
             ``GRU`` (``reset_after=True``), ``Bidirectional`` (``concat`` or ``sum``),
             ``BatchNormalization``, ``LayerNormalization``, ``Embedding``, ``Dropout``,
-            ``Flatten``, ``Activation``, ``Softmax``, ``ReLU``, ``LeakyReLU`` layers
-            (channels-last, as sparknet), with a known input shape.
+            ``Flatten``, ``Activation``, ``Softmax``, ``ReLU``, ``LeakyReLU`` layers and
+            self-attention ``MultiHeadAttention`` (``mha(x, x)``, ``num_heads * key_dim``
+            the input width) (channels-last, as sparknet), with a known input shape.
         dtype: the model's float type (default: float64 for a float64 Keras model, else
             float32).
 
@@ -392,18 +396,26 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
             f"models have a fixed per-sample shape"
         )
     converters = _converters()
-    layers: list[Layer] = []
     setters: list[Callable[[], None]] = []
-    for k in model.layers:
-        if isinstance(k, keras.layers.InputLayer):
-            continue
-        convert = converters.get(type(k))
-        if convert is None:
+
+    def convert(k: Any) -> list[Layer]:
+        make = converters.get(type(k))
+        if make is None:
             raise ValueError(f"{_where(k)} has no sparknet equivalent")
-        layer, setter = convert(k)
-        layers += [layer, *_after(k)]
+        layer, setter = make(k)
         if setter is not None:
             setters.append(setter)
+        return [layer, *_after(k)]
+
+    if isinstance(model, keras.Sequential):
+        layers = [
+            layer
+            for k in model.layers
+            if not isinstance(k, keras.layers.InputLayer)
+            for layer in convert(k)
+        ]
+    else:
+        layers = layers_of(chain_of(model), convert)
     if dtype is None:
         dtype = "float64" if getattr(model, "dtype", None) == "float64" else "float32"
     out = Sequential(layers, input_shape=shape, dtype=dtype)
