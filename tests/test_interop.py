@@ -232,6 +232,21 @@ SPARKNET_CASES = [
         False,
     ),
     (
+        "residual_shortcut",
+        lambda: [
+            Conv2D(3, 3, padding="same"),
+            Residual(
+                [Conv2D(4, 3, strides=2, padding="same", activation="relu"), Conv2D(4, 3, padding="same")],
+                shortcut=[Conv2D(4, 1, strides=2), BatchNormalization()],
+            ),
+            GlobalAveragePooling2D(),
+            Dense(2, activation="softmax"),
+        ],
+        IMG,
+        lambda r, n: r.random((n,) + IMG),
+        False,
+    ),
+    (
         "column_embedding",
         lambda: [ColumnEmbedding([0, 3], [5, 4], [3, 2]), Dense(3, activation="softmax")],
         (6,),
@@ -303,7 +318,7 @@ def _grads_as_sparknet(module, model_like):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["mlp", "cnn", "recurrent", "attention", "residual", "column_embedding"]
+    "case_id", ["mlp", "cnn", "recurrent", "attention", "residual", "residual_shortcut", "column_embedding"]
 )
 def test_torch_gradients_equal_sparknet_gradients(torch, case_id):
     """The module computes the same function, so autograd through it gives sparknet's own

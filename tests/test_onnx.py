@@ -532,6 +532,21 @@ CASES = [
         {"Conv", "Add", "LayerNormalization"},
     ),
     (
+        "residual_shortcut",
+        lambda: [
+            Conv2D(3, 3, padding="same"),
+            Residual(
+                [Conv2D(4, 3, strides=2, padding="same", activation="relu"), BatchNormalization()],
+                shortcut=[Conv2D(4, 1, strides=2)],
+            ),
+            Residual([Dense(6, activation="relu")], shortcut=[Dense(6)]),
+            GlobalAveragePooling2D(),
+        ],
+        IMG,
+        _images,
+        {"Conv", "Add", "MatMul"},
+    ),
+    (
         "residual_recurrent",
         lambda: [Residual([LSTM(4, return_sequences=True)]), GRU(3)],
         SEQ,

@@ -6,8 +6,9 @@ The graph is read as one chain from the input to the output:
 - a module call is the module's layer, converted as in an ``nn.Sequential``;
 - ``F.relu``, ``torch.flatten``, ``F.max_pool2d``, ``x.view(x.size(0), -1)``, ``x.mean(1)``
   and the other tensor functions ``_activation_of`` knows are the module they stand for;
-- ``a + b`` where ``b`` is computed from ``a`` is a skip connection, ``Residual([...])`` of
-  the modules between them;
+- ``a + b`` is a skip connection: ``Residual([...])`` of the modules from the point where the
+  two branches part to ``a`` (the longer branch), with the modules to ``b`` as its
+  ``shortcut`` (none: the identity);
 - an ``nn.LSTM``'s ``out, _ = lstm(x)`` and ``out[:, -1]`` (or ``h[-1]``) are its sequences and
   its last step; ``attn(x, x, x)[0]`` of an ``nn.MultiheadAttention`` is self-attention;
 - ``x.transpose(1, 2)`` of a sequence swaps torch's ``(N, T, C)`` and ``(N, C, T)``, which
@@ -163,10 +164,12 @@ class _Step:
 
 @dataclass(eq=False, frozen=True)
 class _Skip:
-    """A skip connection: the input of ``body`` added to its output."""
+    """A skip connection: the input of ``body`` (or the output of ``shortcut``, when it has
+    modules) added to its output."""
 
     name: str
     body: tuple[Chain, ...]
+    shortcut: tuple[Chain, ...] = ()
 
 
 Chain = Union[_Step, _Skip]
@@ -473,21 +476,19 @@ class _Reader:
         if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
             raise _node_error(node, "an add of other than two tensors")
         a, b = (self.tensor(x, node) for x in node.args)
-        if len(a) > len(b):
-            a, b = b, a
-        if len(b) > len(a) and all(x is y for x, y in zip(a, b)):
-            return _Value(a + (_Skip(node.name, b[len(a) :]),))
         common = 0
         while common < min(len(a), len(b)) and a[common] is b[common]:
             common += 1
-        through = [[s.name for s in branch[common:]] or "the input" for branch in (a, b)]
-        raise _node_error(
-            node,
-            f"adds two branches, through {through[0]} and through "
-            f"{through[1]}; sparknet's Residual adds a block's input to its "
-            f"output (an identity shortcut), so a shortcut with modules of "
-            f"its own has no equivalent",
-        )
+        body, shortcut = a[common:], b[common:]
+        if len(shortcut) > len(body):  # the block's layers are the longer branch
+            body, shortcut = shortcut, body
+        if not body:
+            raise _node_error(
+                node,
+                "adds a tensor to itself; sparknet's Residual adds a block's "
+                "input (or shortcut) to the output of its layers",
+            )
+        return _Value(a[:common] + (_Skip(node.name, body, shortcut),))
 
 
 _KIND_NAMES = {
@@ -505,7 +506,7 @@ _KIND_NAMES = {
 def _flat(chain: tuple[Chain, ...]) -> list[tuple[int | str, nn.Module]]:
     out: list[tuple[int | str, nn.Module]] = []
     for s in chain:
-        out += _flat(s.body) if isinstance(s, _Skip) else [(s.name, s.module)]
+        out += _flat(s.body) + _flat(s.shortcut) if isinstance(s, _Skip) else [(s.name, s.module)]
     return out
 
 
@@ -514,15 +515,18 @@ def _convert(chain: tuple[Chain, ...], w: Walk) -> None:
         if isinstance(s, _Step):
             _GRAPH_CONVERTERS[type(s.module)](s.name, s.module, w)
             continue
-        inner = Walk(w.shape, w.channels_first)
-        _convert(s.body, inner)
-        if (inner.shape, inner.channels_first, inner.perm) != (w.shape, w.channels_first, None):
+        body, short = Walk(w.shape, w.channels_first), Walk(w.shape, w.channels_first)
+        _convert(s.body, body)
+        _convert(s.shortcut, short)
+        ends = [(v.shape, v.channels_first, v.perm is None) for v in (body, short)]
+        if ends[0] != ends[1] or body.perm is not None:
             raise ValueError(
-                f"from_torch: forward(), at {s.name!r}: adds {w.shape} to "
-                f"{inner.shape}; sparknet's Residual adds tensors of one shape"
+                f"from_torch: forward(), at {s.name!r}: adds {short.shape} to "
+                f"{body.shape}; sparknet's Residual adds tensors of one shape"
             )
-        w.add(Residual(inner.layers))
-        w.setters += inner.setters
+        w.add(Residual(body.layers, shortcut=short.layers or None))
+        w.setters += body.setters + short.setters
+        w.shape, w.channels_first = body.shape, body.channels_first
 
 
 def is_own_forward(module: Any) -> bool:

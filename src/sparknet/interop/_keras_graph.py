@@ -1,8 +1,9 @@
 """A Keras 3 functional model read as one chain of layers, with skip connections.
 
 The model's operations are read in their order.  Each layer that reads one tensor extends
-the chain of that tensor; ``Add()([x, y])`` (or ``x + y``) where ``y`` is computed from
-``x`` is a skip connection, ``Residual([...])`` of the layers between them; a
+the chain of that tensor; ``Add()([x, y])`` (or ``x + y``) is a skip connection:
+``Residual([...])`` of the layers from where the two branches part to the longer one, with
+the other's as its ``shortcut`` (none: the identity); a
 ``MultiHeadAttention`` called as ``mha(x, x)`` is self-attention.  Anything else (two
 branches joined otherwise, a layer called twice, several inputs or outputs) is refused,
 naming the layer.
@@ -23,10 +24,12 @@ __all__ = ["chain_of", "layers_of", "Chain", "Skip"]
 
 @dataclass(eq=False, frozen=True)
 class Skip:
-    """A skip connection: the input of ``body`` added to its output (``name``: the Add)."""
+    """A skip connection: the input of ``body`` (or the output of ``shortcut``, when it has
+    layers) added to its output (``name``: the Add)."""
 
     name: str
     body: tuple[Chain, ...]
+    shortcut: tuple[Chain, ...] = ()
 
 
 Chain = Union[Any, Skip]  # a Keras layer, or a skip connection
@@ -103,20 +106,16 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
                 )
             if len(inputs) != 2:
                 raise ValueError(f"{_where(op)} adds {len(inputs)} tensors; a skip adds two")
-            a, b = sorted((chain(t, op) for t in inputs), key=len)
-            if len(b) > len(a) and all(x is y for x, y in zip(a, b)):
-                out: tuple[Chain, ...] = a + (Skip(op.name, b[len(a) :]),)
-            else:
-                common = next(
-                    (i for i, (x, y) in enumerate(zip(a, b)) if x is not y), min(len(a), len(b))
-                )
-                through = [[s.name for s in c[common:]] or "the input" for c in (a, b)]
-                raise ValueError(
-                    f"{_where(op)} adds two branches, through {through[0]} and through "
-                    f"{through[1]}; sparknet's Residual adds a block's input to its output "
-                    f"(an identity shortcut), so a shortcut with layers of its own has no "
-                    f"equivalent"
-                )
+            a, b = (chain(t, op) for t in inputs)
+            common = next(
+                (i for i, (x, y) in enumerate(zip(a, b)) if x is not y), min(len(a), len(b))
+            )
+            body, shortcut = a[common:], b[common:]
+            if len(shortcut) > len(body):  # the block's layers are the longer branch
+                body, shortcut = shortcut, body
+            if not body:
+                raise ValueError(f"{_where(op)} adds a tensor to itself")
+            out: tuple[Chain, ...] = a[:common] + (Skip(op.name, body, shortcut),)
         elif isinstance(op, keras.layers.MultiHeadAttention):
             if len({id(t) for t in inputs}) != 1:
                 raise ValueError(
@@ -135,12 +134,14 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
 
 def layers_of(chain: tuple[Chain, ...], convert: Callable[[Any], list[Layer]]) -> list[Layer]:
     """The sparknet layers of ``chain``: ``convert`` for each Keras layer, a ``Residual`` of
-    its body's for each skip."""
+    its body's (and its shortcut's) for each skip."""
     out: list[Layer] = []
     for step in chain:
-        out += (
-            [Residual(layers_of(step.body, convert))] if isinstance(step, Skip) else convert(step)
-        )
+        if isinstance(step, Skip):
+            short = layers_of(step.shortcut, convert)
+            out.append(Residual(layers_of(step.body, convert), shortcut=short or None))
+        else:
+            out += convert(step)
     return out
 
 

@@ -110,20 +110,30 @@ class TransformerAdapter(Adapter):
 
 
 class ResidualAdapter(Adapter):
-    """``x + f(x)`` over the adapters of the block's layers; the input's mask goes on."""
+    """``x + f(x)`` (or ``g(x) + f(x)`` with a shortcut) over the adapters of the block's
+    layers; the input's mask goes on."""
 
     def __init__(self, layer: Residual, make: MakeAdapter) -> None:
         super().__init__()
         self.block = nn.ModuleList([make(child) for child in layer.layers])
+        short = layer.shortcut
+        self.shortcut = None if short is None else nn.ModuleList([make(c) for c in short])
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
-        h, m = x, mask
-        for adapter in self.block:
-            h, m = adapter(h, m)
-        return x + h, mask
+        def run(adapters: nn.ModuleList) -> torch.Tensor:
+            h, m = x, mask
+            for adapter in adapters:
+                h, m = adapter(h, m)
+            return h
+
+        skip = x if self.shortcut is None else run(self.shortcut)
+        return skip + run(self.block), mask
 
     def store(self, layer: Layer) -> None:
-        for adapter, child in zip(self.block, cast(Residual, layer).layers):
+        block = cast(Residual, layer)
+        for adapter, child in zip(self.shortcut or [], block.shortcut or []):
+            cast(Adapter, adapter).store(child)
+        for adapter, child in zip(self.block, block.layers):
             cast(Adapter, adapter).store(child)
 
 

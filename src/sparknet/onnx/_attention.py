@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from sparknet.layers.attention import MultiHeadAttention, PositionalEmbedding, TransformerEncoder
+from sparknet.layers.base import Layer
 from sparknet.layers.residual import Residual
 from sparknet.onnx._builder import Builder
 from sparknet.onnx._registry import export_layer, register_exporter
@@ -97,15 +98,25 @@ def transformer_encoder(layer: TransformerEncoder, b: Builder, x: str) -> str:
 
 @register_exporter(Residual, any_layout=True)
 def residual(layer: Residual, b: Builder, x: str) -> str:
-    """``Add`` of the input and its layers' output (in the input's layout); the input's
-    mask goes on."""
-    in_shape, _ = layer._shapes()
-    rank = 1 + len(in_shape)
+    """``Add`` of the input (or of its shortcut's output) and its layers' output, in the
+    input's layout; the input's mask goes on."""
+    _, out_shape = layer._shapes()
+    rank = 1 + len(out_shape)
     first, mask, mask_is_input = b.channels_first, b.mask, b.mask_is_input
-    h = x
-    for child in layer.layers:
-        h = export_layer(child, b, h)
-    if b.channels_first != first:
-        h = (b.channels_first_of if first else b.channels_last_of)(h, rank, f"{layer.name}/layout")
-    b.mask, b.mask_is_input = mask, mask_is_input
-    return b.op("Add", [x, h], layer.name)
+
+    def stack(layers: list[Layer]) -> str:
+        b.channels_first, b.mask, b.mask_is_input = first, mask, mask_is_input
+        h = x
+        for child in layers:
+            h = export_layer(child, b, h)
+        if b.channels_first != first:
+            h = (b.channels_first_of if first else b.channels_last_of)(
+                h, rank, f"{layer.name}/layout"
+            )
+        return h
+
+    h = stack(layer.layers)
+    short = layer.shortcut
+    skip = x if short is None else stack(short)
+    b.channels_first, b.mask, b.mask_is_input = first, mask, mask_is_input
+    return b.op("Add", [skip, h], layer.name)
