@@ -388,7 +388,7 @@ def test_bad_constructor_arguments_name_the_problem():
         Conv2D(4, 3, strides=0)
     with pytest.raises(ValueError, match="dilation"):
         Conv2D(4, 3, dilation=(1, -1))
-    with pytest.raises(ValueError, match="padding must be 'valid' or 'same'"):
+    with pytest.raises(ValueError, match="padding must be 'valid', 'same' or an integer"):
         Conv2D(4, 3, padding="full")
     with pytest.raises(ValueError, match="unknown activation 'mish'"):
         Conv2D(4, 3, activation="mish")
@@ -414,7 +414,7 @@ def test_kernel_larger_than_padded_input():
         Sequential([Conv2D(2, 5)], input_shape=(4, 4, 1))
     with pytest.raises(ValueError, match=r"kernel extent 5x3 \(kernel 3x2, dilation 2x2\).*6x2"):
         Sequential([Conv2D(2, (3, 2), dilation=2)], input_shape=(6, 2, 1))
-    with pytest.raises(ValueError, match=r"pool window 3x3 is larger than the input 2x2"):
+    with pytest.raises(ValueError, match=r"pool window 3x3 is larger than the padded input 2x2"):
         Sequential([AvgPool2D(3)], input_shape=(2, 2, 1))
     # "same" padding makes room for any kernel
     assert Sequential([Conv2D(2, 5, padding="same")], input_shape=(4, 4, 1)).output_shape == (4, 4, 2)

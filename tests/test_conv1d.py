@@ -415,7 +415,7 @@ def test_bad_constructor_arguments_name_the_layer_and_value():
         (lambda: Conv1D(4, 3, strides=0), "Conv1D strides must be a positive integer, got 0"),
         (lambda: Conv1D(4, 3, dilation=-1), "Conv1D dilation must be a positive integer, got -1"),
         (lambda: Conv1D(4, 3, padding="causal"),
-         "Conv1D padding must be 'valid' or 'same', got 'causal'"),
+         "Conv1D padding must be 'valid', 'same' or an integer >= 0 .*got 'causal'"),
         (lambda: Conv1D(4, 3, activation="mish"), "unknown activation 'mish'"),
         (lambda: Conv1D(4, 3, use_bias="yes"), "Conv1D use_bias must be True or False, got 'yes'"),
         (lambda: Conv1D(4, 3, kernel_initializer="ones"), "unknown initializer"),
@@ -423,7 +423,7 @@ def test_bad_constructor_arguments_name_the_layer_and_value():
         (lambda: AvgPool1D(2, strides=1.5),
          "AvgPool1D strides must be a positive integer, got 1.5"),
         (lambda: MaxPool1D(2, padding="full"),
-         "MaxPool1D padding must be 'valid' or 'same', got 'full'"),
+         "MaxPool1D padding must be 'valid', 'same' or an integer >= 0 .*got 'full'"),
     ]
     for make, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -438,10 +438,11 @@ def test_bad_per_sample_shapes_name_the_layer_and_layout():
     with pytest.raises(ValueError, match=r"MaxPool1D 'maxpool1d'.*\(T, C\).*\(8,\).*X.reshape"):
         Sequential([MaxPool1D(2)], input_shape=(8,))
     with pytest.raises(ValueError, match=r"Conv1D 'c': kernel extent 9 \(kernel_size 5, "
-                                         r"dilation 2\) is longer than the input's 8 steps"):
+                                         r"dilation 2\) is larger than the padded input 8 "
+                                         r"\(padding 'valid'\)"):
         Sequential([Conv1D(2, 5, dilation=2, name="c")], input_shape=(8, 1))
-    with pytest.raises(ValueError, match=r"AvgPool1D 'avgpool1d': pool_size 5 is longer than "
-                                         r"the input's 4 steps"):
+    with pytest.raises(ValueError, match=r"AvgPool1D 'avgpool1d': pool_size 5 is larger than "
+                                         r"the padded input 4"):
         Sequential([AvgPool1D(5)], input_shape=(4, 2))
     assert Sequential([Conv1D(2, 5, padding="same")], input_shape=(3, 1)).output_shape == (3, 2)
     with pytest.raises(ValueError, match=r"GlobalMaxPooling1D 'globalmaxpooling1d' needs "

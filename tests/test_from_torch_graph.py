@@ -48,16 +48,19 @@ def _networks(torch):
             out += identity
             return self.relu(out)
 
-    class ResNet(nn.Module):
+    class ResNet(nn.Module):  # torchvision's layout: stem, maxpool, stages, avgpool, fc
         def __init__(self):
             super().__init__()
-            self.stem = nn.Conv2d(2, 4, 3, padding=1)
+            self.conv1 = nn.Conv2d(2, 4, 7, stride=2, padding=3, bias=False)
+            self.bn1, self.relu = nn.BatchNorm2d(4), nn.ReLU(inplace=True)
+            self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
             self.layer1 = nn.Sequential(BasicBlock(4, 4), BasicBlock(4, 4))
             self.layer2 = BasicBlock(4, 6, stride=2)
-            self.pool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(6, 3)
+            self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(6, 3)
 
         def forward(self, x):
-            x = self.pool(self.layer2(self.layer1(F.relu(self.stem(x)))))
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.avgpool(self.layer2(self.layer1(x)))
             return self.fc(x.view(x.size(0), -1))
 
     class RecurrentNet(nn.Module):
@@ -111,8 +114,9 @@ def _networks(torch):
         "mnist example": (MnistNet(), (1, 14, 14), False,
                           ["Conv2D", "Conv2D", "MaxPool2D", "Dropout", "Flatten", "Dense",
                            "Dropout", "Dense"]),
-        "resnet blocks": (ResNet(), (2, 7, 7), False,
-                          ["Conv2D", "Residual", "Activation", "Residual", "Activation",
+        "resnet blocks": (ResNet(), (2, 16, 16), False,
+                          ["Conv2D", "BatchNormalization", "Activation", "MaxPool2D",
+                           "Residual", "Activation", "Residual", "Activation",
                            "Residual", "Activation", "GlobalAveragePooling2D", "Dense"]),
         "lstm out[:, -1]": (RecurrentNet("LSTM", "out"), (7, 4), False, ["LSTM", "LSTM", "Dense"]),
         "lstm h[-1]": (RecurrentNet("LSTM", "h, c"), (7, 4), False, ["LSTM", "LSTM", "Dense"]),
@@ -158,10 +162,12 @@ def test_a_module_with_its_own_forward_computes_the_same_function(torch, name):
     assert [type(layer).__name__ for layer in model.layers] == kinds
     assert model.dtype == np.float64
     if name == "resnet blocks":  # the stride-2 block's downsample is its shortcut
-        block = model.layers[5]
+        block = model.layers[8]
         assert [type(layer).__name__ for layer in block.shortcut] == ["Conv2D",
                                                                       "BatchNormalization"]
-        assert model.layers[1].shortcut is None and block.output_shape == (4, 4, 6)
+        assert model.layers[4].shortcut is None and block.output_shape == (2, 2, 6)
+        # torch's padding=3 and padding=1 on an even image: explicit, not sparknet's "same"
+        assert model.layers[0].padding == (3, 3) and model.layers[3].padding == (1, 1)
     x_last = np.moveaxis(x, 1, -1) if len(shape) == 3 else x
     err = rel_error(model.predict_output(x_last), want)
     print(f"from_torch {name}: float64 rel {err:.1e}")

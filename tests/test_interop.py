@@ -234,7 +234,9 @@ SPARKNET_CASES = [
     (
         "residual_shortcut",
         lambda: [
-            Conv2D(3, 3, padding="same"),
+            Conv2D(3, 3, padding=(1, 2)),
+            MaxPool2D(3, 2, padding=1),
+            AvgPool2D(2, 1, padding=1),
             Residual(
                 [Conv2D(4, 3, strides=2, padding="same", activation="relu"), Conv2D(4, 3, padding="same")],
                 shortcut=[Conv2D(4, 1, strides=2), BatchNormalization()],
@@ -608,8 +610,8 @@ def test_from_torch_fuses_activations_and_reorders_flattened_features(torch):
             r"module 0 \(Conv2d\): groups=2",
         ),
         (
-            lambda nn, R: nn.Sequential(nn.Conv2d(2, 4, 3, padding=2)),
-            r"module 0 \(Conv2d\): padding=\(2, 2\) is neither",
+            lambda nn, R: nn.Sequential(nn.Conv2d(2, 4, 3, padding=2, padding_mode="reflect")),
+            r"module 0 \(Conv2d\): groups=1, padding_mode='reflect'",
         ),
         (
             lambda nn, R: nn.Sequential(nn.LSTM(4, 3, batch_first=True), nn.Linear(3, 2)),

@@ -534,7 +534,9 @@ CASES = [
     (
         "residual_shortcut",
         lambda: [
-            Conv2D(3, 3, padding="same"),
+            Conv2D(3, 3, padding=(1, 2)),
+            MaxPool2D(3, 1, padding=1),
+            AvgPool2D(3, 1, padding=(0, 1)),
             Residual(
                 [Conv2D(4, 3, strides=2, padding="same", activation="relu"), BatchNormalization()],
                 shortcut=[Conv2D(4, 1, strides=2)],
@@ -544,7 +546,7 @@ CASES = [
         ],
         IMG,
         _images,
-        {"Conv", "Add", "MatMul"},
+        {"Conv", "Add", "MatMul", "MaxPool", "AveragePool"},
     ),
     (
         "residual_recurrent",

@@ -46,7 +46,7 @@ from sparknet.layers import (
     SimpleRNN,
     TransformerEncoder,
 )
-from sparknet.layers.conv import out_and_pad
+from sparknet.layers.conv import Padding, axis_paddings, out_and_pad
 from sparknet.model import Sequential
 
 #: the modules that read channels-first input (the others read features on the last axis)
@@ -105,22 +105,29 @@ def _padding(
     extents: tuple[int, ...],
     strides: tuple[int, ...],
     pad: Any,
-) -> str:
-    """sparknet's ``"valid"`` or ``"same"`` for torch's symmetric ``padding``, when one of
-    them places every window where torch does (same lead padding, same output size)."""
+) -> Padding:
+    """sparknet's padding for torch's symmetric ``padding``: ``"valid"`` for none,
+    ``"same"`` where it places every window where torch does (the same lead padding and
+    output size), else the same zeros on both sides of each axis."""
     if isinstance(pad, str):
         return pad
     pads = tuple(pad) if isinstance(pad, (tuple, list)) else (int(pad),) * len(sizes)
     if not any(pads):
         return "valid"
-    for size, extent, stride, p in zip(sizes, extents, strides, pads):
-        out, lead = out_and_pad(size, extent, stride, "same")
-        if lead != p or (size + 2 * p - extent) // stride + 1 != out:
-            raise ValueError(
-                f"{where(i, module)}: padding={pad} is neither 'valid' (0) nor sparknet's "
-                f"'same' for this input size {sizes}; sparknet pads 'valid' or 'same' only"
-            )
-    return "same"
+    if all(
+        out_and_pad(size, extent, stride, "same") == out_and_pad(size, extent, stride, p)
+        for size, extent, stride, p in zip(sizes, extents, strides, pads)
+    ):
+        return "same"
+    return tuple(int(p) for p in pads)
+
+
+def _outs(
+    sizes: tuple[int, ...], extents: tuple[int, ...], strides: tuple[int, ...], pad: Padding
+) -> list[int]:
+    """The output size of each axis."""
+    axes = zip(sizes, extents, strides, axis_paddings(pad, len(sizes)))
+    return [out_and_pad(s, e, t, p)[0] for s, e, t, p in axes]
 
 
 def _tuple(v: Any, n: int) -> tuple[int, ...]:
@@ -177,7 +184,7 @@ def _conv(i: int | str, m: nn.Conv1d | nn.Conv2d, w: Walk) -> None:
             layer.params["bias"][...] = numpy_of(m.bias)
 
     w.add(layer, setter)
-    outs = [out_and_pad(s, e, t, padding)[0] for s, e, t in zip(sizes, extents, st)]
+    outs = _outs(sizes, extents, st, padding)
     w.shape = (m.out_channels, *outs)
 
 
@@ -197,7 +204,7 @@ def _pool(i: int | str, m: nn.Module, w: Walk) -> None:
     ks = _tuple(m.kernel_size, n)
     st = _tuple(m.stride if m.stride is not None else m.kernel_size, n)
     padding = _padding(i, m, w.shape[1:], ks, st, m.padding)
-    if padding == "same" and not is_max and getattr(m, "count_include_pad", True):
+    if padding != "valid" and not is_max and getattr(m, "count_include_pad", True):
         raise ValueError(
             f"{where(i, m)}: count_include_pad=True; sparknet's average pools leave the "
             f"padding out of the mean (count_include_pad=False)"
@@ -210,7 +217,7 @@ def _pool(i: int | str, m: nn.Module, w: Walk) -> None:
     }
     args = (ks, st) if n == 2 else (ks[0], st[0])
     w.add(kind[(n, is_max)](args[0], strides=args[1], padding=padding))
-    outs = [out_and_pad(s, k, t, padding)[0] for s, k, t in zip(w.shape[1:], ks, st)]
+    outs = _outs(w.shape[1:], ks, st, padding)
     w.shape = (w.shape[0], *outs)
 
 

@@ -38,7 +38,7 @@ from sparknet.layers import (
     MaxPool2D,
     SimpleRNN,
 )
-from sparknet.layers.conv import out_and_pad
+from sparknet.layers.conv import Padding, axis_paddings, out_and_pad, trailing_pad
 
 
 def activation(name: str, dim: int = -1) -> nn.Module:
@@ -131,14 +131,13 @@ class FlattenAdapter(Adapter):
 
 
 def same_pads(
-    sizes: Sequence[int], extents: Sequence[int], strides: Sequence[int], padding: str
+    sizes: Sequence[int], extents: Sequence[int], strides: Sequence[int], padding: Padding
 ) -> list[int]:
     """``F.pad``'s list (last axis first, ``(before, after)`` each) for sparknet's padding."""
     pads: list[int] = []
-    for size, extent, stride in reversed(list(zip(sizes, extents, strides))):
-        out, lead = out_and_pad(size, extent, stride, padding)
-        total = max((out - 1) * stride + extent - size, 0) if padding == "same" else 0
-        pads += [lead, total - lead]
+    axes = list(zip(sizes, extents, strides, axis_paddings(padding, len(sizes))))
+    for size, extent, stride, pad in reversed(axes):
+        pads += [out_and_pad(size, extent, stride, pad)[1], trailing_pad(size, extent, stride, pad)]
     return pads
 
 

@@ -9,7 +9,8 @@ columns (im2col) with the kernel, and its output is again channels-last.
 Padding follows the usual conventions: ``"valid"`` uses no padding (the output is
 ``(H - dilation * (k - 1) - 1) // stride + 1`` pixels high); ``"same"`` gives
 ``ceil(H / stride)`` pixels and pads with zeros, half before and the rest (one more,
-for an odd total) after.
+for an odd total) after; an int ``p`` (or one per axis) puts ``p`` zeros on both sides, as
+PyTorch's ``padding`` (``(H + 2 p - dilation * (k - 1) - 1) // stride + 1`` pixels).
 
 The paper's CNN (conv 5x5x6, 2x2 mean pool, conv 5x5x12, 2x2 mean pool, conv 4x4x12,
 dense softmax) on 28x28 gray-scale images, in a few lines::
@@ -59,21 +60,73 @@ def _pair(value: IntPair, what: str) -> tuple[int, int]:
         raise ValueError(msg) from None
 
 
-def check_padding(value: Any, what: str) -> str:
-    """``value`` (``"valid"``/``"same"``, any case) in lower case; ``ValueError`` naming the
-    layer kind ``what`` otherwise."""
-    if not isinstance(value, str) or value.lower() not in PADDINGS:
-        raise ValueError(f"{what} padding must be 'valid' or 'same', got {value!r}")
-    return value.lower()
+#: a layer's padding: ``"valid"``, ``"same"``, or zeros on both sides of each axis
+Padding = Union[str, "tuple[int, ...]"]
 
 
-def out_and_pad(size: int, extent: int, stride: int, padding: str) -> tuple[int, int]:
-    """Output size and leading zero padding of one spatial axis."""
+def check_padding(value: Any, what: str, axes: int = 2) -> Padding:
+    """``value`` as a layer of ``axes`` spatial axes keeps it: ``"valid"``/``"same"`` (any
+    case) in lower case, or an int (or one per axis) >= 0 as a tuple; ``ValueError`` naming
+    the layer kind ``what`` otherwise."""
+    if isinstance(value, str) and value.lower() in PADDINGS:
+        return value.lower()
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value,) * axes
+    if len(items) == axes and all(
+            isinstance(p, (int, np.integer)) and not isinstance(p, bool) and p >= 0
+            for p in items):
+        return tuple(int(p) for p in items)
+    each = "an integer >= 0" if axes == 1 else f"an integer >= 0 or {axes} of them"
+    raise ValueError(f"{what} padding must be 'valid', 'same' or {each} (zeros on both sides, "
+                     f"as PyTorch's padding), got {value!r}")
+
+
+def axis_paddings(padding: Padding, axes: int) -> list[str | int]:
+    """The padding of each of ``axes`` axes: ``"valid"``, ``"same"`` or a number of zeros."""
+    return [padding] * axes if isinstance(padding, str) else list(padding)
+
+
+def padding_config(padding: Padding) -> str | list[int]:
+    """``padding`` as a layer's config holds it (JSON)."""
+    return padding if isinstance(padding, str) else list(padding)
+
+
+def out_and_pad(size: int, extent: int, stride: int, padding: str | int) -> tuple[int, int]:
+    """Output size and leading zero padding of one spatial axis (``padding``: ``"valid"``,
+    ``"same"`` or the zeros on each side)."""
     if padding == "same":
         out = -(-size // stride)
         total = max((out - 1) * stride + extent - size, 0)
         return out, total // 2
+    if isinstance(padding, int):
+        return (size + 2 * padding - extent) // stride + 1, padding
     return (size - extent) // stride + 1, 0
+
+
+def trailing_pad(size: int, extent: int, stride: int, padding: str | int) -> int:
+    """The zeros after one spatial axis that its last window reads (ONNX's end ``pads``)."""
+    out, lead = out_and_pad(size, extent, stride, padding)
+    return max((out - 1) * stride + extent - size - lead, 0)
+
+
+def check_window(layer: Layer, what: str, sizes: tuple[int, ...], extents: tuple[int, ...],
+                 padding: Padding) -> None:
+    """Refuse a window longer than the padded input, naming ``layer`` and ``what`` (e.g.
+    ``"kernel extent 5x5 (kernel 5x5, dilation 1x1)"``)."""
+    pads = axis_paddings(padding, len(sizes))
+    padded = [s + (2 * p if isinstance(p, int) else (e - 1 if p == "same" else 0))
+              for s, e, p in zip(sizes, extents, pads)]
+    if any(e > s for e, s in zip(extents, padded)):
+        shown = "x".join(str(s) for s in padded)
+        raise ValueError(f"{type(layer).__name__} {layer.name!r}: {what} is larger than the "
+                         f"padded input {shown} (padding {padding!r})")
+
+
+def check_pool_padding(padding: Padding, pool_size: tuple[int, ...], kind: str) -> None:
+    """A pool's explicit padding: at most half its window (every window keeps an input
+    tap), as PyTorch requires."""
+    if isinstance(padding, tuple) and any(2 * p > k for p, k in zip(padding, pool_size)):
+        raise ValueError(f"{kind} padding {padding} must be at most half the pool window "
+                         f"{pool_size}, so that every window holds an input value")
 
 
 def _image_shape(layer: Layer, input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -125,7 +178,8 @@ class Conv2D(FusedActivation, Layer):
         filters: number of output channels.
         kernel_size: window size, an int or ``(kh, kw)``.
         strides: step between windows, an int or ``(sh, sw)``.
-        padding: ``"valid"`` (no padding) or ``"same"`` (output ``ceil(H / stride)``).
+        padding: ``"valid"`` (no padding), ``"same"`` (output ``ceil(H / stride)``), or the
+            zeros on both sides of each axis, an int or ``(ph, pw)`` (PyTorch's ``padding``).
         dilation: spacing between kernel taps, an int or ``(dh, dw)``.
         activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
             ``"softmax"`` (over channels, per pixel); fused into the kernel.
@@ -147,7 +201,8 @@ class Conv2D(FusedActivation, Layer):
     """
 
     def __init__(self, filters: int, kernel_size: IntPair, strides: IntPair = 1,
-                 padding: str = "valid", dilation: IntPair = 1, activation: str | None = None,
+                 padding: Padding | int = "valid", dilation: IntPair = 1,
+                 activation: str | None = None,
                  use_bias: bool = True, kernel_initializer: str = "auto",
                  name: str | None = None) -> None:
         super().__init__(name)
@@ -166,13 +221,12 @@ class Conv2D(FusedActivation, Layer):
         H, W, C = _image_shape(self, input_shape)
         (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.strides, self.dilation
         eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-        if self.padding == "valid" and (eh > H or ew > W):
-            raise ValueError(
-                f"Conv2D {self.name!r}: kernel extent {eh}x{ew} (kernel {kh}x{kw}, dilation "
-                f"{dh}x{dw}) is larger than the padded input {H}x{W} (padding 'valid')")
+        check_window(self, f"kernel extent {eh}x{ew} (kernel {kh}x{kw}, dilation {dh}x{dw})",
+                     (H, W), (eh, ew), self.padding)
         self.in_channels = int(C)
-        oh, self._pt = out_and_pad(H, eh, sh, self.padding)
-        ow, self._pl = out_and_pad(W, ew, sw, self.padding)
+        pad_h, pad_w = axis_paddings(self.padding, 2)
+        oh, self._pt = out_and_pad(H, eh, sh, pad_h)
+        ow, self._pl = out_and_pad(W, ew, sw, pad_w)
         return (oh, ow, self.filters)
 
     def param_specs(self) -> list[ParamSpec]:
@@ -227,7 +281,7 @@ class Conv2D(FusedActivation, Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"filters": self.filters, "kernel_size": list(self.kernel_size),
-                "strides": list(self.strides), "padding": self.padding,
+                "strides": list(self.strides), "padding": padding_config(self.padding),
                 "dilation": list(self.dilation), "activation": self.activation,
                 "use_bias": self.use_bias, "kernel_initializer": self.kernel_initializer,
                 "name": self.name}
@@ -237,25 +291,25 @@ class _Pool2D(Layer):
     """Shared construction and shape logic of the pooling layers."""
 
     def __init__(self, pool_size: IntPair = 2, strides: IntPair | None = None,
-                 padding: str = "valid", name: str | None = None) -> None:
+                 padding: Padding | int = "valid", name: str | None = None) -> None:
         super().__init__(name)
         kind = type(self).__name__
         self.pool_size = _pair(pool_size, f"{kind} pool_size")
         self.strides = self.pool_size if strides is None else _pair(strides, f"{kind} strides")
         self.padding = check_padding(padding, kind)
+        check_pool_padding(self.padding, self.pool_size, kind)
         self._n = 0
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         H, W, C = _image_shape(self, input_shape)
         (ph, pw), (sh, sw) = self.pool_size, self.strides
-        if self.padding == "valid" and (ph > H or pw > W):
-            raise ValueError(f"{type(self).__name__} {self.name!r}: pool window {ph}x{pw} is "
-                             f"larger than the input {H}x{W} (padding 'valid')")
+        check_window(self, f"pool window {ph}x{pw}", (H, W), (ph, pw), self.padding)
         if H * W * C >= 2 ** 31:
             raise ValueError(f"{type(self).__name__} {self.name!r}: images of {H}x{W}x{C} values "
                              f"are too large (the pooling kernels index a sample with int32)")
-        oh, self._pt = out_and_pad(H, ph, sh, self.padding)
-        ow, self._pl = out_and_pad(W, pw, sw, self.padding)
+        pad_h, pad_w = axis_paddings(self.padding, 2)
+        oh, self._pt = out_and_pad(H, ph, sh, pad_h)
+        ow, self._pl = out_and_pad(W, pw, sw, pad_w)
         return (oh, ow, C)
 
     def _geometry(self) -> dict[str, int]:
@@ -268,7 +322,7 @@ class _Pool2D(Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"pool_size": list(self.pool_size), "strides": list(self.strides),
-                "padding": self.padding, "name": self.name}
+                "padding": padding_config(self.padding), "name": self.name}
 
 
 @register
@@ -279,7 +333,8 @@ class MaxPool2D(_Pool2D):
         pool_size: window size, an int or ``(ph, pw)``.
         strides: step between windows (default: the pool size, non-overlapping).
             Smaller strides give overlapping windows.
-        padding: ``"valid"`` or ``"same"``; padded taps never win.
+        padding: ``"valid"``, ``"same"``, or the taps outside the image on both sides of
+            each axis, an int or a pair, at most half the window; padded taps never win.
         name: layer name.
 
     Tie rule: the window is scanned in row-major order and only a strictly greater
@@ -319,8 +374,9 @@ class AvgPool2D(_Pool2D):
     Args:
         pool_size: window size, an int or ``(ph, pw)``.
         strides: step between windows (default: the pool size, non-overlapping).
-        padding: ``"valid"`` or ``"same"``; a window's mean is taken over its taps
-            inside the image (padding does not count).
+        padding: ``"valid"``, ``"same"``, or an int or a pair, at most half the window
+            (PyTorch's ``padding`` with ``count_include_pad=False``); a window's mean is
+            taken over its taps inside the image (padding does not count).
         name: layer name.
 
     Input shape: ``(N, H, W, C)``.  Output shape: ``(N, OH, OW, C)``.

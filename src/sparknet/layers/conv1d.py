@@ -31,7 +31,16 @@ from sparknet._validation import check_bool, positive_int
 from sparknet.activations import FusedActivation
 from sparknet.errors import InputRankError
 from sparknet.layers.base import Layer, ParamSpec, register
-from sparknet.layers.conv import check_padding, out_and_pad, writable
+from sparknet.layers.conv import (
+    Padding,
+    axis_paddings,
+    check_padding,
+    check_pool_padding,
+    check_window,
+    out_and_pad,
+    padding_config,
+    writable,
+)
 
 #: a window size, stride or dilation: an int, or a sequence of one int
 IntOne = Union[int, "tuple[int]", "list[int]"]
@@ -103,8 +112,9 @@ class Conv1D(FusedActivation, Layer):
         filters: number of output channels.
         kernel_size: window length, an int (or a sequence of one int).
         strides: step between windows.
-        padding: ``"valid"`` (no padding) or ``"same"`` (output ``ceil(T / stride)``
-            steps; PyTorch's ``padding="same"`` for stride 1).
+        padding: ``"valid"`` (no padding), ``"same"`` (output ``ceil(T / stride)``
+            steps; PyTorch's ``padding="same"`` for stride 1), or an int ``p``: ``p`` zeros
+            on both sides (PyTorch's ``padding=p``).
         dilation: spacing between kernel taps.
         activation: ``"identity"`` (default), ``"relu"``, ``"tanh"``, ``"sigmoid"`` or
             ``"softmax"`` (over channels, per step); fused into the kernel.
@@ -127,14 +137,15 @@ class Conv1D(FusedActivation, Layer):
     """
 
     def __init__(self, filters: int, kernel_size: IntOne, strides: IntOne = 1,
-                 padding: str = "valid", dilation: IntOne = 1, activation: str | None = None,
+                 padding: Padding | int = "valid", dilation: IntOne = 1,
+                 activation: str | None = None,
                  use_bias: bool = True, kernel_initializer: str = "auto",
                  name: str | None = None) -> None:
         super().__init__(name)
         self.filters = positive_int(filters, "Conv1D filters")
         self.kernel_size = _single(kernel_size, "Conv1D kernel_size")
         self.strides = _single(strides, "Conv1D strides")
-        self.padding = check_padding(padding, "Conv1D")
+        self.padding = check_padding(padding, "Conv1D", axes=1)
         self.dilation = _single(dilation, "Conv1D dilation")
         self._set_activation(activation)
         self.use_bias = check_bool(use_bias, "Conv1D use_bias")
@@ -146,12 +157,10 @@ class Conv1D(FusedActivation, Layer):
         T, C = _sequence_shape(self, input_shape)
         k, d = self.kernel_size, self.dilation
         extent = d * (k - 1) + 1
-        if self.padding == "valid" and extent > T:
-            raise ValueError(
-                f"Conv1D {self.name!r}: kernel extent {extent} (kernel_size {k}, dilation {d}) "
-                f"is longer than the input's {T} steps (padding 'valid')")
+        check_window(self, f"kernel extent {extent} (kernel_size {k}, dilation {d})", (T,),
+                     (extent,), self.padding)
         self.in_channels = int(C)
-        out, self._pad = out_and_pad(T, extent, self.strides, self.padding)
+        out, self._pad = out_and_pad(T, extent, self.strides, axis_paddings(self.padding, 1)[0])
         return (out, self.filters)
 
     def param_specs(self) -> list[ParamSpec]:
@@ -205,7 +214,8 @@ class Conv1D(FusedActivation, Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"filters": self.filters, "kernel_size": self.kernel_size,
-                "strides": self.strides, "padding": self.padding, "dilation": self.dilation,
+                "strides": self.strides, "padding": padding_config(self.padding),
+                "dilation": self.dilation,
                 "activation": self.activation, "use_bias": self.use_bias,
                 "kernel_initializer": self.kernel_initializer, "name": self.name}
 
@@ -214,24 +224,24 @@ class _Pool1D(Layer):
     """Shared construction and shape logic of the 1-D pooling layers."""
 
     def __init__(self, pool_size: IntOne = 2, strides: IntOne | None = None,
-                 padding: str = "valid", name: str | None = None) -> None:
+                 padding: Padding | int = "valid", name: str | None = None) -> None:
         super().__init__(name)
         kind = type(self).__name__
         self.pool_size = _single(pool_size, f"{kind} pool_size")
         self.strides = self.pool_size if strides is None else _single(strides, f"{kind} strides")
-        self.padding = check_padding(padding, kind)
+        self.padding = check_padding(padding, kind, axes=1)
+        check_pool_padding(self.padding, (self.pool_size,), kind)
         self._n = 0
 
     def _build(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         T, C = _sequence_shape(self, input_shape)
         kind = type(self).__name__
-        if self.padding == "valid" and self.pool_size > T:
-            raise ValueError(f"{kind} {self.name!r}: pool_size {self.pool_size} is longer than "
-                             f"the input's {T} steps (padding 'valid')")
+        check_window(self, f"pool_size {self.pool_size}", (T,), (self.pool_size,), self.padding)
         if T * C >= 2 ** 31:
             raise ValueError(f"{kind} {self.name!r}: sequences of {T}x{C} values are too "
                              f"large (the pooling kernels index a sample with int32)")
-        out, self._pad = out_and_pad(T, self.pool_size, self.strides, self.padding)
+        out, self._pad = out_and_pad(T, self.pool_size, self.strides,
+                                     axis_paddings(self.padding, 1)[0])
         return (out, C)
 
     def _geometry(self) -> dict[str, int]:
@@ -257,7 +267,7 @@ class _Pool1D(Layer):
 
     def get_config(self) -> dict[str, Any]:
         return {"pool_size": self.pool_size, "strides": self.strides,
-                "padding": self.padding, "name": self.name}
+                "padding": padding_config(self.padding), "name": self.name}
 
 
 @register
@@ -267,7 +277,8 @@ class MaxPool1D(_Pool1D):
     Args:
         pool_size: window length.
         strides: step between windows (default: the pool size, non-overlapping).
-        padding: ``"valid"`` or ``"same"`` (``ceil(T / strides)`` output steps); padded
+        padding: ``"valid"``, ``"same"`` (``ceil(T / strides)`` output steps) or an int,
+            at most half the window (zeros on both sides); padded
             taps never win.
         name: layer name.
 
@@ -304,7 +315,8 @@ class AvgPool1D(_Pool1D):
     Args:
         pool_size: window length.
         strides: step between windows (default: the pool size, non-overlapping).
-        padding: ``"valid"`` or ``"same"`` (``ceil(T / strides)`` output steps); a
+        padding: ``"valid"``, ``"same"`` (``ceil(T / strides)`` output steps) or an int,
+            at most half the window (zeros on both sides); a
             window's mean is taken over its taps inside the sequence (padding does not
             count: PyTorch's ``count_include_pad=False``).
         name: layer name.

@@ -9,7 +9,15 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from sparknet.layers.conv import AvgPool2D, Conv2D, MaxPool2D, out_and_pad
+from sparknet.layers.conv import (
+    AvgPool2D,
+    Conv2D,
+    MaxPool2D,
+    Padding,
+    axis_paddings,
+    out_and_pad,
+    trailing_pad,
+)
 from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
@@ -25,16 +33,15 @@ Pool = Union[MaxPool1D, AvgPool1D, MaxPool2D, AvgPool2D]
 
 
 def explicit_pads(
-    sizes: Sequence[int], extents: Sequence[int], strides: Sequence[int], padding: str
+    sizes: Sequence[int], extents: Sequence[int], strides: Sequence[int], padding: Padding
 ) -> list[int]:
     """ONNX's ``pads`` (all the leading pads, then all the trailing ones) for sparknet's
-    ``"valid"`` or ``"same"`` padding (half before, the rest after)."""
+    padding: ``"valid"``, ``"same"`` (half before, the rest after) or explicit zeros."""
     begin, end = [], []
-    for size, extent, stride in zip(sizes, extents, strides):
-        out, lead = out_and_pad(size, extent, stride, padding)
-        total = max((out - 1) * stride + extent - size, 0) if padding == "same" else 0
-        begin.append(lead)
-        end.append(total - lead)
+    pads = axis_paddings(padding, len(sizes))
+    for size, extent, stride, pad in zip(sizes, extents, strides, pads):
+        begin.append(out_and_pad(size, extent, stride, pad)[1])
+        end.append(trailing_pad(size, extent, stride, pad))
     return begin + end
 
 
