@@ -44,6 +44,8 @@ from sparknet.layers import (
     Residual,
     SimpleRNN,
     TransformerEncoder,
+    ZeroPadding1D,
+    ZeroPadding2D,
 )
 from sparknet.losses import MeanSquaredError, SoftmaxCrossEntropy
 from sparknet.model import History, Sequential
@@ -56,7 +58,7 @@ __all__ = [
     "BatchNormalization", "LayerNormalization",
     "Conv1D", "MaxPool1D", "AvgPool1D",
     "GlobalAveragePooling1D", "GlobalMaxPooling1D", "GlobalAveragePooling2D", "GlobalMaxPooling2D",
-    "Residual", "ColumnEmbedding",
+    "Residual", "ColumnEmbedding", "ZeroPadding1D", "ZeroPadding2D",
     "Sequential", "History", "Layer", "Dense", "Activation", "LeakyReLU", "Dropout", "Flatten",
     "SoftmaxCrossEntropy", "MeanSquaredError", "Optimizer", "RMSprop", "SGD", "Adam", "AdamW",
     "Callback", "LambdaCallback", "EarlyStopping", "ModelCheckpoint", "LearningRateScheduler",

@@ -256,6 +256,12 @@ def _activation_of(target: Any, node: fx.Node) -> nn.Module | None:
             F.adaptive_max_pool2d: nn.AdaptiveMaxPool2d,
         }[target]
         return kind(arg(1, "output_size", None))
+    if target is F.pad and arg(2, "mode", "constant") == "constant":
+        pads = tuple(arg(1, "pad", ()))
+        kind = {2: nn.ConstantPad1d, 4: nn.ConstantPad2d}.get(len(pads))
+        if kind is None:
+            raise _node_error(node, f"F.pad of {len(pads) // 2} axes; sparknet pads 1 or 2")
+        return kind(pads, arg(3, "value", 0.0) or 0.0)
     if target in (torch.mean, "mean"):
         dims = arg(1, "dim", None)
         if dims is None or arg(2, "keepdim", False):

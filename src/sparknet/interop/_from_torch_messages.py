@@ -76,6 +76,8 @@ def input_shape_of(
                 nn.AdaptiveAvgPool2d,
                 nn.AdaptiveMaxPool2d,
                 nn.BatchNorm2d,
+                nn.ZeroPad2d,
+                nn.ConstantPad2d,
             ),
         )
         reads, example = (

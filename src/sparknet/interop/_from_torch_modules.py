@@ -45,6 +45,8 @@ from sparknet.layers import (
     MaxPool2D,
     SimpleRNN,
     TransformerEncoder,
+    ZeroPadding1D,
+    ZeroPadding2D,
 )
 from sparknet.layers.conv import Padding, axis_paddings, out_and_pad
 from sparknet.model import Sequential
@@ -62,6 +64,10 @@ SPATIAL = (
     nn.AdaptiveMaxPool1d,
     nn.AdaptiveMaxPool2d,
     nn.BatchNorm2d,
+    nn.ZeroPad1d,
+    nn.ZeroPad2d,
+    nn.ConstantPad1d,
+    nn.ConstantPad2d,
 )
 _ACTIVATIONS: dict[type[nn.Module], str] = {
     nn.ReLU: "relu",
@@ -388,6 +394,23 @@ def _leaky_relu(i: int | str, m: nn.LeakyReLU, w: Walk) -> None:
     w.add(LeakyReLU(m.negative_slope))
 
 
+def _zero_pad(i: int | str, m: nn.Module, w: Walk) -> None:
+    """``nn.ZeroPad1d/2d`` (or ``ConstantPad`` with 0): torch's pads run from the last axis
+    of its tensor backwards; the channel axis stays unpadded."""
+    pads, n = list(m.padding), len(w.shape)
+    sides = {n - 1 - j: (int(pads[2 * j]), int(pads[2 * j + 1])) for j in range(len(pads) // 2)}
+    channel = 0 if w.channels_first else n - 1
+    spatial = [a for a in range(n) if a != channel] if n > 1 else []
+    if getattr(m, "value", 0) != 0 or any(sides.get(channel, (0, 0))) or len(spatial) not in (1, 2):
+        raise ValueError(
+            f"{where(i, m)}: pads {tuple(pads)} of {w.shape} (value {getattr(m, 'value', 0)}); "
+            f"sparknet pads the steps or the pixels with zeros, not the channels"
+        )
+    padding = tuple(sides.get(a, (0, 0)) for a in spatial)
+    w.add(ZeroPadding1D(padding[0]) if len(padding) == 1 else ZeroPadding2D(padding))
+    w.shape = tuple(s + sum(sides.get(a, (0, 0))) for a, s in enumerate(w.shape))
+
+
 def _transformer_name(torch_name: str) -> str:
     """sparknet's name of a ``TransformerEncoderLayer`` ``state_dict`` entry (the children's
     names are PyTorch's; the leaves are sparknet's: ``kernel``, ``gamma``, ``beta``,
@@ -478,6 +501,10 @@ CONVERTERS: dict[type[nn.Module], Callable[[int | str, Any, Walk], None]] = {
     nn.LeakyReLU: _leaky_relu,
     nn.Softmax: _activation,
     nn.Identity: lambda i, m, w: None,
+    nn.ZeroPad1d: _zero_pad,
+    nn.ZeroPad2d: _zero_pad,
+    nn.ConstantPad1d: _zero_pad,
+    nn.ConstantPad2d: _zero_pad,
 }
 
 

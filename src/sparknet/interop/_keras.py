@@ -40,6 +40,8 @@ from sparknet.layers import (
     MaxPool1D,
     MaxPool2D,
     SimpleRNN,
+    ZeroPadding1D,
+    ZeroPadding2D,
 )
 from sparknet.model import Sequential
 
@@ -309,6 +311,15 @@ def _leaky(k: Any, slope: float) -> Layer:
     return LeakyReLU(float(slope))
 
 
+def _zero_padding(k: Any) -> tuple[Layer, Callable[[], None] | None]:
+    import keras
+
+    if isinstance(k, keras.layers.ZeroPadding1D):  # padding (before, after)
+        return ZeroPadding1D(tuple(int(p) for p in k.padding)), None
+    _channels_last(k)  # padding ((top, bottom), (left, right))
+    return ZeroPadding2D(tuple(tuple(int(p) for p in side) for side in k.padding)), None
+
+
 def _activation_layer(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     import keras
 
@@ -357,6 +368,8 @@ def _converters() -> dict[type, Callable[[Any], tuple[Layer, Callable[[], None] 
         L.ReLU: _activation_layer,
         L.LeakyReLU: _activation_layer,
         L.MultiHeadAttention: attention,
+        L.ZeroPadding1D: _zero_padding,
+        L.ZeroPadding2D: _zero_padding,
     }
 
 

@@ -29,6 +29,7 @@ from sparknet.interop._torch_adapters import (
     PoolAdapter,
     RecurrentAdapter,
     SequenceMaskAdapter,
+    ZeroPaddingAdapter,
     activation,
 )
 from sparknet.interop._torch_blocks import block_adapters
@@ -57,6 +58,8 @@ from sparknet.layers import (
     MaxPool2D,
     SequenceMask,
     SimpleRNN,
+    ZeroPadding1D,
+    ZeroPadding2D,
 )
 from sparknet.model import Sequential
 
@@ -125,6 +128,8 @@ ADAPTERS: dict[type[Layer], Callable[[Any], Adapter]] = {
     SequenceMask: lambda layer: SequenceMaskAdapter(),
     BatchNormalization: BatchNormAdapter,
     LayerNormalization: LayerNormAdapter,
+    ZeroPadding1D: ZeroPaddingAdapter,
+    ZeroPadding2D: ZeroPaddingAdapter,
     **block_adapters(make_adapter),
 }
 

@@ -37,6 +37,8 @@ from sparknet.layers import (
     MaxPool1D,
     MaxPool2D,
     SimpleRNN,
+    ZeroPadding1D,
+    ZeroPadding2D,
 )
 from sparknet.layers.conv import Padding, axis_paddings, out_and_pad, trailing_pad
 
@@ -128,6 +130,17 @@ class FlattenAdapter(Adapter):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
         return self.flatten(x), None
+
+
+class ZeroPaddingAdapter(Adapter):
+    """``F.pad`` with zeros around the spatial axes of the channels-last tensor."""
+
+    def __init__(self, layer: ZeroPadding1D | ZeroPadding2D) -> None:
+        super().__init__()
+        self.pads = [0, 0] + [p for side in reversed(layer.padding) for p in side]
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        return F.pad(x, self.pads), None
 
 
 def same_pads(

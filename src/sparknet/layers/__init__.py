@@ -8,6 +8,7 @@ from sparknet.layers.core import Activation, Dense, Dropout, Flatten, LeakyReLU
 from sparknet.layers.embedding import Embedding
 from sparknet.layers.masking import SequenceMask
 from sparknet.layers.normalization import BatchNormalization, LayerNormalization
+from sparknet.layers.padding import ZeroPadding1D, ZeroPadding2D
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
     GlobalAveragePooling2D,
@@ -28,5 +29,5 @@ __all__ = [
     "SequenceMask",
     "MultiHeadAttention", "PositionalEmbedding", "TransformerEncoder",
     "BatchNormalization", "LayerNormalization",
-    "Residual", "ColumnEmbedding",
+    "Residual", "ColumnEmbedding", "ZeroPadding1D", "ZeroPadding2D",
 ]

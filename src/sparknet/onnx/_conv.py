@@ -19,6 +19,7 @@ from sparknet.layers.conv import (
     trailing_pad,
 )
 from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
+from sparknet.layers.padding import ZeroPadding1D, ZeroPadding2D
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
     GlobalAveragePooling2D,
@@ -49,7 +50,7 @@ def _tuple(v: int | tuple[int, ...]) -> tuple[int, ...]:
     return tuple(v) if isinstance(v, (tuple, list)) else (int(v),)
 
 
-def _no_mask(layer: Conv | Pool, b: Builder) -> None:
+def _no_mask(layer: Conv | Pool | ZeroPadding1D | ZeroPadding2D, b: Builder) -> None:
     """sparknet refuses a mask made by the model's layers at these layers; the graph's
     ``mask`` input simply stops here (the layer does not read it)."""
     if b.mask is not None and not b.mask_is_input:
@@ -176,3 +177,16 @@ def global_avg_pool_2d(layer: GlobalAveragePooling2D, b: Builder, x: str) -> str
 def global_max_pool_2d(layer: GlobalMaxPooling2D, b: Builder, x: str) -> str:
     """``GlobalMaxPool``, flattened to ``(N, C)``."""
     return _global("GlobalMaxPool", layer, b, x)
+
+
+@register_exporter(ZeroPadding1D, ZeroPadding2D, any_layout=True)
+def zero_padding(layer: ZeroPadding1D | ZeroPadding2D, b: Builder, x: str) -> str:
+    """``Pad`` with zeros around the spatial axes, in the input's layout."""
+    _no_mask(layer, b)
+    first = 2 if b.channels_first else 1
+    rank = len(layer.padding) + 2
+    begin, end = [0] * rank, [0] * rank
+    for k, (before, after) in enumerate(layer.padding):
+        begin[first + k], end[first + k] = before, after
+    pads = b.const(np.array(begin + end, dtype=np.int64), f"{layer.name}/pads", np.int64)
+    return b.op("Pad", [x, pads], layer.name)
