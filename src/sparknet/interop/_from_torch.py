@@ -36,9 +36,10 @@ def from_torch(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
             each followed by :class:`~sparknet.interop.RecurrentOutput`, ``BatchNorm1d/2d``,
             ``LayerNorm``, ``Embedding``, ``TransformerEncoderLayer`` and ``TransformerEncoder``
             (``batch_first=True``), ``Dropout``, ``ReLU``, ``Tanh``, ``Sigmoid``, ``GELU``,
-            ``SiLU``, ``LeakyReLU``, ``Softmax``, ``Flatten``, ``Identity``; or a module with its
-            own ``forward()`` made of these, traced with ``torch.fx`` (skip connections
-            ``x + f(x)``, ``F.relu``, ``torch.flatten``, ``F.max_pool2d``,
+            ``SiLU``, ``LeakyReLU``, ``Softmax``, ``Flatten``, ``Identity``, ``ZeroPad1d/2d``
+            (and ``ConstantPad`` with 0); or a module with its own ``forward()`` made of these,
+            traced with ``torch.fx`` (skip connections ``x + f(x)`` and ``f(x) + g(x)``,
+            ``F.relu``, ``F.pad``, ``torch.flatten``, ``F.max_pool2d``,
             ``x.view(x.size(0), -1)``, ``out, _ = lstm(x)`` and ``out[:, -1]``,
             ``attn(x, x, x)[0]`` of an ``nn.MultiheadAttention``, ``x.transpose(1, 2)``,
             ``x.mean(1)``: see :mod:`sparknet.interop._from_torch_graph`); or a module made by

@@ -383,7 +383,8 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
             ``GlobalAveragePooling1D/2D``, ``GlobalMaxPooling1D/2D``, ``SimpleRNN``, ``LSTM``,
             ``GRU`` (``reset_after=True``), ``Bidirectional`` (``concat`` or ``sum``),
             ``BatchNormalization``, ``LayerNormalization``, ``Embedding``, ``Dropout``,
-            ``Flatten``, ``Activation``, ``Softmax``, ``ReLU``, ``LeakyReLU`` layers and
+            ``Flatten``, ``ZeroPadding1D/2D``, ``Activation``, ``Softmax``, ``ReLU``,
+            ``LeakyReLU`` layers and
             self-attention ``MultiHeadAttention`` (``mha(x, x)``, ``num_heads * key_dim``
             the input width) (channels-last, as sparknet), with a known input shape.
         dtype: the model's float type (default: float64 for a float64 Keras model, else
