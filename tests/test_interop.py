@@ -37,6 +37,7 @@ from sparknet.layers import (
     MultiHeadAttention,
     PositionalEmbedding,
     Residual,
+    RMSNormalization,
     SequenceMask,
     TransformerEncoder,
 )
@@ -229,6 +230,13 @@ SPARKNET_CASES = [
         ],
         IMG,
         lambda r, n: r.random((n,) + IMG),
+        False,
+    ),
+    (
+        "rms_norm",
+        lambda: [Dense(6), RMSNormalization(eps=1e-5), Dense(3, activation="softmax")],
+        SEQ,
+        lambda r, n: r.standard_normal((n,) + SEQ),
         False,
     ),
     (

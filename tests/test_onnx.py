@@ -52,6 +52,7 @@ from sparknet.layers import (  # noqa: E402
     MultiHeadAttention,
     PositionalEmbedding,
     Residual,
+    RMSNormalization,
     SequenceMask,
     TransformerEncoder,
 )
@@ -547,6 +548,13 @@ CASES = [
         IMG,
         _images,
         {"Conv", "Add", "MatMul", "MaxPool", "AveragePool"},
+    ),
+    (
+        "rms_norm",
+        lambda: [Dense(6), RMSNormalization(eps=1e-6), Residual([Dense(6), RMSNormalization()])],
+        SEQ,
+        _seqs,
+        {"ReduceMean", "Sqrt", "Div"},
     ),
     (
         "residual_recurrent",

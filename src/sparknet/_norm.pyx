@@ -72,7 +72,7 @@ cdef inline void _affine_row(const floating* x, floating* y, Py_ssize_t F, const
 # ------------------------------------------------------------------ layer normalisation
 def layer_norm_forward(const floating[:, ::1] x, const floating[::1] gamma,
                        const floating[::1] beta, double eps, floating[:, ::1] y,
-                       floating[::1] mean, floating[::1] rstd):
+                       floating[::1] mean, floating[::1] rstd, bint rms=False):
     """Normalise each row of ``x`` over its features (``torch.nn.LayerNorm(F)`` on the last axis).
 
     Shapes: ``x (M, F)``, ``gamma (F,)`` or None, ``beta (F,)`` or None, ``y (M, F)``
@@ -80,7 +80,9 @@ def layer_norm_forward(const floating[:, ::1] x, const floating[::1] gamma,
 
     ``mean[i] = x[i].mean()``, ``rstd[i] = 1 / sqrt(x[i].var() + eps)`` (biased variance),
     ``y[i] = (x[i] - mean[i]) * rstd[i] * gamma + beta``.  ``mean`` and ``rstd`` are what
-    :func:`layer_norm_backward` needs besides ``x``.
+    :func:`layer_norm_backward` needs besides ``x``.  With ``rms``, the root-mean-square
+    normalisation (``torch.nn.RMSNorm``): ``mean[i] = 0``, ``rstd[i] = 1 / sqrt((x[i] ** 2)
+    .mean() + eps)``.
     """
     cdef Py_ssize_t M = x.shape[0], F = x.shape[1], i, j
     cdef bint has_g = gamma is not None, has_b = beta is not None
@@ -98,7 +100,7 @@ def layer_norm_forward(const floating[:, ::1] x, const floating[::1] gamma,
         for i in range(M):
             xr = &x[i, 0]
             yr = &y[i, 0]
-            mu = _row_mean(xr, F)
+            mu = 0.0 if rms else _row_mean(xr, F)
             r = 1.0 / sqrt(_row_var(xr, F, mu) + eps)
             mean[i] = <floating>mu
             rstd[i] = <floating>r
@@ -120,7 +122,7 @@ def layer_norm_forward(const floating[:, ::1] x, const floating[::1] gamma,
 def layer_norm_backward(const floating[:, ::1] dy, const floating[:, ::1] x,
                         const floating[::1] mean, const floating[::1] rstd,
                         const floating[::1] gamma, floating[:, ::1] dx,
-                        floating[::1] dgamma, floating[::1] dbeta):
+                        floating[::1] dgamma, floating[::1] dbeta, bint rms=False):
     """Backward pass of :func:`layer_norm_forward`.
 
     Shapes: ``dy (M, F)``, ``x (M, F)``, ``mean (M,)``, ``rstd (M,)`` (from the forward
@@ -128,8 +130,9 @@ def layer_norm_backward(const floating[:, ::1] dy, const floating[:, ::1] x,
     ``dgamma (F,)`` or None, ``dbeta (F,)`` or None.
 
     With ``g = dy * gamma`` and ``xhat = (x - mean) * rstd``, per row:
-    ``dx = rstd * (g - g.mean() - xhat * (g * xhat).mean())``;
-    over rows: ``dgamma = (dy * xhat).sum(0)``, ``dbeta = dy.sum(0)``.
+    ``dx = rstd * (g - g.mean() - xhat * (g * xhat).mean())`` (``rms``: without the
+    ``g.mean()``, the mean was not subtracted); over rows: ``dgamma = (dy * xhat).sum(0)``,
+    ``dbeta = dy.sum(0)``.
     """
     cdef Py_ssize_t M = x.shape[0], F = x.shape[1], i, j
     cdef bint has_g = gamma is not None, has_dx = dx is not None
@@ -173,7 +176,7 @@ def layer_norm_backward(const floating[:, ::1] dy, const floating[:, ::1] x,
                     continue
                 # pass 2: dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
                 dxr = &dx[i, 0]
-                s_g *= inv_f
+                s_g = 0.0 if rms else s_g * inv_f
                 s_gx *= inv_f
                 for j in range(F):
                     xh = (xr[j] - mu) * r

@@ -43,6 +43,7 @@ from sparknet.layers import (
     LeakyReLU,
     MaxPool1D,
     MaxPool2D,
+    RMSNormalization,
     SimpleRNN,
     TransformerEncoder,
     ZeroPadding1D,
@@ -356,6 +357,22 @@ def _layer_norm(i: int | str, m: nn.LayerNorm, w: Walk) -> None:
     w.add(layer, setter)
 
 
+def _rms_norm(i: int | str, m: nn.RMSNorm, w: Walk) -> None:
+    if len(m.normalized_shape) != 1 or (w.channels_first and len(w.shape) > 1):
+        raise ValueError(
+            f"{where(i, m)}: normalized_shape={tuple(m.normalized_shape)} on {w.shape}; "
+            f"sparknet normalises the last axis of channels-last tensors only"
+        )
+    # eps=None: PyTorch's default, the machine epsilon of the module's float type
+    double = m.weight is not None and m.weight.dtype == torch.float64
+    eps = m.eps if m.eps is not None else float(np.finfo(np.float64 if double else np.float32).eps)
+    layer = RMSNormalization(eps=eps, scale=m.weight is not None)
+    if m.weight is not None:
+        w.add(layer, lambda: layer.params["gamma"].__setitem__(Ellipsis, numpy_of(m.weight)))
+    else:
+        w.add(layer)
+
+
 def _embedding(i: int | str, m: nn.Embedding, w: Walk) -> None:
     if m.max_norm is not None:
         raise ValueError(f"{where(i, m)}: max_norm has no sparknet equivalent")
@@ -489,6 +506,7 @@ CONVERTERS: dict[type[nn.Module], Callable[[int | str, Any, Walk], None]] = {
     nn.BatchNorm1d: _batch_norm,
     nn.BatchNorm2d: _batch_norm,
     nn.LayerNorm: _layer_norm,
+    nn.RMSNorm: _rms_norm,
     nn.Embedding: _embedding,
     nn.TransformerEncoderLayer: _transformer_layer,
     nn.TransformerEncoder: _transformer_stack,

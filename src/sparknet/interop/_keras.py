@@ -39,6 +39,7 @@ from sparknet.layers import (
     LeakyReLU,
     MaxPool1D,
     MaxPool2D,
+    RMSNormalization,
     SimpleRNN,
     ZeroPadding1D,
     ZeroPadding2D,
@@ -286,7 +287,10 @@ def _batch_norm(k: Any) -> tuple[Layer, Callable[[], None] | None]:
 def _layer_norm(k: Any) -> tuple[Layer, Callable[[], None] | None]:
     _axis_last(k)
     if getattr(k, "rms_scaling", False):
-        raise ValueError(f"{_where(k)}: rms_scaling=True has no sparknet equivalent")
+        raise ValueError(
+            f"{_where(k)}: rms_scaling=True has no sparknet equivalent (Keras deprecates it; "
+            f"keras.layers.RMSNormalization comes in as sparknet's RMSNormalization)"
+        )
     layer = LayerNormalization(eps=k.epsilon, center=k.center, scale=k.scale)
 
     def setter() -> None:
@@ -296,6 +300,12 @@ def _layer_norm(k: Any) -> tuple[Layer, Callable[[], None] | None]:
             layer.params["beta"][...] = _np(k.beta)
 
     return layer, setter
+
+
+def _rms_norm(k: Any) -> tuple[Layer, Callable[[], None] | None]:
+    _axis_last(k)
+    layer = RMSNormalization(eps=k.epsilon)
+    return layer, lambda: layer.params["gamma"].__setitem__(Ellipsis, _np(k.scale))
 
 
 def _embedding(k: Any) -> tuple[Layer, Callable[[], None] | None]:
@@ -360,6 +370,7 @@ def _converters() -> dict[type, Callable[[Any], tuple[Layer, Callable[[], None] 
         L.Bidirectional: _bidirectional,
         L.BatchNormalization: _batch_norm,
         L.LayerNormalization: _layer_norm,
+        L.RMSNormalization: _rms_norm,
         L.Embedding: _embedding,
         L.Dropout: lambda k: (Dropout(k.rate), None),
         L.Flatten: lambda k: (Flatten(), None),
@@ -382,7 +393,8 @@ def from_keras(model: Any, dtype: Any = None) -> Sequential:
             ``Dense``, ``Conv1D``, ``Conv2D``, ``MaxPooling1D/2D``, ``AveragePooling1D/2D``,
             ``GlobalAveragePooling1D/2D``, ``GlobalMaxPooling1D/2D``, ``SimpleRNN``, ``LSTM``,
             ``GRU`` (``reset_after=True``), ``Bidirectional`` (``concat`` or ``sum``),
-            ``BatchNormalization``, ``LayerNormalization``, ``Embedding``, ``Dropout``,
+            ``BatchNormalization``, ``LayerNormalization``, ``RMSNormalization``,
+            ``Embedding``, ``Dropout``,
             ``Flatten``, ``ZeroPadding1D/2D``, ``Activation``, ``Softmax``, ``ReLU``,
             ``LeakyReLU`` layers and
             self-attention ``MultiHeadAttention`` (``mha(x, x)``, ``num_heads * key_dim``

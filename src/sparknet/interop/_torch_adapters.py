@@ -36,6 +36,7 @@ from sparknet.layers import (
     LayerNormalization,
     MaxPool1D,
     MaxPool2D,
+    RMSNormalization,
     SimpleRNN,
     ZeroPadding1D,
     ZeroPadding2D,
@@ -438,3 +439,22 @@ class LayerNormAdapter(Adapter):
             layer.params["gamma"][...] = to_numpy(self.ln.weight)
         if "beta" in layer.params:
             layer.params["beta"][...] = to_numpy(self.ln.bias)
+
+
+class RMSNormAdapter(Adapter):
+    """``nn.RMSNorm`` over the last axis."""
+
+    def __init__(self, layer: RMSNormalization) -> None:
+        super().__init__()
+        self.norm = nn.RMSNorm(
+            layer.features, eps=layer.eps, elementwise_affine=layer.scale, **factory_kwargs(layer)
+        )
+        if layer.scale:
+            copy_in(self.norm.weight, layer.params["gamma"])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        return self.norm(x), mask
+
+    def store(self, layer: Layer) -> None:
+        if "gamma" in layer.params:
+            layer.params["gamma"][...] = to_numpy(self.norm.weight)

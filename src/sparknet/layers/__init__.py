@@ -7,7 +7,11 @@ from sparknet.layers.conv1d import AvgPool1D, Conv1D, MaxPool1D
 from sparknet.layers.core import Activation, Dense, Dropout, Flatten, LeakyReLU
 from sparknet.layers.embedding import Embedding
 from sparknet.layers.masking import SequenceMask
-from sparknet.layers.normalization import BatchNormalization, LayerNormalization
+from sparknet.layers.normalization import (
+    BatchNormalization,
+    LayerNormalization,
+    RMSNormalization,
+)
 from sparknet.layers.padding import ZeroPadding1D, ZeroPadding2D
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
@@ -28,6 +32,6 @@ __all__ = [
     "SimpleRNN", "LSTM", "GRU", "Embedding", "reset_states", "Bidirectional",
     "SequenceMask",
     "MultiHeadAttention", "PositionalEmbedding", "TransformerEncoder",
-    "BatchNormalization", "LayerNormalization",
+    "BatchNormalization", "LayerNormalization", "RMSNormalization",
     "Residual", "ColumnEmbedding", "ZeroPadding1D", "ZeroPadding2D",
 ]

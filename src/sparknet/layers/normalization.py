@@ -1,4 +1,5 @@
-"""Normalisation layers: :class:`LayerNormalization` and :class:`BatchNormalization`.
+"""Normalisation layers: :class:`LayerNormalization`, :class:`RMSNormalization` (LLaMA's:
+no mean subtracted, no shift) and :class:`BatchNormalization`.
 
 Both normalise the **last axis** (features, or channels of channels-last images) and
 learn a per-feature scale ``gamma`` and shift ``beta``::
@@ -106,6 +107,8 @@ class LayerNormalization(_FeatureNorm):
     """
 
     supports_masking = True
+    #: root-mean-square normalisation (:class:`RMSNormalization`): no mean subtracted
+    _rms = False
 
     def __init__(self, eps: float = 1e-5, center: bool = True, scale: bool = True,
                  name: str | None = None) -> None:
@@ -120,7 +123,7 @@ class LayerNormalization(_FeatureNorm):
         mean = np.empty(x2.shape[0], dtype=self.dtype)
         rstd = np.empty(x2.shape[0], dtype=self.dtype)
         _norm.layer_norm_forward(x2, self.params.get("gamma"), self.params.get("beta"), self.eps,
-                                 y, mean, rstd)
+                                 y, mean, rstd, rms=self._rms)
         self._x, self._mean, self._rstd = x2, mean, rstd
         return y.reshape(shape)
 
@@ -129,11 +132,40 @@ class LayerNormalization(_FeatureNorm):
         d = _writable_rows(dy, self.features, self.dtype)
         dx = d if self.need_input_grad else None  # the kernel may write dx over dy
         _norm.layer_norm_backward(d, self._x, self._mean, self._rstd, self.params.get("gamma"),
-                                  dx, self.grads.get("gamma"), self.grads.get("beta"))
+                                  dx, self.grads.get("gamma"), self.grads.get("beta"),
+                                  rms=self._rms)
         return None if dx is None else dx.reshape(shape)
 
     def get_config(self) -> dict[str, Any]:
         return {"eps": self.eps, "center": self.center, "scale": self.scale, "name": self.name}
+
+
+@register
+class RMSNormalization(LayerNormalization):
+    """Root-mean-square normalisation over the last axis, as ``torch.nn.RMSNorm(F, eps)`` and
+    Keras' ``RMSNormalization``: each position's ``F`` features divided by their root mean
+    square, then scaled by ``gamma``, ``y = x / sqrt(mean(x ** 2) + eps) * gamma``.  The
+    normalisation of LLaMA-style Transformers: no mean subtracted, no shift.
+
+    Args:
+        eps: added to the mean square before the square root; positive (Keras' default).
+        scale: learn the scale ``gamma`` (else ``gamma = 1``; PyTorch's
+            ``elementwise_affine=False``).
+        name: layer name.
+
+    Input shape: ``(N, ..., F)``.  Output shape: the same.
+
+    Parameters: ``gamma`` (PyTorch's ``weight``, Keras' ``scale``) of shape ``(F,)``,
+    initialised to 1.  Masks pass through, as in :class:`LayerNormalization`.
+    """
+
+    _rms = True
+
+    def __init__(self, eps: float = 1e-6, scale: bool = True, name: str | None = None) -> None:
+        super().__init__(eps, center=False, scale=scale, name=name)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"eps": self.eps, "scale": self.scale, "name": self.name}
 
 
 @register

@@ -1,5 +1,6 @@
 """Exporters of the normalisation layers: ``BatchNormalization`` (inference: the running
-statistics) and ``LayerNormalization`` (its operator from opset 17, its definition before).
+statistics), ``LayerNormalization`` (its operator from opset 17, its definition before) and
+``RMSNormalization`` (its definition).
 
 Both operators take ``epsilon`` as a float32 attribute.  A float64 model whose ``eps`` has no
 exact float32 value (1e-3, 1e-5) would lose digits there (1e-10 of the output with
@@ -11,13 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from sparknet.layers.normalization import BatchNormalization, LayerNormalization
+from sparknet.layers.normalization import (
+    BatchNormalization,
+    LayerNormalization,
+    RMSNormalization,
+)
 from sparknet.onnx._builder import Builder
 from sparknet.onnx._registry import register_exporter
 
 
 def _affine(
-    layer: BatchNormalization | LayerNormalization, b: Builder
+    layer: BatchNormalization | LayerNormalization | RMSNormalization, b: Builder
 ) -> tuple[np.ndarray, np.ndarray]:
     """``gamma`` and ``beta``, ones and zeros where the layer learns none."""
     F = layer.features
@@ -82,3 +87,14 @@ def layer_norm(layer: LayerNormalization, b: Builder, x: str) -> str:
     var = b.reduce("ReduceMean", b.op("Mul", [d, d], name), [-1], f"{name}/var")
     std = b.op("Sqrt", [b.op("Add", [var, b.const(layer.eps, f"{name}/eps")], name)], name)
     return b.op("Add", [b.op("Mul", [b.op("Div", [d, std], name), g], name), bt], name)
+
+
+@register_exporter(RMSNormalization)
+def rms_norm(layer: RMSNormalization, b: Builder, x: str) -> str:
+    """``x / sqrt(mean(x * x) + eps) * gamma`` over the last axis with ``ReduceMean`` (ONNX's
+    ``RMSNormalization`` operator is opset 23 only)."""
+    name = layer.name
+    gamma, _ = _affine(layer, b)
+    ms = b.reduce("ReduceMean", b.op("Mul", [x, x], name), [-1], f"{name}/mean_square")
+    rms = b.op("Sqrt", [b.op("Add", [ms, b.const(layer.eps, f"{name}/eps")], name)], name)
+    return b.op("Mul", [b.op("Div", [x, rms], name), b.const(gamma, f"{name}/gamma")], name)
