@@ -41,14 +41,29 @@ def _resnet(keras):
     return keras.Model(inp, L.Dense(2)(L.GlobalAveragePooling2D()(x)))
 
 
-@pytest.mark.parametrize("name", ["encoder", "masked encoder", "resnet block"])
+def _branches(keras):
+    """Inception-style branches joined on the channels, then a SwiGLU-style gate."""
+    L = keras.layers
+    inp = keras.Input((6, 6, 3))
+    x = L.Concatenate()([L.Conv2D(4, 1)(inp), L.Conv2D(2, 3, padding="same", activation="relu")(inp),
+                         L.MaxPooling2D(3, 1, padding="same")(inp)])
+    x = L.GlobalAveragePooling2D()(x)
+    x = L.Multiply()([L.Dense(8, activation="silu")(x), L.Dense(8)(x)])
+    return keras.Model(inp, L.Dense(2)(x))
+
+
+@pytest.mark.parametrize("name", ["encoder", "masked encoder", "resnet block", "branches"])
 def test_a_functional_model_with_skips_and_attention_predicts_as_keras(keras, name):
-    km = _resnet(keras) if name == "resnet block" else _encoder(keras, name == "masked encoder")
+    km = {"resnet block": _resnet, "branches": _branches}.get(
+        name, lambda k: _encoder(k, name == "masked encoder"))(keras)
     rng = np.random.default_rng(0)
     for w in km.weights:
         v = keras.ops.convert_to_numpy(w)
         w.assign(rng.uniform(0.5, 1.5, v.shape) if "variance" in w.path else rng.standard_normal(v.shape) * 0.4)
-    if name == "resnet block":
+    if name == "branches":
+        x = rng.standard_normal((5, 6, 6, 3)).astype(np.float32)
+        kinds = ["Parallel", "GlobalAveragePooling2D", "Parallel", "Dense"]
+    elif name == "resnet block":
         x = rng.standard_normal((5, 6, 6, 3)).astype(np.float32)
         kinds = ["Conv2D", "Residual", "Activation", "Residual", "Activation",
                  "GlobalAveragePooling2D", "Dense"]
@@ -86,8 +101,8 @@ def test_what_a_keras_graph_cannot_express_is_named(keras):
          r"'mha' \(MultiHeadAttention\) attends to another tensor than its queries"),
         (keras.Model(vec, shared(shared(vec))),
          r"'shared' \(Dense\) is called 2 times in the model; sparknet layers do not share"),
-        (keras.Model(vec, L.Concatenate(name="cat")([L.Dense(2)(vec), L.Dense(2)(vec)])),
-         r"'cat' \(Concatenate\) reads 2 tensors; sparknet layers read one"),
+        (keras.Model(img, L.Concatenate(axis=1, name="cat")([img, L.Conv2D(3, 1)(img)])),
+         r"'cat' \(Concatenate\): axis=1; sparknet joins branches on the last axis"),
         (keras.Model([vec, seq], L.Dense(2)(vec)), r"has 2 inputs and 1 outputs"),
         (keras.Model(vec, L.Dense(2)(vec * 2.0)),
          r"'dense\w*' \(Dense\) reads the output of Keras operation 'multiply\w*' \(Multiply\), "

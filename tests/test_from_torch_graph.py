@@ -110,7 +110,36 @@ def _networks(torch):
             x = F.relu(self.conv(self.emb(ids).transpose(1, 2)))
             return self.fc(self.pool(x).squeeze(-1))
 
+    class LlamaBlock(nn.Module):  # RMSNorm, then a SwiGLU feed-forward, added
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.RMSNorm(8)
+            self.w1, self.w3 = nn.Linear(8, 16, bias=False), nn.Linear(8, 16, bias=False)
+            self.w2, self.head = nn.Linear(16, 8, bias=False), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.norm(x)
+            x = x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+            return self.head(x.mean(dim=1))
+
+    class Inception(nn.Module):  # branches joined on the channels; a DenseNet-style concat
+        def __init__(self):
+            super().__init__()
+            self.b1 = nn.Conv2d(2, 3, 1)
+            self.b2 = nn.Sequential(nn.Conv2d(2, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+            self.pool, self.grow = nn.MaxPool2d(3, 1, 1), nn.Conv2d(9, 2, 3, padding=1)
+            self.fc = nn.Linear(11 * 6 * 6, 2)
+
+        def forward(self, x):
+            x = F.relu(torch.cat([self.b1(x), self.b2(x), self.pool(x)], dim=1))
+            x = torch.cat([x, self.grow(x)], 1)
+            return self.fc(torch.flatten(x, 1))
+
     return {
+        "llama block": (LlamaBlock(), (5, 8), False,
+                        ["Residual", "GlobalAveragePooling1D", "Dense"]),
+        "inception": (Inception(), (2, 6, 6), False,
+                      ["Parallel", "Activation", "Parallel", "Flatten", "Dense"]),
         "mnist example": (MnistNet(), (1, 14, 14), False,
                           ["Conv2D", "Conv2D", "MaxPool2D", "Dropout", "Flatten", "Dense",
                            "Dropout", "Dense"]),
@@ -145,7 +174,7 @@ def _randomize(torch, module):
     return module
 
 
-@pytest.mark.parametrize("name", ["mnist example", "resnet blocks", "lstm out[:, -1]", "lstm h[-1]",
+@pytest.mark.parametrize("name", ["llama block", "inception", "mnist example", "resnet blocks", "lstm out[:, -1]", "lstm h[-1]",
                                   "gru h[-1]", "encoder post-norm", "encoder pre-norm", "text cnn"])
 def test_a_module_with_its_own_forward_computes_the_same_function(torch, name):
     """The traced module becomes a channels-last sparknet model of the expected layers,
@@ -248,8 +277,9 @@ def _refused(torch):
          r"the last step of a bidirectional GRU, which is not both directions' final state"),
         (Net(lambda s, x: s.fc(s.fc(x)), fc=nn.Linear(4, 4)), (4,),
          r"at 'fc_1': calls 'fc' a second time \(first at 'fc'\); sparknet layers do not share"),
-        (Net(lambda s, x: torch.cat([s.a(x), s.b(x)], 1), a=nn.Linear(4, 2), b=nn.Linear(4, 2)),
-         (4,), r"at 'cat': torch.cat has no sparknet equivalent"),
+        (Net(lambda s, x: torch.cat([s.a(x), s.b(x)], 2), a=nn.Conv2d(2, 3, 1), b=nn.Conv2d(2, 3, 1)),
+         (2, 4, 4), r"at 'cat': torch.cat on dim 2 of \[\(3, 4, 4\), \(3, 4, 4\)\]; sparknet "
+                    r"joins branches on the channel"),
         (Net(lambda s, x: s.a(x) * 2, a=nn.Linear(4, 2)), (4,),
          r"at 'mul': operator.mul has no sparknet equivalent"),
         (Net(lambda s, x: s.attn(x, F.relu(x), F.relu(x))[0],

@@ -35,6 +35,7 @@ from sparknet.layers import (
     LayerNormalization,
     MaxPool1D,
     MultiHeadAttention,
+    Parallel,
     PositionalEmbedding,
     Residual,
     RMSNormalization,
@@ -233,6 +234,19 @@ SPARKNET_CASES = [
         False,
     ),
     (
+        "parallel",
+        lambda: [
+            Conv2D(3, 3, padding="same"),
+            Parallel([[], [Conv2D(2, 3, padding="same", activation="relu")], [MaxPool2D(3, 1, padding=1)]]),
+            Parallel([[Dense(4, activation="silu")], [Dense(4)]], merge="multiply"),
+            GlobalAveragePooling2D(),
+            Dense(2, activation="softmax"),
+        ],
+        IMG,
+        lambda r, n: r.random((n,) + IMG),
+        False,
+    ),
+    (
         "rms_norm",
         lambda: [Dense(6), RMSNormalization(eps=1e-5), Dense(3, activation="softmax")],
         SEQ,
@@ -328,7 +342,8 @@ def _grads_as_sparknet(module, model_like):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["mlp", "cnn", "recurrent", "attention", "residual", "residual_shortcut", "column_embedding"]
+    "case_id",
+    ["mlp", "cnn", "recurrent", "attention", "residual", "residual_shortcut", "parallel", "column_embedding"],
 )
 def test_torch_gradients_equal_sparknet_gradients(torch, case_id):
     """The module computes the same function, so autograd through it gives sparknet's own

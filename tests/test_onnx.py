@@ -50,6 +50,7 @@ from sparknet.layers import (  # noqa: E402
     LayerNormalization,
     MaxPool1D,
     MultiHeadAttention,
+    Parallel,
     PositionalEmbedding,
     Residual,
     RMSNormalization,
@@ -555,6 +556,19 @@ CASES = [
         SEQ,
         _seqs,
         {"ReduceMean", "Sqrt", "Div"},
+    ),
+    (
+        "parallel",
+        lambda: [
+            Conv2D(3, 3, padding="same"),
+            Parallel([[], [Conv2D(2, 3, padding="same", activation="relu")], [MaxPool2D(3, 1, padding=1)]]),
+            Parallel([[Dense(4, activation="silu")], [Dense(4)]], merge="multiply"),
+            Parallel([[Dense(4)], [], [Dense(4, activation="tanh")]], merge="add"),
+            GlobalAveragePooling2D(),
+        ],
+        IMG,
+        _images,
+        {"Concat", "Mul", "Add"},
     ),
     (
         "residual_recurrent",

@@ -5,152 +5,53 @@ The graph is read as one chain from the input to the output:
 
 - a module call is the module's layer, converted as in an ``nn.Sequential``;
 - ``F.relu``, ``torch.flatten``, ``F.max_pool2d``, ``x.view(x.size(0), -1)``, ``x.mean(1)``
-  and the other tensor functions ``_activation_of`` knows are the module they stand for;
+  and the other tensor functions ``function_module`` knows are the module they stand for;
 - ``a + b`` is a skip connection: ``Residual([...])`` of the modules from the point where the
   two branches part to ``a`` (the longer branch), with the modules to ``b`` as its
-  ``shortcut`` (none: the identity);
+  ``shortcut`` (none: the identity); ``torch.cat([a, b, ...], dim=1)`` on the channels and
+  ``a * b`` are a ``Parallel`` of the branches (Inception, DenseNet, SwiGLU);
 - an ``nn.LSTM``'s ``out, _ = lstm(x)`` and ``out[:, -1]`` (or ``h[-1]``) are its sequences and
   its last step; ``attn(x, x, x)[0]`` of an ``nn.MultiheadAttention`` is self-attention;
 - ``x.transpose(1, 2)`` of a sequence swaps torch's ``(N, T, C)`` and ``(N, C, T)``, which
   are the same ``(N, T, C)`` tensor in sparknet's channels-last layout.
 
-Anything else (two branches joined otherwise, a parameter read outside a module, control
-flow on tensor values) is refused, naming the node of ``forward()`` it comes from.
+Anything else (a parameter read outside a module, a module called twice, control flow on
+tensor values) is refused, naming the node of ``forward()`` it comes from.
 """
 
 from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Union
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from sparknet.interop._from_torch_messages import input_shape_of, where
+from sparknet.interop._from_torch_functions import (
+    GRAPH_CONVERTERS,
+    Refused,
+    Transpose,
+    View,
+    function_module,
+    function_name,
+    node_error,
+)
+from sparknet.interop._from_torch_messages import input_shape_of
 from sparknet.interop._from_torch_modules import (
-    CONVERTERS,
     SPATIAL,
     Walk,
     build_model,
-    numpy_of,
 )
 from sparknet.interop._torch import RecurrentOutput
 from sparknet.layers import (
-    GlobalAveragePooling1D,
-    GlobalAveragePooling2D,
-    MultiHeadAttention,
+    Parallel,
     Residual,
 )
 from sparknet.model import Sequential
 
 __all__ = ["from_graph", "is_own_forward"]
-
-
-# -- the pseudo-modules that tensor functions stand for --------------------------------
-class _View(nn.Module):
-    """``x.view(N, -1)``, ``x.reshape(-1, size)``: a flatten, when ``size`` (if given) is the
-    size of a sample."""
-
-    def __init__(self, size: int | None) -> None:
-        super().__init__()
-        self.size = size
-
-
-class _Transpose(nn.Module):
-    """``x.transpose(1, 2)`` of ``(N, A, B)``: torch's ``(N, T, C)`` <-> ``(N, C, T)``."""
-
-
-class _Mean(nn.Module):
-    """``x.mean(dim)`` over the steps or the pixels: a global average pool."""
-
-    def __init__(self, dims: tuple[int, ...]) -> None:
-        super().__init__()
-        self.dims = dims
-
-
-class _Squeeze(nn.Module):
-    """``x.squeeze(-1)`` of a global pool's ``(N, C, 1)``: its ``(N, C)``."""
-
-
-def _view(i: int | str, m: _View, w: Walk) -> None:
-    size = int(np.prod(w.shape))
-    if m.size is not None and m.size != size:
-        raise ValueError(
-            f"at {i!r}: reshapes samples of {size} values {w.shape} to rows of {m.size}, "
-            f"which changes the batch; sparknet reshapes a sample to one row: x.view(x.size(0), -1)"
-        )
-    CONVERTERS[nn.Flatten](i, nn.Flatten(), w)
-
-
-def _transpose(i: int | str, m: _Transpose, w: Walk) -> None:
-    if len(w.shape) != 2:
-        raise ValueError(
-            f"at {i!r}: swaps two axes of {w.shape}; sparknet swaps only a sequence's "
-            f"steps and channels, (N, T, C) <-> (N, C, T)"
-        )
-    w.shape, w.channels_first = (w.shape[1], w.shape[0]), not w.channels_first
-
-
-def _mean(i: int | str, m: _Mean, w: Walk) -> None:
-    n = len(w.shape)
-    dims = sorted(d % (n + 1) for d in m.dims)
-    if w.channels_first and n in (2, 3) and dims == list(range(2, n + 1)):
-        w.add(GlobalAveragePooling1D() if n == 2 else GlobalAveragePooling2D())
-    elif not w.channels_first and n == 2 and dims == [1]:
-        w.add(GlobalAveragePooling1D())
-    else:
-        raise ValueError(
-            f"at {i!r}: the mean over dims {m.dims} of {w.shape}; sparknet averages the "
-            f"steps of a sequence (N, T, C) or the positions of a channels-first tensor"
-        )
-    w.shape, w.channels_first, w.pooled = (
-        (w.shape[0],) if w.channels_first else w.shape[1:],
-        False,
-        False,
-    )
-
-
-def _squeeze(i: int | str, m: _Squeeze, w: Walk) -> None:
-    if not w.pooled:
-        raise ValueError(
-            f"at {i!r}: squeezes {w.shape}; sparknet squeezes only a global pool's "
-            f"(N, C, 1, ...) to (N, C)"
-        )
-    w.shape, w.channels_first, w.pooled = (w.shape[0],), False, False
-
-
-def _attention(i: int | str, m: nn.MultiheadAttention, w: Walk) -> None:
-    if not m.batch_first or not m._qkv_same_embed_dim or m.bias_k is not None or m.add_zero_attn:
-        raise ValueError(
-            f"{where(i, m)}: needs batch_first=True, one embed_dim for queries, keys and values, "
-            f"and no add_bias_kv or add_zero_attn (sparknet's MultiHeadAttention)"
-        )
-    if len(w.shape) != 2 or w.channels_first:
-        raise ValueError(f"{where(i, m)} needs sequences (N, T, D), got {w.shape}")
-    bias = m.in_proj_bias is not None
-    layer = MultiHeadAttention(m.num_heads, dropout=m.dropout, use_bias=bias)
-
-    def setter() -> None:
-        layer.params["in_proj_weight"][...] = numpy_of(m.in_proj_weight)
-        layer.params["out_proj_weight"][...] = numpy_of(m.out_proj.weight)
-        if bias:
-            layer.params["in_proj_bias"][...] = numpy_of(m.in_proj_bias)
-            layer.params["out_proj_bias"][...] = numpy_of(m.out_proj.bias)
-
-    w.add(layer, setter)
-
-
-_GRAPH_CONVERTERS: dict[type[nn.Module], Callable[[int | str, Any, Walk], None]] = {
-    **CONVERTERS,
-    _View: _view,
-    _Transpose: _transpose,
-    _Mean: _mean,
-    _Squeeze: _squeeze,
-    nn.MultiheadAttention: _attention,
-}
 
 
 # -- the graph, read as a chain ---------------------------------------------------------
@@ -172,7 +73,17 @@ class _Skip:
     shortcut: tuple[Chain, ...] = ()
 
 
-Chain = Union[_Step, _Skip]
+@dataclass(eq=False, frozen=True)
+class _Merge:
+    """Branches from one tensor joined by ``torch.cat`` on ``dim`` or multiplied."""
+
+    name: str
+    branches: tuple[tuple[Chain, ...], ...]
+    merge: str
+    dim: int = -1
+
+
+Chain = Union[_Step, _Skip, _Merge]
 
 
 @dataclass(frozen=True)
@@ -184,96 +95,6 @@ class _Value:
     steps: tuple[Chain, ...]
     kind: str = "tensor"
     module: nn.Module | None = None
-
-
-class _Refused(ValueError):
-    pass
-
-
-def _node_error(node: fx.Node, what: str) -> _Refused:
-    return _Refused(f"at {node.name!r}: {what}")
-
-
-def _function_name(target: Any) -> str:
-    """How a message names a traced function or tensor method."""
-    if isinstance(target, str):
-        return f"Tensor.{target}()"
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__name__", repr(target))
-    if module.startswith("torch.nn.functional"):
-        return f"F.{name}"
-    if module in ("_operator", "operator"):
-        return f"operator.{name}"
-    return f"torch.{name}" if module.startswith("torch") else f"{module}.{name}"
-
-
-def _activation_of(target: Any, node: fx.Node) -> nn.Module | None:
-    """The module a tensor function of one tensor stands for, or None."""
-    a, kw = node.args, node.kwargs
-
-    def arg(k: int, name: str, default: Any) -> Any:
-        return a[k] if len(a) > k else kw.get(name, default)
-
-    if target in (F.relu, torch.relu, "relu"):
-        return nn.ReLU()
-    if target in (torch.tanh, F.tanh, "tanh"):
-        return nn.Tanh()
-    if target in (torch.sigmoid, F.sigmoid, "sigmoid"):
-        return nn.Sigmoid()
-    if target in (F.silu,):
-        return nn.SiLU()
-    if target in (F.gelu,):
-        return nn.GELU(approximate=arg(1, "approximate", "none"))
-    if target in (F.leaky_relu,):
-        return nn.LeakyReLU(arg(1, "negative_slope", 0.01))
-    if target in (F.softmax, torch.softmax, "softmax"):
-        return nn.Softmax(dim=arg(1, "dim", None))
-    if target in (F.dropout,):
-        return nn.Dropout(arg(1, "p", 0.5))
-    if target in (torch.flatten, "flatten"):
-        return nn.Flatten(arg(1, "start_dim", 0), arg(2, "end_dim", -1))
-    if target in (F.max_pool1d, F.max_pool2d, F.avg_pool1d, F.avg_pool2d):
-        kind = {
-            F.max_pool1d: nn.MaxPool1d,
-            F.max_pool2d: nn.MaxPool2d,
-            F.avg_pool1d: nn.AvgPool1d,
-            F.avg_pool2d: nn.AvgPool2d,
-        }[target]
-        names = ["kernel_size", "stride", "padding"]
-        given = {n: arg(k + 1, n, None) for k, n in enumerate(names)}
-        extra = {k: v for k, v in kw.items() if k not in names}
-        return kind(**{k: v for k, v in given.items() if v is not None}, **extra)
-    if target in (
-        F.adaptive_avg_pool1d,
-        F.adaptive_avg_pool2d,
-        F.adaptive_max_pool1d,
-        F.adaptive_max_pool2d,
-    ):
-        kind = {
-            F.adaptive_avg_pool1d: nn.AdaptiveAvgPool1d,
-            F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d,
-            F.adaptive_max_pool1d: nn.AdaptiveMaxPool1d,
-            F.adaptive_max_pool2d: nn.AdaptiveMaxPool2d,
-        }[target]
-        return kind(arg(1, "output_size", None))
-    if target is F.pad and arg(2, "mode", "constant") == "constant":
-        pads = tuple(arg(1, "pad", ()))
-        kind = {2: nn.ConstantPad1d, 4: nn.ConstantPad2d}.get(len(pads))
-        if kind is None:
-            raise _node_error(node, f"F.pad of {len(pads) // 2} axes; sparknet pads 1 or 2")
-        return kind(pads, arg(3, "value", 0.0) or 0.0)
-    if target in (torch.mean, "mean"):
-        dims = arg(1, "dim", None)
-        if dims is None or arg(2, "keepdim", False):
-            raise _node_error(
-                node,
-                "a mean over every axis, or keepdim=True: sparknet "
-                "averages the steps or positions of each sample",
-            )
-        return _Mean(tuple(dims) if isinstance(dims, (tuple, list)) else (int(dims),))
-    if target == "squeeze":
-        return _Squeeze()
-    return None
 
 
 _IDENTITIES = ("contiguous",)
@@ -293,7 +114,7 @@ class _Reader:
     def tensor(self, node: Any, at: fx.Node) -> tuple[Chain, ...]:
         """The chain computing tensor ``node`` (the argument of node ``at``)."""
         if not isinstance(node, fx.Node) or node not in self.values:
-            raise _node_error(at, f"reads {node!r}, which is not a tensor computed from the input")
+            raise node_error(at, f"reads {node!r}, which is not a tensor computed from the input")
         v = self.values[node]
         if v.kind == "sequences":  # every step (one RecurrentOutput for all uses)
             if node not in self.sequences:
@@ -301,7 +122,7 @@ class _Reader:
                 self.sequences[node] = v.steps + (step,)
             return self.sequences[node]
         if v.kind != "tensor":
-            raise _node_error(
+            raise node_error(
                 at, f"reads {node.name!r}, which is {_KIND_NAMES[v.kind]}, not a tensor"
             )
         return v.steps
@@ -311,11 +132,11 @@ class _Reader:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 if node.users and self.values:
-                    raise _node_error(node, "a second input; sparknet models read one tensor")
+                    raise node_error(node, "a second input; sparknet models read one tensor")
                 if node.users:
                     self.values[node] = _Value(())
             elif node.op == "get_attr":
-                raise _node_error(
+                raise node_error(
                     node,
                     f"reads {node.target!r} directly (a parameter or buffer used outside its "
                     f"module, e.g. x @ self.weight or x + self.pos); sparknet reads modules: "
@@ -335,7 +156,7 @@ class _Reader:
         name = str(node.target)
         if any(True for _ in m.parameters(recurse=True)):
             if name in self.used:
-                raise _node_error(
+                raise node_error(
                     node,
                     f"calls {name!r} a second time (first at "
                     f"{self.used[name].name!r}); sparknet layers do not "
@@ -348,7 +169,7 @@ class _Reader:
                 node.kwargs.get(k) for k in ("query", "key", "value") if k in node.kwargs
             ]
             if len(args) != 3 or len({id(a) for a in args}) != 1:
-                raise _node_error(
+                raise node_error(
                     node,
                     "attention with different queries, keys and values; "
                     "sparknet's MultiHeadAttention is self-attention, "
@@ -357,14 +178,14 @@ class _Reader:
             if any(node.kwargs.get(k) is not None for k in ("key_padding_mask", "attn_mask")) or (
                 node.kwargs.get("is_causal")
             ):
-                raise _node_error(
+                raise node_error(
                     node,
                     "attention with a key_padding_mask, attn_mask or "
                     "is_causal, which sparknet cannot read from forward()",
                 )
             return _Value(self.tensor(args[0], node) + (step,), "attention", m)
         if len(node.args) != 1 or node.kwargs:
-            raise _node_error(
+            raise node_error(
                 node,
                 f"calls {name!r} with {len(node.args)} arguments and "
                 f"{dict(node.kwargs)}; sparknet layers read one tensor",
@@ -375,8 +196,8 @@ class _Reader:
                 return _Value(v.steps + (step,))
         if isinstance(m, nn.RNNBase):
             return _Value(self.tensor(node.args[0], node) + (step,), "recurrent", m)
-        if type(m) not in _GRAPH_CONVERTERS:
-            raise _node_error(
+        if type(m) not in GRAPH_CONVERTERS:
+            raise node_error(
                 node, f"module {name!r} ({type(m).__name__}) has no sparknet equivalent"
             )
         return _Value(self.tensor(node.args[0], node) + (step,))
@@ -387,6 +208,14 @@ class _Reader:
             return self.item(node)
         if target in _ADDS:
             return self.add(node)
+        if target in (torch.cat, torch.concat, torch.concatenate):
+            dim = args[1] if len(args) > 1 else node.kwargs.get("dim", 0)
+            return self.join(node, list(args[0]), "concat", int(dim))
+        if target in (operator.mul, torch.mul, "mul") and all(
+            isinstance(a, fx.Node) and self.values.get(a, _Value(())).kind == "tensor"
+            for a in args[:2]
+        ):
+            return self.join(node, list(args[:2]), "multiply")
         if target is getattr and args[1] == "shape":
             return _Value(self.tensor(args[0], node), "shape")
         if target == "size":
@@ -402,25 +231,25 @@ class _Reader:
                 else tuple(args[1] if len(args) == 2 else args[1:])
             )
             if dims not in _TRANSPOSES + ((0, 2, 1), (0, -1, -2)):
-                raise _node_error(
+                raise node_error(
                     node,
                     f"swaps axes {dims}; sparknet swaps only a sequence's "
                     f"steps and channels, x.transpose(1, 2)",
                 )
-            return _Value(self.tensor(args[0], node) + (_Step(node.name, _Transpose()),))
+            return _Value(self.tensor(args[0], node) + (_Step(node.name, Transpose()),))
         if target in (F.log_softmax, torch.log_softmax, "log_softmax"):
-            raise _node_error(
+            raise node_error(
                 node,
                 "sparknet has no log-softmax output: its classifiers end "
                 "in softmax (the same predicted classes, and what its "
                 "cross-entropy reads); end forward() with "
                 "F.softmax(x, dim=1) or with the logits",
             )
-        made = _activation_of(target, node)
+        made = function_module(target, node)
         if made is None:
-            raise _node_error(node, f"{_function_name(target)} has no sparknet equivalent")
+            raise node_error(node, f"{function_name(target)} has no sparknet equivalent")
         if any(isinstance(a, fx.Node) for a in list(args[1:]) + list(node.kwargs.values())):
-            raise _node_error(
+            raise node_error(
                 node, "a setting computed from a tensor; sparknet's settings are fixed numbers"
             )
         return _Value(self.tensor(args[0], node) + (_Step(node.name, made),))
@@ -435,8 +264,8 @@ class _Reader:
             )
             if batch or (lead == -1 and sizes[1] != -1):
                 size = None if sizes[1] == -1 else sizes[1]
-                return _Value(self.tensor(args[0], node) + (_Step(node.name, _View(size)),))
-        raise _node_error(
+                return _Value(self.tensor(args[0], node) + (_Step(node.name, View(size)),))
+        raise node_error(
             node,
             "a reshape other than to one row per sample; sparknet reshapes "
             "with x.view(x.size(0), -1) (a flatten)",
@@ -461,7 +290,7 @@ class _Reader:
             if (kind == "sequences" and index in last) or (kind, index) == ("state", -1):
                 assert isinstance(rnn, nn.RNNBase)
                 if rnn.bidirectional:
-                    raise _node_error(
+                    raise node_error(
                         node,
                         f"the last step of a bidirectional {type(rnn).__name__}, which is "
                         f"not both directions' final state; pass the module's output "
@@ -470,7 +299,7 @@ class _Reader:
                 return _Value(
                     v.steps + (_Step(f"{node.name} (its last step)", RecurrentOutput(False)),)
                 )
-        raise _node_error(
+        raise node_error(
             node,
             f"indexes {_KIND_NAMES.get(kind, 'a tensor')} with {index!r}; "
             f"sparknet reads an RNN's output (out, _ = rnn(x)), its last "
@@ -480,7 +309,7 @@ class _Reader:
 
     def add(self, node: fx.Node) -> _Value:
         if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
-            raise _node_error(node, "an add of other than two tensors")
+            raise node_error(node, "an add of other than two tensors")
         a, b = (self.tensor(x, node) for x in node.args)
         common = 0
         while common < min(len(a), len(b)) and a[common] is b[common]:
@@ -489,12 +318,21 @@ class _Reader:
         if len(shortcut) > len(body):  # the block's layers are the longer branch
             body, shortcut = shortcut, body
         if not body:
-            raise _node_error(
+            raise node_error(
                 node,
                 "adds a tensor to itself; sparknet's Residual adds a block's "
                 "input (or shortcut) to the output of its layers",
             )
         return _Value(a[:common] + (_Skip(node.name, body, shortcut),))
+
+    def join(self, node: fx.Node, tensors: list[Any], merge: str, dim: int = -1) -> _Value:
+        """Branches from the point where the tensors' chains part, merged."""
+        chains = [self.tensor(t, node) for t in tensors]
+        common = 0
+        while all(len(c) > common and c[common] is chains[0][common] for c in chains):
+            common += 1
+        branches = tuple(c[common:] for c in chains)
+        return _Value(chains[0][:common] + (_Merge(node.name, branches, merge, dim),))
 
 
 _KIND_NAMES = {
@@ -512,14 +350,52 @@ _KIND_NAMES = {
 def _flat(chain: tuple[Chain, ...]) -> list[tuple[int | str, nn.Module]]:
     out: list[tuple[int | str, nn.Module]] = []
     for s in chain:
-        out += _flat(s.body) + _flat(s.shortcut) if isinstance(s, _Skip) else [(s.name, s.module)]
+        if isinstance(s, _Skip):
+            out += _flat(s.body) + _flat(s.shortcut)
+        elif isinstance(s, _Merge):
+            out += [m for branch in s.branches for m in _flat(branch)]
+        else:
+            out.append((s.name, s.module))
     return out
+
+
+def _join(s: _Merge, w: Walk) -> None:
+    """``s``'s branches as a ``Parallel`` layer: ``torch.cat`` on the channel axis (the last
+    of sparknet's layout), or a product of tensors of one shape."""
+    walks = [Walk(w.shape, w.channels_first) for _ in s.branches]
+    for branch, v in zip(s.branches, walks):
+        _convert(branch, v)
+    shapes = [v.shape for v in walks]
+    first = walks[0].channels_first
+    channel = 0 if first else len(shapes[0]) - 1
+    same = {
+        tuple(d for a, d in enumerate(sh) if a != channel or s.merge != "concat") for sh in shapes
+    }
+    ok = len(same) == 1 and all(v.channels_first == first and v.perm is None for v in walks)
+    if s.merge == "concat":
+        ok = ok and (s.dim % (1 + len(shapes[0]))) - 1 == channel
+    if not ok:
+        what = f"torch.cat on dim {s.dim}" if s.merge == "concat" else "a product"
+        raise ValueError(
+            f"from_torch: forward(), at {s.name!r}: {what} of {shapes}; sparknet joins "
+            f"branches on the channel (feature) axis, or multiplies tensors of one shape"
+        )
+    w.add(Parallel([v.layers for v in walks], merge=s.merge))
+    for v in walks:
+        w.setters += v.setters
+    shape = list(shapes[0])
+    if s.merge == "concat":
+        shape[channel] = sum(sh[channel] for sh in shapes)
+    w.shape, w.channels_first = tuple(shape), first
 
 
 def _convert(chain: tuple[Chain, ...], w: Walk) -> None:
     for s in chain:
         if isinstance(s, _Step):
-            _GRAPH_CONVERTERS[type(s.module)](s.name, s.module, w)
+            GRAPH_CONVERTERS[type(s.module)](s.name, s.module, w)
+            continue
+        if isinstance(s, _Merge):
+            _join(s, w)
             continue
         body, short = Walk(w.shape, w.channels_first), Walk(w.shape, w.channels_first)
         _convert(s.body, body)
@@ -538,7 +414,7 @@ def _convert(chain: tuple[Chain, ...], w: Walk) -> None:
 def is_own_forward(module: Any) -> bool:
     """Whether ``module`` is read by tracing: a module with its own ``forward()``, or an
     ``nn.Sequential`` holding one (or another ``nn.Sequential``)."""
-    if not isinstance(module, nn.Module) or type(module) in _GRAPH_CONVERTERS:
+    if not isinstance(module, nn.Module) or type(module) in GRAPH_CONVERTERS:
         return False
     if isinstance(module, nn.Sequential):
         return any(isinstance(m, nn.Sequential) or is_own_forward(m) for m in module)
@@ -565,7 +441,7 @@ def from_graph(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
     gm.graph.eliminate_dead_code()
     try:
         chain = _Reader(gm).read()
-    except _Refused as exc:
+    except Refused as exc:
         raise ValueError(f"from_torch: {type(module).__name__}.forward(), {exc}") from None
     named = _flat(chain)
     first = next((m for _, m in named if not isinstance(m, (nn.Dropout, nn.Identity))), None)

@@ -3,10 +3,10 @@
 The model's operations are read in their order.  Each layer that reads one tensor extends
 the chain of that tensor; ``Add()([x, y])`` (or ``x + y``) is a skip connection:
 ``Residual([...])`` of the layers from where the two branches part to the longer one, with
-the other's as its ``shortcut`` (none: the identity); a
-``MultiHeadAttention`` called as ``mha(x, x)`` is self-attention.  Anything else (two
-branches joined otherwise, a layer called twice, several inputs or outputs) is refused,
-naming the layer.
+the other's as its ``shortcut`` (none: the identity); ``Concatenate`` (on the last axis),
+``Multiply`` and an ``Add`` of more tensors are a ``Parallel`` of the branches; a
+``MultiHeadAttention`` called as ``mha(x, x)`` is self-attention.  Anything else (a layer
+called twice, several inputs or outputs, other operations) is refused, naming the layer.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Any, Callable, Union
 
 import numpy as np
 
-from sparknet.layers import Layer, MultiHeadAttention, Residual
+from sparknet.layers import Layer, MultiHeadAttention, Parallel, Residual
 
-__all__ = ["chain_of", "layers_of", "Chain", "Skip"]
+__all__ = ["chain_of", "layers_of", "Chain", "Merge", "Skip"]
 
 
 @dataclass(eq=False, frozen=True)
@@ -32,7 +32,17 @@ class Skip:
     shortcut: tuple[Chain, ...] = ()
 
 
-Chain = Union[Any, Skip]  # a Keras layer, or a skip connection
+@dataclass(eq=False, frozen=True)
+class Merge:
+    """Branches from one tensor joined by ``Concatenate`` on the last axis, ``Multiply``,
+    or an ``Add`` of more than two (``name``: the merging layer)."""
+
+    name: str
+    branches: tuple[tuple[Chain, ...], ...]
+    merge: str
+
+
+Chain = Union[Any, Skip, Merge]  # a Keras layer, a skip connection, or merged branches
 
 
 def _where(op: Any) -> str:
@@ -78,6 +88,7 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
     depths = model._nodes_by_depth  # the model's calls, from the input (deepest) on
     nodes = [n for d in sorted(depths, reverse=True) for n in depths[d]]
     calls = Counter(id(n.operation) for n in nodes)
+    out: tuple[Chain, ...]
     for node in nodes:
         op = node.operation
         if isinstance(op, keras.layers.InputLayer):
@@ -105,7 +116,10 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
                     f"keeps it): write keras.layers.Add()([x, y])"
                 )
             if len(inputs) != 2:
-                raise ValueError(f"{_where(op)} adds {len(inputs)} tensors; a skip adds two")
+                out = _merge(op, [chain(t, op) for t in inputs], "add")
+                for t in node.output_tensors:
+                    values[id(t)] = out
+                continue
             a, b = (chain(t, op) for t in inputs)
             common = next(
                 (i for i, (x, y) in enumerate(zip(a, b)) if x is not y), min(len(a), len(b))
@@ -115,7 +129,17 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
                 body, shortcut = shortcut, body
             if not body:
                 raise ValueError(f"{_where(op)} adds a tensor to itself")
-            out: tuple[Chain, ...] = a[:common] + (Skip(op.name, body, shortcut),)
+            out = a[:common] + (Skip(op.name, body, shortcut),)
+        elif isinstance(op, (keras.layers.Concatenate, keras.layers.Multiply)):
+            if isinstance(op, keras.layers.Concatenate) and op.axis not in (
+                -1,
+                len(op.output.shape) - 1,
+            ):
+                raise ValueError(
+                    f"{_where(op)}: axis={op.axis}; sparknet joins branches on the last axis"
+                )
+            merge = "concat" if isinstance(op, keras.layers.Concatenate) else "multiply"
+            out = _merge(op, [chain(t, op) for t in inputs], merge)
         elif isinstance(op, keras.layers.MultiHeadAttention):
             if len({id(t) for t in inputs}) != 1:
                 raise ValueError(
@@ -132,6 +156,14 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
     return chain(model.outputs[0], model)
 
 
+def _merge(op: Any, chains: list[tuple[Chain, ...]], merge: str) -> tuple[Chain, ...]:
+    """The chain of ``op`` merging ``chains``: their common start, then the branches."""
+    common = 0
+    while all(len(c) > common and c[common] is chains[0][common] for c in chains):
+        common += 1
+    return chains[0][:common] + (Merge(op.name, tuple(c[common:] for c in chains), merge),)
+
+
 def layers_of(chain: tuple[Chain, ...], convert: Callable[[Any], list[Layer]]) -> list[Layer]:
     """The sparknet layers of ``chain``: ``convert`` for each Keras layer, a ``Residual`` of
     its body's (and its shortcut's) for each skip."""
@@ -140,6 +172,9 @@ def layers_of(chain: tuple[Chain, ...], convert: Callable[[Any], list[Layer]]) -
         if isinstance(step, Skip):
             short = layers_of(step.shortcut, convert)
             out.append(Residual(layers_of(step.body, convert), shortcut=short or None))
+        elif isinstance(step, Merge):
+            branches = [layers_of(b, convert) for b in step.branches]
+            out.append(Parallel(branches, merge=step.merge))
         else:
             out += convert(step)
     return out

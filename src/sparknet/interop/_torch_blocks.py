@@ -13,6 +13,7 @@ from sparknet.layers import (
     ColumnEmbedding,
     Layer,
     MultiHeadAttention,
+    Parallel,
     PositionalEmbedding,
     Residual,
     TransformerEncoder,
@@ -137,6 +138,37 @@ class ResidualAdapter(Adapter):
             cast(Adapter, adapter).store(child)
 
 
+class ParallelAdapter(Adapter):
+    """The branches' adapters on one input, merged (``torch.cat`` on the last axis, a
+    product or a sum); the input's mask goes on."""
+
+    def __init__(self, layer: Parallel, make: MakeAdapter) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList(
+            [nn.ModuleList([make(c) for c in branch]) for branch in layer.branches]
+        )
+        self.merge = layer.merge
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, Any]:
+        outs = []
+        for branch in self.branches:
+            h, m = x, mask
+            for adapter in branch:
+                h, m = adapter(h, m)
+            outs.append(h)
+        if self.merge == "concat":
+            return torch.cat(outs, dim=-1), mask
+        y = outs[0]
+        for h in outs[1:]:
+            y = y * h if self.merge == "multiply" else y + h
+        return y, mask
+
+    def store(self, layer: Layer) -> None:
+        for adapters, branch in zip(self.branches, cast(Parallel, layer).branches):
+            for adapter, child in zip(adapters, branch):
+                cast(Adapter, adapter).store(child)
+
+
 class ColumnEmbeddingAdapter(Adapter):
     """One ``nn.Embedding`` per categorical position, then the numeric positions."""
 
@@ -168,5 +200,6 @@ def block_adapters(make: MakeAdapter) -> dict[type[Layer], Callable[[Any], Adapt
         PositionalEmbedding: PositionalAdapter,
         TransformerEncoder: lambda layer: TransformerAdapter(layer, make),
         Residual: lambda layer: ResidualAdapter(layer, make),
+        Parallel: lambda layer: ParallelAdapter(layer, make),
         ColumnEmbedding: ColumnEmbeddingAdapter,
     }

@@ -13,6 +13,7 @@ from sparknet.layers.normalization import (
     RMSNormalization,
 )
 from sparknet.layers.padding import ZeroPadding1D, ZeroPadding2D
+from sparknet.layers.parallel import Parallel
 from sparknet.layers.pooling import (
     GlobalAveragePooling1D,
     GlobalAveragePooling2D,
@@ -33,5 +34,5 @@ __all__ = [
     "SequenceMask",
     "MultiHeadAttention", "PositionalEmbedding", "TransformerEncoder",
     "BatchNormalization", "LayerNormalization", "RMSNormalization",
-    "Residual", "ColumnEmbedding", "ZeroPadding1D", "ZeroPadding2D",
+    "Residual", "Parallel", "ColumnEmbedding", "ZeroPadding1D", "ZeroPadding2D",
 ]

@@ -11,11 +11,17 @@ children's own configs.
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 import numpy as np
 
-from sparknet.layers.base import Layer, ParamSpec, layer_from_config, layer_to_config
+from sparknet.layers.base import (
+    Layer,
+    MaskedLayer,
+    ParamSpec,
+    layer_from_config,
+    layer_to_config,
+)
 
 
 class Container(Layer):
@@ -66,6 +72,60 @@ class Container(Layer):
         super().bind_state(state)
         for prefix, child in self.children.items():
             child.bind_state(_split(state, prefix))
+
+    @staticmethod
+    def check_stack(layers: Any, where: str, seen: set[int], empty: bool = False) -> list[Layer]:
+        """``layers`` as a list of layers (``empty``: may be empty), none of them in ``seen``
+        or twice (``seen`` gets them); a ``ValueError`` naming the place (``where``, e.g.
+        ``"Residual layers"``) otherwise."""
+        if isinstance(layers, Layer) or not isinstance(layers, (list, tuple)):
+            raise ValueError(f"{where} must be a list of layers, got {layers!r}")
+        if not layers and not empty:
+            raise ValueError(f"{where} must hold at least one layer, got []")
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, Layer):
+                raise ValueError(f"{where}[{i}] must be a sparknet Layer, got "
+                                 f"{type(layer).__name__}")
+            if id(layer) in seen:
+                raise ValueError(f"{where}[{i}] ({type(layer).__name__} {layer.name!r}) "
+                                 f"appears twice; give each position its own layer")
+            seen.add(id(layer))
+        return list(layers)
+
+    # -- running stacks of children ----------------------------------------
+    def _forward_stack(self, layers: list[Layer], x: np.ndarray, training: bool,
+                       mask: np.ndarray | None) -> np.ndarray:
+        """The output of the children ``layers`` run in order on ``x``, as a ``Sequential``
+        runs its layers: each that supports masks gets the mask of its input."""
+        h, m = x, mask
+        for layer in layers:
+            if layer.supports_masking:
+                h = cast(MaskedLayer, layer).forward(h, training=training, mask=m)
+            else:
+                h = layer.forward(h, training=training)
+            m = layer.compute_mask(m)
+        return h
+
+    def _backward_stack(self, layers: list[Layer], d: np.ndarray | None) -> np.ndarray | None:
+        """The input gradient of the children ``layers`` (run by :meth:`_forward_stack`) for
+        output gradient ``d``; None when this layer needs none (its first child is told to
+        skip its own)."""
+        first = layers[0]
+        first.need_input_grad = self.need_input_grad
+        try:
+            for i in range(len(layers) - 1, -1, -1):
+                if d is None:   # a layer inside the block returned no input gradient
+                    raise RuntimeError(f"{type(self).__name__} {self.name!r}: layer {i + 1} "
+                                       f"({layers[i + 1].name!r}) returned no input gradient")
+                d = layers[i].backward(d)
+        finally:
+            first.need_input_grad = True
+        if not self.need_input_grad:
+            return None
+        if d is None:
+            raise RuntimeError(f"{type(self).__name__} {self.name!r}: layer 0 ({first.name!r}) "
+                               f"returned no input gradient")
+        return d
 
     def sublayers(self) -> Iterable[Layer]:
         """Every layer inside this one, depth first (children of children included)."""

@@ -13,11 +13,11 @@ their children's non-trained state (running statistics) like any layer.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence, cast
+from typing import Any, Sequence
 
 import numpy as np
 
-from sparknet.layers.base import Layer, MaskedLayer, register
+from sparknet.layers.base import Layer, register
 from sparknet.layers.container import Container
 
 __all__ = ["Residual"]
@@ -58,14 +58,9 @@ class Residual(Container):
     def __init__(self, layers: Sequence[Layer], shortcut: Sequence[Layer] | None = None,
                  name: str | None = None) -> None:
         super().__init__(name)
-        body = _stack(layers, "layers")
-        short = [] if shortcut is None else _stack(shortcut, "shortcut")
-        seen: set[int] = {id(layer) for layer in body}
-        for i, layer in enumerate(short):
-            if id(layer) in seen:
-                raise ValueError(f"Residual shortcut[{i}] ({type(layer).__name__} "
-                                 f"{layer.name!r}) is also one of its layers; give each "
-                                 f"position its own layer")
+        seen: set[int] = set()
+        body = self.check_stack(layers, "Residual layers", seen)
+        short = [] if shortcut is None else self.check_stack(shortcut, "Residual shortcut", seen)
         self.children = {str(i): layer for i, layer in enumerate(body)}
         self.children.update({f"shortcut.{i}": layer for i, layer in enumerate(short)})
 
@@ -110,18 +105,18 @@ class Residual(Container):
     def forward(self, x: np.ndarray, training: bool = False,
                 mask: np.ndarray | None = None) -> np.ndarray:
         self._check_built()
-        h = _run(self.layers, x, training, mask)
+        h = self._forward_stack(self.layers, x, training, mask)
         short = self.shortcut
-        skip = x if short is None else _run(short, x, training, mask)
+        skip = x if short is None else self._forward_stack(short, x, training, mask)
         # a new array: the children may keep their outputs (and the block's input) for backward
         return np.add(skip, h, dtype=self.dtype)
 
     def backward(self, dy: np.ndarray) -> np.ndarray | None:
         # the children may overwrite the gradient they get; dy is still needed for the skip
-        d = self._back(self.layers, np.array(dy, dtype=self.dtype, order="C", copy=True))
+        d = self._backward_stack(self.layers, np.array(dy, dtype=self.dtype, order="C", copy=True))
         short = self.shortcut
         if short is not None:
-            ds = self._back(short, np.array(dy, dtype=self.dtype, order="C", copy=True))
+            ds = self._backward_stack(short, np.array(dy, dtype=self.dtype, order="C", copy=True))
             if ds is None or d is None:
                 return None
             return np.add(ds, d.reshape(ds.shape), dtype=self.dtype)   # g'(dy) + f'(dy)
@@ -131,26 +126,6 @@ class Residual(Container):
             np.add(dy, d.reshape(dy.shape), out=dy)   # dx = dy + f'(dy), in the caller's dy
             return dy
         return np.add(dy, d.reshape(dy.shape), dtype=self.dtype)
-
-    def _back(self, layers: list[Layer], d: np.ndarray | None) -> np.ndarray | None:
-        """The input gradient of the stack ``layers`` for output gradient ``d`` (None when
-        the block needs none)."""
-        first = layers[0]
-        first.need_input_grad = self.need_input_grad
-        try:
-            for i in range(len(layers) - 1, -1, -1):
-                if d is None:   # a layer inside the block returned no input gradient
-                    raise RuntimeError(f"Residual {self.name!r}: layer {i + 1} "
-                                       f"({layers[i + 1].name!r}) returned no input gradient")
-                d = layers[i].backward(d)
-        finally:
-            first.need_input_grad = True
-        if not self.need_input_grad:
-            return None
-        if d is None:
-            raise RuntimeError(f"Residual {self.name!r}: layer 0 ({first.name!r}) returned no "
-                               f"input gradient")
-        return d
 
     def __repr__(self) -> str:
         body = ", ".join(repr(layer) for layer in self.layers)
@@ -177,33 +152,3 @@ class Residual(Container):
         shortcut = None if short is None else cls.children_from_config(short, f"{where} shortcut")
         return cls(layers, shortcut=shortcut, **config)
 
-
-def _stack(layers: Sequence[Layer], what: str) -> list[Layer]:
-    """``layers`` checked as one stack of a block: a non-empty list of distinct layers."""
-    if isinstance(layers, Layer) or not isinstance(layers, (list, tuple)):
-        raise ValueError(f"Residual {what} must be a list of layers, got {layers!r}")
-    if not layers:
-        raise ValueError(f"Residual {what} must hold at least one layer, got []")
-    seen: set[int] = set()
-    for i, layer in enumerate(layers):
-        if not isinstance(layer, Layer):
-            raise ValueError(f"Residual {what}[{i}] must be a sparknet Layer, got "
-                             f"{type(layer).__name__}")
-        if id(layer) in seen:
-            raise ValueError(f"Residual {what}[{i}] ({type(layer).__name__} {layer.name!r}) "
-                             f"appears twice; give each position its own layer")
-        seen.add(id(layer))
-    return list(layers)
-
-
-def _run(layers: list[Layer], x: np.ndarray, training: bool,
-         mask: np.ndarray | None) -> np.ndarray:
-    """The output of the stack ``layers`` for ``x``, each masked layer given its input's mask."""
-    h, m = x, mask
-    for layer in layers:
-        if layer.supports_masking:
-            h = cast(MaskedLayer, layer).forward(h, training=training, mask=m)
-        else:
-            h = layer.forward(h, training=training)
-        m = layer.compute_mask(m)
-    return h

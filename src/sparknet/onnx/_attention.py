@@ -1,6 +1,6 @@
 """Exporters of the attention layers and the blocks made of layers: MultiHeadAttention
 (written out with ``MatMul`` and ``Softmax``, standard from opset 13 on), PositionalEmbedding,
-TransformerEncoder and Residual (their children's exporters, composed)."""
+TransformerEncoder, Residual and Parallel (their children's exporters, composed)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 
 from sparknet.layers.attention import MultiHeadAttention, PositionalEmbedding, TransformerEncoder
 from sparknet.layers.base import Layer
+from sparknet.layers.parallel import Parallel
 from sparknet.layers.residual import Residual
 from sparknet.onnx._builder import Builder
 from sparknet.onnx._registry import export_layer, register_exporter
@@ -96,27 +97,46 @@ def transformer_encoder(layer: TransformerEncoder, b: Builder, x: str) -> str:
     return export_layer(c["norm2"], b, b.op("Add", [h, run(ffn, h)], f"{name}/residual2"))
 
 
-@register_exporter(Residual, any_layout=True)
-def residual(layer: Residual, b: Builder, x: str) -> str:
-    """``Add`` of the input (or of its shortcut's output) and its layers' output, in the
-    input's layout; the input's mask goes on."""
-    _, out_shape = layer._shapes()
+def _stacks(block: Residual | Parallel, b: Builder, x: str, stacks: list[list[Layer]]) -> list[str]:
+    """The outputs of ``stacks`` run on ``x``, each back in ``x``'s layout; the block's
+    input mask is what each stack starts from and what goes on after the block."""
+    _, out_shape = block._shapes()
     rank = 1 + len(out_shape)
     first, mask, mask_is_input = b.channels_first, b.mask, b.mask_is_input
-
-    def stack(layers: list[Layer]) -> str:
+    outs = []
+    for layers in stacks:
         b.channels_first, b.mask, b.mask_is_input = first, mask, mask_is_input
         h = x
         for child in layers:
             h = export_layer(child, b, h)
         if b.channels_first != first:
             h = (b.channels_first_of if first else b.channels_last_of)(
-                h, rank, f"{layer.name}/layout"
+                h, rank, f"{block.name}/layout"
             )
-        return h
-
-    h = stack(layer.layers)
-    short = layer.shortcut
-    skip = x if short is None else stack(short)
+        outs.append(h)
     b.channels_first, b.mask, b.mask_is_input = first, mask, mask_is_input
-    return b.op("Add", [skip, h], layer.name)
+    return outs
+
+
+@register_exporter(Residual, any_layout=True)
+def residual(layer: Residual, b: Builder, x: str) -> str:
+    """``Add`` of the input (or of its shortcut's output) and its layers' output, in the
+    input's layout; the input's mask goes on."""
+    short = layer.shortcut
+    outs = _stacks(layer, b, x, [layer.layers] + ([] if short is None else [short]))
+    return b.op("Add", [x if short is None else outs[1], outs[0]], layer.name)
+
+
+@register_exporter(Parallel, any_layout=True)
+def parallel(layer: Parallel, b: Builder, x: str) -> str:
+    """The branches' outputs (in the input's layout) joined by ``Concat`` on the channel
+    axis, or by a chain of ``Mul`` or ``Add``; the input's mask goes on."""
+    outs = _stacks(layer, b, x, layer.branches)
+    if layer.merge == "concat":
+        rank = 1 + len(layer._shapes()[1])
+        axis = 1 if b.channels_first and rank > 2 else -1
+        return b.op("Concat", outs, layer.name, axis=axis)
+    y = outs[0]
+    for h in outs[1:]:
+        y = b.op("Mul" if layer.merge == "multiply" else "Add", [y, h], layer.name)
+    return y
