@@ -32,6 +32,18 @@ def test_class_labels_into_a_sigmoid_head_without_a_loss_are_refused_not_trained
     assert np.isfinite(history.history["loss"][0])
 
 
+def test_a_network_that_outputs_logits_is_told_the_loss_that_trains_it(digits):
+    """A network from PyTorch ends in logits: the message names the cross-entropy that takes
+    them, and that loss trains it."""
+    X, y, Xt, yt = digits
+    logits = Sequential([Dense(32, activation="relu"), Dense(10)], seed=0)
+    with pytest.raises(ValueError, match=r"keep the logits \(a network from PyTorch\) and pass "
+                                         r"loss='sparse_categorical_crossentropy'"):
+        logits.fit(X, y, epochs=1, verbose=0)
+    logits.fit(X, y, epochs=5, verbose=0, loss="sparse_categorical_crossentropy")
+    assert float((logits.predict_output(Xt).argmax(1) == yt).mean()) > 0.85
+
+
 def test_one_optimizer_reused_for_a_second_model_is_refused_until_reset(digits):
     X, y, Xt, yt = digits
     opt = RMSprop(lr=1e-3)

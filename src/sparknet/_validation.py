@@ -142,8 +142,9 @@ def check_not_class_labels(y: Any, last: Any) -> None:
         f"y holds {classes.size} distinct integer labels ({classes[0]}..{classes[-1]}) but the "
         f"model ends in {type(last).__name__} {last.name!r} without a softmax and no loss was "
         f"given, so it would train as mean squared error on the label values: for "
-        f"classification end with Dense({classes.size}, activation='softmax'); for regression "
-        f"on integer targets pass loss='mse'")
+        f"classification end with Dense({classes.size}, activation='softmax'), or keep the "
+        f"logits (a network from PyTorch) and pass loss='sparse_categorical_crossentropy'; for "
+        f"regression on integer targets pass loss='mse'")
 
 
 def check_sample_weight(sample_weight: Any, n: int, dtype: DTypeLike) -> np.ndarray:
