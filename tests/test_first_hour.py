@@ -404,3 +404,17 @@ def test_validation_split_holds_out_the_last_samples_as_keras_does(digits):
         model().fit(X[:5], y[:5], epochs=1, verbose=0, validation_split=0.9)
     with pytest.raises(ValueError, match=r"validation_split=1e-17 of 5 samples leaves no validation sample"):
         model().fit(X[:5], y[:5], epochs=1, verbose=0, validation_split=1e-17)
+
+
+def test_a_logits_network_given_to_the_classifier_is_told_to_bring_its_softmax(spark, digits):
+    """The Estimator's classifier needs the softmax head; a PyTorch network ends in logits,
+    and the message says how ``from_torch`` reads it with its softmax (before any job)."""
+    from helpers.frames import vector_frame
+    from sparknet.ml import SparkNetClassifier
+
+    X, y, _, _ = digits
+    df = vector_frame(spark, X[:40], y[:40])
+    clf = SparkNetClassifier(network=Sequential([Dense(16, activation="relu"), Dense(10)]))
+    with pytest.raises(ValueError, match=r"last layer is Dense\(numClasses, activation='softmax'\) "
+                                         r".*from_torch\(nn.Sequential\(net, nn.Softmax\(dim=1\)\)"):
+        clf.fit(df)

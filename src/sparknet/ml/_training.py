@@ -132,7 +132,9 @@ class SparkNetEstimator(Persistable, EstimatorParams, Predictor[_M]):
     def _check_network(self, model: Sequential) -> None:
         if self._classification and not model.is_classifier:
             raise ValueError("SparkNetClassifier needs a network whose last layer is "
-                             "Dense(numClasses, activation='softmax') (cross-entropy loss)")
+                             "Dense(numClasses, activation='softmax') (cross-entropy loss); "
+                             "a PyTorch network that ends in logits comes in with its softmax: "
+                             "from_torch(nn.Sequential(net, nn.Softmax(dim=1)), ...)")
 
     def _check_params(self) -> None:
         """The checks of Params that need several of them (or the network): before any job."""
