@@ -377,7 +377,7 @@ def _join(s: _Merge, w: Walk) -> None:
     if not ok:
         what = f"torch.cat on dim {s.dim}" if s.merge == "concat" else "a product"
         raise ValueError(
-            f"from_torch: forward(), at {s.name!r}: {what} of {shapes}; sparknet joins "
+            f"at {s.name!r}: {what} of {shapes}; sparknet joins "
             f"branches on the channel (feature) axis, or multiplies tensors of one shape"
         )
     w.add(Parallel([v.layers for v in walks], merge=s.merge))
@@ -403,7 +403,7 @@ def _convert(chain: tuple[Chain, ...], w: Walk) -> None:
         ends = [(v.shape, v.channels_first, v.perm is None) for v in (body, short)]
         if ends[0] != ends[1] or body.perm is not None:
             raise ValueError(
-                f"from_torch: forward(), at {s.name!r}: adds {short.shape} to "
+                f"at {s.name!r}: adds {short.shape} to "
                 f"{body.shape}; sparknet's Residual adds tensors of one shape"
             )
         w.add(Residual(body.layers, shortcut=short.layers or None))
@@ -450,5 +450,8 @@ def from_graph(module: nn.Module, input_shape: Any = None, dtype: Any = None) ->
     shape = tuple(int(d) for d in input_shape)
     channels_first = isinstance(first, SPATIAL)
     walk = Walk(shape, channels_first)
-    _convert(chain, walk)
-    return build_model(walk, shape, channels_first, module, dtype)
+    try:
+        _convert(chain, walk)
+        return build_model(walk, shape, channels_first, module, dtype)
+    except ValueError as exc:  # a module's settings or shapes: said with where in forward()
+        raise ValueError(f"from_torch: {type(module).__name__}.forward(), {exc}") from None
