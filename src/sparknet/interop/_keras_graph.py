@@ -58,11 +58,12 @@ def _is_add(op: Any) -> bool:
 
 
 def chain_of(model: Any) -> tuple[Chain, ...]:
-    """The chain of ``model``'s layers from its input to its output.
+    """The chain of ``model``'s layers from its input to its output, with its skip
+    connections and merged branches.
 
     Raises:
-        ValueError: the first operation that is not one step of a chain or an identity skip
-            connection, named.
+        ValueError: the first operation sparknet cannot express (a layer called twice, an
+            operation with no equivalent, a tensor added to itself, ...), named.
     """
     import keras
 
