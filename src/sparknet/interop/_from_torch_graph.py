@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from sparknet.interop._chains import shared_start
 from sparknet.interop._from_torch_functions import (
     GRAPH_CONVERTERS,
     Refused,
@@ -311,9 +312,7 @@ class _Reader:
         if len(node.args) != 2 or node.kwargs.get("alpha", 1) != 1:
             raise node_error(node, "an add of other than two tensors")
         a, b = (self.tensor(x, node) for x in node.args)
-        common = 0
-        while common < min(len(a), len(b)) and a[common] is b[common]:
-            common += 1
+        common = shared_start([a, b])
         body, shortcut = a[common:], b[common:]
         if len(shortcut) > len(body):  # the block's layers are the longer branch
             body, shortcut = shortcut, body
@@ -328,9 +327,7 @@ class _Reader:
     def join(self, node: fx.Node, tensors: list[Any], merge: str, dim: int = -1) -> _Value:
         """Branches from the point where the tensors' chains part, merged."""
         chains = [self.tensor(t, node) for t in tensors]
-        common = 0
-        while all(len(c) > common and c[common] is chains[0][common] for c in chains):
-            common += 1
+        common = shared_start(chains)
         branches = tuple(c[common:] for c in chains)
         return _Value(chains[0][:common] + (_Merge(node.name, branches, merge, dim),))
 

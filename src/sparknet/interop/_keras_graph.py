@@ -17,6 +17,7 @@ from typing import Any, Callable, Union
 
 import numpy as np
 
+from sparknet.interop._chains import shared_start
 from sparknet.layers import Layer, MultiHeadAttention, Parallel, Residual
 
 __all__ = ["chain_of", "layers_of", "Chain", "Merge", "Skip"]
@@ -122,9 +123,7 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
                     values[id(t)] = out
                 continue
             a, b = (chain(t, op) for t in inputs)
-            common = next(
-                (i for i, (x, y) in enumerate(zip(a, b)) if x is not y), min(len(a), len(b))
-            )
+            common = shared_start([a, b])
             body, shortcut = a[common:], b[common:]
             if len(shortcut) > len(body):  # the block's layers are the longer branch
                 body, shortcut = shortcut, body
@@ -159,9 +158,7 @@ def chain_of(model: Any) -> tuple[Chain, ...]:
 
 def _merge(op: Any, chains: list[tuple[Chain, ...]], merge: str) -> tuple[Chain, ...]:
     """The chain of ``op`` merging ``chains``: their common start, then the branches."""
-    common = 0
-    while all(len(c) > common and c[common] is chains[0][common] for c in chains):
-        common += 1
+    common = shared_start(chains)
     return chains[0][:common] + (Merge(op.name, tuple(c[common:] for c in chains), merge),)
 
 
