@@ -16,10 +16,8 @@ The contenders run in interleaved rounds in the same process; each keeps its bes
 """
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
-from bench_norm import SparknetStep, TorchStep, make_batches, timed_rounds
+from bench_norm import SparknetStep, TorchStep, make_batches, run_settings, timed_rounds
 from threadpoolctl import threadpool_limits
 
 from sparknet import Dense, LeakyReLU, Sequential
@@ -117,17 +115,8 @@ def kernel_table(seconds: float) -> None:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=6.0,
-                    help="CPU seconds per contender of the MLP table, split in rounds")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="a tiny run that checks the script")
-    args = ap.parse_args(argv)
-    from _machine import machine_header  # benchmarks/_machine.py, next to this script
-    print(machine_header(), flush=True)
-    import torch
-    torch.set_num_threads(1)
-    seconds, rounds = (0.2, 1) if args.quick else (args.seconds, args.rounds)
+    seconds, rounds = run_settings(__doc__, argv, 6.0,
+                                   "CPU seconds per contender of the MLP table, split in rounds")
     with threadpool_limits(1):
         mlp_table(seconds, rounds)
         kernel_table(seconds)

@@ -19,9 +19,7 @@ ratio.
 """
 from __future__ import annotations
 
-import argparse
-
-from bench_norm import SparknetStep, TorchStep, make_batches, timed_rounds
+from bench_norm import SparknetStep, TorchStep, make_batches, run_settings, timed_rounds
 from threadpoolctl import threadpool_limits
 
 
@@ -92,17 +90,7 @@ def run(name: str, seconds: float, rounds: int) -> dict[str, float]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=8.0,
-                    help="CPU seconds per contender and net, split in rounds")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--quick", action="store_true", help="a tiny run that checks the script")
-    args = ap.parse_args(argv)
-    from _machine import machine_header  # benchmarks/_machine.py, next to this script
-    print(machine_header(), flush=True)
-    import torch
-    torch.set_num_threads(1)
-    seconds, rounds = (0.2, 1) if args.quick else (args.seconds, args.rounds)
+    seconds, rounds = run_settings(__doc__, argv)
     print("\nImported with from_torch: training samples/s (1 thread, float32)")
     print(f"  {'net':8s} {'sparknet':>10s} {'torch':>10s} {'ratio':>7s}")
     with threadpool_limits(1):

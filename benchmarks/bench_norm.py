@@ -166,10 +166,13 @@ def report(title: str, res: dict[str, float]) -> None:
         print(f"  {lib}: the normalisation layers make a step {slow:.2f}x slower")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=8.0,
-                    help="CPU seconds per contender and net, split in rounds")
+def run_settings(doc: str, argv, seconds: float = 8.0,
+                 seconds_help: str = "CPU seconds per contender and net, split in rounds",
+                 ) -> tuple[float, int]:
+    """The ``--seconds``, ``--rounds`` and ``--quick`` of a benchmark script (``doc``: its
+    docstring), after printing the machine's header and setting PyTorch to one thread."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=seconds, help=seconds_help)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="a tiny run that checks the script")
     args = ap.parse_args(argv)
@@ -177,7 +180,11 @@ def main(argv=None) -> None:
     print(machine_header(), flush=True)
     import torch
     torch.set_num_threads(1)
-    seconds, rounds = (0.2, 1) if args.quick else (args.seconds, args.rounds)
+    return (0.2, 1) if args.quick else (args.seconds, args.rounds)
+
+
+def main(argv=None) -> None:
+    seconds, rounds = run_settings(__doc__, argv)
     with threadpool_limits(1):
         cnn = run_net("cnn", seconds, rounds, 64)
         report("CNN c5x5x32-BN-p2-c5x5x64-BN-p2-d128-d10, 28x28x1, batch 64, "
