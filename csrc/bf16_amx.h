@@ -171,7 +171,7 @@ SN_AMX_TARGET static void sn_amx_pack_a(const void *A, int a_bf16, ptrdiff_t lda
                     ? sn_bf16_ld16(A, a_bf16, (k + 1) * lda + i0 + ii, m) : z;
                 v[t] = sn_bf16_pairs16(x, y);
             }
-            sn_bf16_transpose16(v);
+            sn_transpose16_epi32(v);
             for (t = 0; t < 16; t++) _mm512_storeu_si512(buf + (ii + t) * nqp + q, v[t]);
         }
     }

@@ -96,6 +96,7 @@ SN_BF16_UNUSED static size_t sn_bf16_packed_bytes(ptrdiff_t K, ptrdiff_t N)
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
 #include <immintrin.h>
+#include "sgemm_avx512.h" /* sn_transpose16_epi32 */
 #define SN_HAVE_BF16_KERNEL 1
 
 SN_BF16_UNUSED static int sn_bf16_cpu_features(void)
@@ -178,36 +179,6 @@ SN_BF16_TARGET static void sn_bf16_row_pairs(const void *s, int bf16, ptrdiff_t 
     }
 }
 
-/* r[i][j] -> r[j][i] for 16 x 16 words: unpack words and word pairs within 128-bit lanes,
- * then move the lanes (a 4 x 4 transpose of lanes). */
-SN_BF16_TARGET static inline void sn_bf16_transpose16(__m512i *r)
-{
-    __m512i s[16], u0, u1, u2, u3;
-    int g, m;
-    for (g = 0; g < 4; g++) {
-        __m512i a0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
-        __m512i a1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
-        __m512i a2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
-        __m512i a3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
-        /* s[4g + m] lane l = rows 4g..4g+3, word 4l + m */
-        s[4 * g] = _mm512_unpacklo_epi64(a0, a2);
-        s[4 * g + 1] = _mm512_unpackhi_epi64(a0, a2);
-        s[4 * g + 2] = _mm512_unpacklo_epi64(a1, a3);
-        s[4 * g + 3] = _mm512_unpackhi_epi64(a1, a3);
-    }
-    for (m = 0; m < 4; m++) {
-        /* word 4l + m of every row: lane l of s[m], s[4 + m], s[8 + m], s[12 + m] */
-        u0 = _mm512_shuffle_i32x4(s[m], s[4 + m], 0x44);
-        u1 = _mm512_shuffle_i32x4(s[m], s[4 + m], 0xEE);
-        u2 = _mm512_shuffle_i32x4(s[8 + m], s[12 + m], 0x44);
-        u3 = _mm512_shuffle_i32x4(s[8 + m], s[12 + m], 0xEE);
-        r[m] = _mm512_shuffle_i32x4(u0, u2, 0x88);
-        r[4 + m] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
-        r[8 + m] = _mm512_shuffle_i32x4(u1, u3, 0x88);
-        r[12 + m] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
-    }
-}
-
 /* The part of sn_bf16_pack_b's output that rows lo <= r < hi of the source determine,
  * written where the whole packing has it: rows k of B (lo even), or when trans_b columns j of
  * B, which are the source's rows (lo a multiple of 32, so whole panels).  A caller that has
@@ -251,7 +222,7 @@ SN_BF16_TARGET static void sn_bf16_pack_b_part(ptrdiff_t K, ptrdiff_t N, const v
                                                          sn_bf16_mask(K - k - 16)))
                             : _mm512_setzero_si512();
                     }
-                    sn_bf16_transpose16(r);
+                    sn_transpose16_epi32(r);
                     for (c = 0; c < nq; c++) _mm512_storeu_si512(panel + (q + c) * 32 + c0, r[c]);
                 }
             }

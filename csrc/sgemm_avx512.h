@@ -15,6 +15,7 @@
 #define SPARKNET_SGEMM_AVX512_H
 
 #include <stddef.h>
+#include <stdlib.h>
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SN_HAVE_AVX512_KERNEL 1
@@ -22,7 +23,7 @@
 
 #define SN_AVX512 __attribute__((target("avx512f,fma"), unused))
 
-static int sn_cpu_has_avx512(void)
+__attribute__((unused)) static int sn_cpu_has_avx512(void)
 {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") != 0;
@@ -107,6 +108,84 @@ SN_AVX512 static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, con
             for (; ic < M; ic++)
                 sn_tile_1(kc, A + ic * ars + pc * aps, ars, aps, b, ldb, C + ic * ldc + jc, ldc,
                           nc, acc);
+        }
+    }
+}
+
+/* r[i][j] -> r[j][i] for 16 x 16 32-bit words: unpack words and word pairs within 128-bit
+ * lanes, then move the lanes (a 4 x 4 transpose of lanes).  The bfloat16 packing
+ * (bf16_gemm.h, bf16_amx.h) transposes its pair words with it too. */
+SN_AVX512 static inline void sn_transpose16_epi32(__m512i *r)
+{
+    __m512i s[16], u0, u1, u2, u3;
+    int g, m;
+    for (g = 0; g < 4; g++) {
+        __m512i a0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]);
+        __m512i a1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+        __m512i a2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+        __m512i a3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+        /* s[4g + m] lane l = rows 4g..4g+3, word 4l + m */
+        s[4 * g] = _mm512_unpacklo_epi64(a0, a2);
+        s[4 * g + 1] = _mm512_unpackhi_epi64(a0, a2);
+        s[4 * g + 2] = _mm512_unpacklo_epi64(a1, a3);
+        s[4 * g + 3] = _mm512_unpackhi_epi64(a1, a3);
+    }
+    for (m = 0; m < 4; m++) {
+        /* word 4l + m of every row: lane l of s[m], s[4 + m], s[8 + m], s[12 + m] */
+        u0 = _mm512_shuffle_i32x4(s[m], s[4 + m], 0x44);
+        u1 = _mm512_shuffle_i32x4(s[m], s[4 + m], 0xEE);
+        u2 = _mm512_shuffle_i32x4(s[8 + m], s[12 + m], 0x44);
+        u3 = _mm512_shuffle_i32x4(s[8 + m], s[12 + m], 0xEE);
+        r[m] = _mm512_shuffle_i32x4(u0, u2, 0x88);
+        r[4 + m] = _mm512_shuffle_i32x4(u0, u2, 0xDD);
+        r[8 + m] = _mm512_shuffle_i32x4(u1, u3, 0x88);
+        r[12 + m] = _mm512_shuffle_i32x4(u1, u3, 0xDD);
+    }
+}
+
+/* Scratch space of n floats for the calling thread.  Up to SN_SCRATCH_KEEP floats (4 MiB) the
+ * buffer is kept for the thread's next call (*owned = 0: do not free it; a dense layer's
+ * weight, transposed once per forward, would otherwise cost a malloc and its page faults at
+ * every step); larger requests are malloc'd for the caller to free (*owned = 1).  NULL when
+ * out of memory. */
+#define SN_SCRATCH_KEEP ((size_t)1 << 20)
+__attribute__((unused)) static float *sn_scratch_f32(size_t n, int *owned)
+{
+    static __thread float *kept = NULL;
+    static __thread size_t kept_n = 0;
+    if (n > SN_SCRATCH_KEEP) {
+        *owned = 1;
+        return (float *)malloc(n * sizeof(float));
+    }
+    *owned = 0;
+    if (n > kept_n) {
+        free(kept);
+        kept_n = n < SN_SCRATCH_KEEP / 4 ? SN_SCRATCH_KEEP / 4 : SN_SCRATCH_KEEP;
+        kept = (float *)malloc(kept_n * sizeof(float));
+        if (kept == NULL) kept_n = 0;
+    }
+    return kept;
+}
+
+/* dst[j * ldd + i] = src[i * lds + j] for i < rows, j < cols: 16 x 16 blocks transposed in
+ * registers (masked at the edges).  The dense layer's forward hands sn_sgemm_avx512 its
+ * weight as W^T, since the kernel reads B by rows. */
+SN_AVX512 static void sn_transpose_avx512(ptrdiff_t rows, ptrdiff_t cols, const float *src,
+                                          ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    ptrdiff_t i0, j0, r;
+    for (i0 = 0; i0 < rows; i0 += 16) {
+        ptrdiff_t ni = rows - i0 < 16 ? rows - i0 : 16;
+        __mmask16 mi = ni >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << ni) - 1u);
+        for (j0 = 0; j0 < cols; j0 += 16) {
+            ptrdiff_t nj = cols - j0 < 16 ? cols - j0 : 16;
+            __mmask16 mj = nj >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nj) - 1u);
+            __m512i v[16];
+            for (r = 0; r < 16; r++)
+                v[r] = r < ni ? _mm512_maskz_loadu_epi32(mj, src + (i0 + r) * lds + j0)
+                              : _mm512_setzero_si512();
+            sn_transpose16_epi32(v);
+            for (r = 0; r < nj; r++) _mm512_mask_storeu_epi32(dst + (j0 + r) * ldd + i0, mi, v[r]);
         }
     }
 }
@@ -211,6 +290,16 @@ SN_AVX512 static void sn_col2im_rows_avx512(float *dX, ptrdiff_t H, ptrdiff_t W,
 #else
 #define SN_HAVE_AVX512_KERNEL 0
 static int sn_cpu_has_avx512(void) { return 0; }
+static float *sn_scratch_f32(size_t n, int *owned)
+{
+    *owned = 1;
+    return (float *)malloc(n * sizeof(float));
+}
+static void sn_transpose_avx512(ptrdiff_t rows, ptrdiff_t cols, const float *src,
+                                ptrdiff_t lds, float *dst, ptrdiff_t ldd)
+{
+    (void)rows; (void)cols; (void)src; (void)lds; (void)dst; (void)ldd;
+}
 static void sn_sgemm_avx512(ptrdiff_t M, ptrdiff_t N, ptrdiff_t K, const float *A,
                             ptrdiff_t ars, ptrdiff_t aps, const float *B, ptrdiff_t ldb,
                             float *C, ptrdiff_t ldc, int accumulate, ptrdiff_t kc_max)

@@ -172,6 +172,53 @@ def test_mse_value_and_gradient(weighted):
     assert np.linalg.norm(g - num) / (np.linalg.norm(g) + np.linalg.norm(num)) <= 1e-6
 
 
+@pytest.mark.parametrize("n,i,o", [
+    (7, 37, 45),      # tails everywhere: rows past 12-row tiles, columns past 32, 16 x 16 blocks
+    (128, 784, 512),  # the MLP's first layer
+    (13, 16, 1),      # one output
+    (1, 5, 33),
+])
+@pytest.mark.parametrize("backend", ["avx512", "blas"])
+def test_float32_dense_products_match_float64(n, i, o, backend):
+    """float32 dense layers run their three products on the AVX-512 kernel of
+    csrc/sgemm_avx512.h when the CPU has it (the forward on a transposed copy of W), on the
+    BLAS otherwise: both must equal the float64 products to float32 rounding."""
+    if backend == "avx512" and _dense.set_gemm_backend("auto") != "avx512":
+        pytest.skip("this CPU has no AVX-512: float32 dense layers use BLAS only")
+    rng = np.random.default_rng(n * 1000 + i + o)
+    X = rng.standard_normal((n, i))
+    W = rng.standard_normal((o, i))
+    b = rng.standard_normal(o)
+    dY = rng.standard_normal((n, o))
+    X32, W32, b32 = X.astype(np.float32), W.astype(np.float32), b.astype(np.float32)
+    try:
+        _dense.set_gemm_backend("auto" if backend == "avx512" else "blas")
+        assert _dense.gemm_backend() == backend
+        Y = np.empty((n, o), np.float32)
+        _dense.forward(X32, W32, b32, Y, IDS["identity"])
+        dX, dW, db = np.empty_like(X32), np.empty_like(W32), np.empty(o, np.float32)
+        _dense.backward(X32, W32, Y, dY.astype(np.float32), dX, dW, db, IDS["identity"])
+    finally:
+        _dense.set_gemm_backend("auto")
+    X, W = X32.astype(np.float64), W32.astype(np.float64)
+    dY = dY.astype(np.float32).astype(np.float64)
+    for got, want in ((Y, X @ W.T + b32), (dW, dY.T @ X), (dX, dY @ W), (db, dY.sum(0))):
+        scale = np.abs(want).max() * np.sqrt(max(i, o, n))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * scale)
+
+
+def test_conv_backend_switch_also_switches_dense_layers():
+    from sparknet import _conv
+    try:
+        assert _conv.set_gemm_backend("blas") == "blas"
+        assert _dense.gemm_backend() == "blas"
+        assert _conv.set_gemm_backend("auto") == _dense.gemm_backend()
+    finally:
+        _conv.set_gemm_backend("auto")
+    with pytest.raises(ValueError, match="gemm backend must be 'auto' or 'blas', got 'mkl'"):
+        _dense.set_gemm_backend("mkl")
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_float32_kernels_agree_with_float64(act):
     rng = np.random.default_rng(4)

@@ -171,10 +171,10 @@ def capabilities() -> dict:
     """The paths sparknet's matrix products take on this CPU:
 
     ``{"fp32": "avx512" | "blas", "bf16": "amx" | "avx512_bf16" | None, "amx": str,
-    "cpu": cpu_features()}``: float32 products on the built-in AVX-512 kernels (convolution
-    and recurrent layers; dense layers use the BLAS) or on the BLAS alone; bfloat16 products
-    as :func:`backend` (None when ``precision="bf16"`` falls back to float32); ``"amx"`` says
-    whether AMX tiles run products and if not, why.
+    "cpu": cpu_features()}``: float32 products of dense and convolution layers on the
+    built-in AVX-512 kernel or on the BLAS (:func:`sparknet._conv.set_gemm_backend`);
+    bfloat16 products as :func:`backend` (None when ``precision="bf16"`` falls back to
+    float32); ``"amx"`` says whether AMX tiles run products and if not, why.
     """
     import sparknet._conv as _conv
     name = backend()

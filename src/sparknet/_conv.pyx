@@ -38,6 +38,7 @@ from sparknet._blas cimport gemm
 from sparknet._bf16 cimport PackedB
 from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed
 from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY, ACT_RELU
+from sparknet import _dense
 
 cdef extern from "conv_kernels.h" nogil:
     void sn_bias_relu_f(float* y, const float* b, Py_ssize_t rows, Py_ssize_t F, int relu)
@@ -74,11 +75,13 @@ cdef bint _own_gemm = _have_avx512
 def set_gemm_backend(str name):
     """Choose the float32 kernels: ``"auto"`` (the AVX-512 GEMM, im2col and col2im when
     the CPU has AVX-512, else as ``"blas"``) or ``"blas"`` (BLAS GEMM and portable C
-    loops).  Returns the backend now in use (``"avx512"`` or ``"blas"``)."""
+    loops), for convolutions and dense layers (:func:`sparknet._dense.set_gemm_backend`).
+    Returns the backend now in use (``"avx512"`` or ``"blas"``)."""
     global _own_gemm
     if name not in ("auto", "blas"):
         raise ValueError(f"gemm backend must be 'auto' or 'blas', got {name!r}")
     _own_gemm = _have_avx512 and name == "auto"
+    _dense.set_gemm_backend(name)
     return gemm_backend()
 
 

@@ -239,8 +239,8 @@ def describe() -> str:
     caps = capabilities()
     cpu = caps["cpu"]
     kernel = {"avx512": "AVX-512 kernel", "avx2": "AVX2 kernel", "blas": "BLAS"}
-    fp32 = (f"conv {kernel[caps['fp32']]}, recurrent steps {kernel[caps['fp32_recurrent']]}, "
-            "dense BLAS")
+    fp32 = (f"dense and conv {kernel[caps['fp32']]}, "
+            f"recurrent steps {kernel[caps['fp32_recurrent']]}")
     if caps["bf16"] == "amx":
         bf16 = "AMX tiles (tdpbf16ps) and AVX512-BF16 kernel: precision='bf16' available"
     elif caps["bf16"]:
