@@ -59,6 +59,7 @@ cdef extern from "recurrent_kernels.h":
                         const float* dh_rec, const float* dy, float* dc, float* db) noexcept nogil
     void sn_lstm_fwd_fv(int H, float* a, const float* b, const float* c_prev, float* c,
                         float* tc, float* h) noexcept nogil
+    void sn_prefetch_f32(const float* p, int n) noexcept nogil
 
 
 cdef inline void _lstm_fwd_row(int H, floating* a, const floating* b, const floating* c_prev,
@@ -295,6 +296,11 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                     else:
                         if has_dy:
                             dyp = &dy[n, t, 0]
+                        if floating is float and n + 1 < N:
+                            # the next row's gates and cell states, from L3, during this row
+                            sn_prefetch_f32(&gates[t, n + 1, 0], <int>G)
+                            sn_prefetch_f32(&cs[t, n + 1, 0], <int>H)
+                            sn_prefetch_f32(&tcs[t, n + 1, 0], <int>H)
                         _lstm_bwd_row(<int>H, &gates[t, n, 0], dg + n * G, &cs[t, n, 0],
                                       &tcs[t, n, 0], DH + n * H, dyp, &dc[n, 0], &db_ih[0])
                 if t > 0:
