@@ -129,7 +129,12 @@ def blas_banner() -> str:
                          for d in threadpool_info() if d.get("user_api") == "blas")
     except Exception as exc:  # pragma: no cover - a banner never stops a benchmark
         libs = f"unknown ({exc})"
-    return f"{libs}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}"
+    # glibc's malloc returns freed memory to the system and maps large blocks afresh, so that
+    # a step's large tensors may cost page faults: PyTorch's CNN step ran 1.5-2x faster with
+    # both thresholds raised (as tcmalloc or jemalloc would give it); the variable says which
+    malloc = os.environ.get("GLIBC_TUNABLES", "(unset)")
+    return (f"{libs}; OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')}; "
+            f"GLIBC_TUNABLES={malloc}")
 
 
 def cpu_flags(names: tuple[str, ...] = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")

@@ -21,6 +21,15 @@ the same shapes.
 
 The header names the machine, its one-thread sgemm rate and its bfloat16/AMX flags.  On a
 CPU without AVX512-BF16, sparknet's bf16 column trains in float32 (a warning says so).
+
+glibc's malloc hands large blocks back to the system when they are freed, so that PyTorch's
+step may pay page faults for its tensors at every step (its CNN step ran 1.5-2x faster on
+a Zen 5 with the thresholds raised, as tcmalloc or jemalloc would give it), and the
+contenders' rounds in one process change each other's heap.  To compare with PyTorch as a
+user who tunes its allocator would run it, raise both thresholds for the whole run::
+
+    GLIBC_TUNABLES=glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=1073741824 \
+        python benchmarks/bench_bf16.py
 """
 from __future__ import annotations
 
