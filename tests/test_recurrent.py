@@ -565,3 +565,36 @@ def test_float32_step_by_step_order_equals_whole_sequence_order():
     assert np.abs(results[0][2]).max() > 0, "no gradient flowed"
     for a, b in zip(results[0], results[1]):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("T,stateful", [(1, False), (2, False), (5, False), (5, True)])
+def test_float32_lstm_weight_gradients_with_zero_and_carried_initial_state(T, stateful):
+    """The step-by-step float32 backward skips step 0's share of dW_hh when the initial state
+    is zero (it adds nothing); a stateful layer's carried state is not zero, so nothing is
+    skipped there.  Both orders agree; with one step (whole-sequence order either way) dW_hh is
+    zero."""
+    _need_step_kernel()
+    rng = np.random.default_rng(T)
+    layer = LSTM(20, stateful=stateful)
+    model = Sequential([layer], input_shape=(T, 6), dtype="float32", seed=5)
+    x = [rng.standard_normal((4, T, 6)).astype(np.float32) for _ in range(2)]
+    R = rng.standard_normal((4, 20)).astype(np.float32)
+    results = []
+    try:
+        for fused in (True, False):
+            _recurrent.use_fused_steps(fused)
+            layer.reset_states()
+            model.forward(x[0])          # a stateful layer now carries a non-zero state
+            model.backward(R.copy())
+            model.forward(x[1])
+            layer.grads["weight_hh"][...] = 7.0   # gradients are overwritten, never added to
+            model.backward(R.copy())
+            results.append((model.grads.copy(), layer.grads["weight_hh"].copy()))
+    finally:
+        _recurrent.use_fused_steps(True)
+    dw_hh = results[0][1]
+    if T == 1 and not stateful:
+        assert not dw_hh.any(), "one step from a zero state: dW_hh must be zero"
+    else:
+        assert np.abs(dw_hh).max() > 0
+    np.testing.assert_allclose(results[0][0], results[1][0], rtol=1e-4, atol=1e-5)

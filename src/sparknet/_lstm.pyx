@@ -23,6 +23,7 @@ from cython cimport floating
 from sparknet._bf16 cimport pack_alloc
 from sparknet._recurrent cimport (
     ON_BF16,
+    all_zero,
     ON_BLAS,
     ON_PANELS,
     backward_products,
@@ -270,6 +271,7 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
     cdef bint has_dh = dh_last is not None, has_dc = dc_last is not None
     cdef bint fuse = dgs != NULL
     cdef bint steps16 = own == ON_BF16
+    cdef bint h0_zero = False
     cdef Py_ssize_t t, n
     cdef floating* DH
     cdef floating* DH2
@@ -287,6 +289,8 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
             init_state(&dc[0, 0], &dc_last[0, 0] if has_dc else NULL, N * H)
             if (fuse or steps16) and F == 0:
                 memset(&dw_ih[0, 0], 0, G * F * sizeof(floating))
+            # a zero initial state (no h0, not stateful) adds nothing to dW_hh at step 0
+            h0_zero = fuse and all_zero(&hs[0, 0, 0], N * H)
             for t in range(T - 1, -1, -1):
                 dg = dgs if fuse else &gates[t, 0, 0]
                 for n in range(N):
@@ -316,7 +320,7 @@ cdef void _lstm_backward_loop(const floating[:, :, ::1] xt, const floating[:, ::
                 if fuse:
                     # dW_hh += dgates[t]^T @ h_{t-1}, dW_ih += dgates[t]^T @ x_t (dgates[t] in cache)
                     step_weight_grads(dg, &hs[t, 0, 0], &xt[t, 0, 0], &dw_hh[0, 0], &dw_ih[0, 0],
-                                      scratch, N, F, G, H, t < T - 1)
+                                      scratch, N, F, G, H, t < T - 1, t == 0 and h0_zero)
                     if wip != NULL:
                         # dx_t (N, F) = dgates[t] (N, 4H) @ W_ih (4H, F)
                         sn_sgemm_panels(<int>N, <int>F, <int>G, <float*>dg, <int>G, wip,

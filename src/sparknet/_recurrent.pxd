@@ -58,10 +58,15 @@ cdef void step_product(const floating* x, Py_ssize_t F, const float* wiT, const 
 # room for one step's states (N, H) and inputs (N, F) in panels (NULL if out of memory)
 cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept nogil
 
-# float32 panel kernel only: dW_hh (G, H) (+)= dg^T @ h (N, H), dW_ih (G, F) (+)= dg^T @ x (N, F)
+# float32 panel kernel only: dW_hh (G, H) (+)= dg^T @ h (N, H), dW_ih (G, F) (+)= dg^T @ x (N, F);
+# h_zero: h is all zeros (the first step from a zero state): dW_hh's share is zero, not computed
 cdef void step_weight_grads(const floating* dg, const floating* h, const floating* x,
                             floating* dw_hh, floating* dw_ih, float* scratch, Py_ssize_t N,
-                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate) noexcept nogil
+                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate,
+                            bint h_zero=*) noexcept nogil
+
+# whether the n floats at p are all zero (an initial state nobody set)
+cdef bint all_zero(const floating* p, Py_ssize_t n) noexcept nogil
 
 # xt[t, n, :] = x[n, t, :]   and   x[n, t, :] = xt[t, n, :]
 cdef void to_time_major(const floating* x, floating* xt, Py_ssize_t N, Py_ssize_t T,

@@ -247,18 +247,33 @@ cdef float* step_grad_scratch(Py_ssize_t N, Py_ssize_t F, Py_ssize_t H) noexcept
 
 cdef void step_weight_grads(const floating* dg, const floating* h, const floating* x,
                             floating* dw_hh, floating* dw_ih, float* scratch, Py_ssize_t N,
-                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate) noexcept nogil:
+                            Py_ssize_t F, Py_ssize_t G, Py_ssize_t H, bint accumulate,
+                            bint h_zero=False) noexcept nogil:
     """One step's share of the weight gradients on the float32 panel kernel:
     dW_hh (G, H) (+)= dg (N, G)^T @ h (N, H) and dW_ih (G, F) (+)= dg^T @ x (N, F), while the
-    step's gate gradients are still in cache (``scratch`` from :c:func:`step_grad_scratch`)."""
+    step's gate gradients are still in cache (``scratch`` from :c:func:`step_grad_scratch`).
+    With ``h_zero`` (h all zeros: the first step from a zero state) dW_hh gains nothing, and
+    its product, 1/T of the recurrent weight gradient's, is skipped."""
     cdef float* xp = scratch + ((H + 31) // 32) * 32 * N
-    sn_pack_panels(<const float*>h, <int>H, <int>N, <int>H, scratch)
-    sn_sgemm_panels_tn(<int>G, <int>H, <int>N, <const float*>dg, <int>G, scratch,
-                       <float*>dw_hh, <int>H, 1 if accumulate else 0)
+    if h_zero:
+        if not accumulate:
+            memset(dw_hh, 0, G * H * sizeof(floating))
+    else:
+        sn_pack_panels(<const float*>h, <int>H, <int>N, <int>H, scratch)
+        sn_sgemm_panels_tn(<int>G, <int>H, <int>N, <const float*>dg, <int>G, scratch,
+                           <float*>dw_hh, <int>H, 1 if accumulate else 0)
     if F > 0:
         sn_pack_panels(<const float*>x, <int>F, <int>N, <int>F, xp)
         sn_sgemm_panels_tn(<int>G, <int>F, <int>N, <const float*>dg, <int>G, xp,
                            <float*>dw_ih, <int>F, 1 if accumulate else 0)
+
+
+cdef bint all_zero(const floating* p, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i
+    for i in range(n):
+        if p[i] != 0:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------- layout
