@@ -143,12 +143,12 @@ SN_AVX512 static inline void sn_transpose16_epi32(__m512i *r)
     }
 }
 
-/* Scratch space of n floats for the calling thread.  Up to SN_SCRATCH_KEEP floats (4 MiB) the
+/* Scratch space of n floats for the calling thread.  Up to SN_SCRATCH_KEEP floats (8 MiB) the
  * buffer is kept for the thread's next call (*owned = 0: do not free it; a dense layer's
  * weight, transposed once per forward, would otherwise cost a malloc and its page faults at
  * every step); larger requests are malloc'd for the caller to free (*owned = 1).  NULL when
  * out of memory. */
-#define SN_SCRATCH_KEEP ((size_t)1 << 20)
+#define SN_SCRATCH_KEEP ((size_t)1 << 21)
 __attribute__((unused)) static float *sn_scratch_f32(size_t n, int *owned)
 {
     static __thread float *kept = NULL;

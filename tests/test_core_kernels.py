@@ -177,6 +177,7 @@ def test_mse_value_and_gradient(weighted):
     (128, 784, 512),  # the MLP's first layer
     (13, 16, 1),      # one output
     (1, 5, 33),
+    (3, 1500, 1500),  # past the built-in product's 2^21 floats: the BLAS either way
 ])
 @pytest.mark.parametrize("backend", ["avx512", "blas"])
 def test_float32_dense_products_match_float64(n, i, o, backend):

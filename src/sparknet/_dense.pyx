@@ -11,14 +11,15 @@ In float32 the three products may run in bfloat16 with float32 accumulation
 (:mod:`sparknet._bf16`, ``precision="bf16"``): the forward given ``W.T`` packed (``wt16``),
 the backward given ``bf16=True`` and ``W`` packed (``w16``, for ``dX``).
 
-Float32 products run on the AVX-512 kernel of ``csrc/sgemm_avx512.h`` when the CPU has
-AVX-512 (the forward hands it ``W.T``, transposed per call in registers into scratch space
-the thread keeps: 0.06 ms for a 512 x 784 weight), and on the BLAS elsewhere and in float64; :func:`set_gemm_backend`
+Float32 products of weights up to 2^21 floats (8 MiB) run on the AVX-512 kernel of
+``csrc/sgemm_avx512.h`` when the CPU has AVX-512 (the forward hands it ``W.T``, transposed
+per call in registers into scratch space the thread keeps: 0.06 ms for a 512 x 784 weight),
+and on the BLAS for larger weights, elsewhere and in float64; :func:`set_gemm_backend`
 chooses.  On the MLP's shapes the kernel runs at twice the rate of OpenBLAS' Haswell
 kernels (``benchmarks/README.md``).
 """
 from cython cimport floating
-from libc.stdlib cimport malloc, free
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 from sparknet._blas cimport gemm
 from sparknet._bf16 cimport PackedB
@@ -37,6 +38,11 @@ cdef extern from "sgemm_avx512.h" nogil:
 
 cdef bint _have_avx512 = sn_cpu_has_avx512() != 0
 cdef bint _own_gemm = _have_avx512
+# Weights up to this many floats (8 MiB, the scratch a thread keeps) take the built-in
+# product.  Larger ones stay on the BLAS: their forward would need a second copy of W (a
+# model-parallel block sized to its executor's memory would not fit twice), and the kernel
+# reads B by rows in place, which a BLAS that packs its panels does better at long strides.
+cdef Py_ssize_t _OWN_MAX = 1 << 21
 
 
 def set_gemm_backend(str name):
@@ -86,7 +92,7 @@ def forward(const floating[:, ::1] X, const floating[:, ::1] W, const floating[:
         elif floating is float and bf16:
             # Y (N, O) = X (N, I) @ W^T (I, O), bfloat16 operands
             rc = bf16_gemm_packed(False, N, O, I, &X[0, 0], I, wt16.data, &Y[0, 0], O, False)
-        elif floating is float and _own_gemm:
+        elif floating is float and _own_gemm and I * O <= _OWN_MAX:
             # the kernel reads B by rows: W.T, in this thread's scratch space
             wt = sn_scratch_f32(I * O, &owned)
             if wt == NULL:
@@ -163,7 +169,7 @@ def backward(const floating[:, ::1] X, const floating[:, ::1] W, const floating[
             if floating is float and bf16:
                 rc = bf16_gemm(True, False, O, I, N, &dY[0, 0], O, &X[0, 0], I, &dW[0, 0], I,
                                False)
-            elif floating is float and _own_gemm:
+            elif floating is float and _own_gemm and I * O <= _OWN_MAX:
                 sn_sgemm_avx512(O, I, N, &dY[0, 0], 1, O, &X[0, 0], I, &dW[0, 0], I, 0, 256)
             else:
                 gemm(True, False, <int>O, <int>I, <int>N, <floating>1, &dY[0, 0], <int>O,
@@ -178,7 +184,7 @@ def backward(const floating[:, ::1] X, const floating[:, ::1] W, const floating[
                 if floating is float and bf16:
                     rc = rc | bf16_gemm_packed(False, N, I, O, &dY[0, 0], O, w16.data, &dX[0, 0],
                                                I, False)
-                elif floating is float and _own_gemm:
+                elif floating is float and _own_gemm and I * O <= _OWN_MAX:
                     sn_sgemm_avx512(N, I, O, &dY[0, 0], O, 1, &W[0, 0], I, &dX[0, 0], I, 0, 1024)
                 else:
                     gemm(False, False, <int>N, <int>I, <int>O, <floating>1, &dY[0, 0], <int>O,
