@@ -18,6 +18,7 @@ the same shapes.
 
     python benchmarks/bench_bf16.py [--only mlp,cnn,lstm,gru] [--rounds 9] [--steps 10]
     python benchmarks/bench_bf16.py --quick        # a check that everything runs
+    python benchmarks/bench_bf16.py --separate 3   # each contender in 3 processes of its own
 
 The header names the machine, its one-thread sgemm rate and its bfloat16/AMX flags.  On a
 CPU without AVX512-BF16, sparknet's bf16 column trains in float32 (a warning says so).
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from functools import partial
@@ -192,8 +194,9 @@ def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[
     return step
 
 
-def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True) -> dict[str, Any]:
-    """Training samples/s of the four contenders on net ``name`` (median over rounds)."""
+def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True,
+        only: tuple[str, ...] = CONTENDERS) -> dict[str, Any]:
+    """Training samples/s of the contenders ``only`` on net ``name`` (median over rounds)."""
     batch, shape = SHAPES[name]
     rng = np.random.default_rng(0)
     X = rng.random((4, batch) + shape, dtype=np.float32)
@@ -207,6 +210,7 @@ def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True) -> di
             steppers["torch_bf16"] = plain_round(torch_step(name, X, y, True))
         except ImportError as exc:
             print(f"PyTorch not importable ({exc}); sparknet only", file=sys.stderr)
+    steppers = {k: st for k, st in steppers.items() if k in only}
     with threadpool_limits(1):
         for k, st in list(steppers.items()):        # warm-up
             try:
@@ -268,8 +272,11 @@ def _best_gflops(f: Callable[[], None], flops: float, repeats: int) -> float:
 
 def report(res: dict[str, Any], sgemm: float) -> None:
     r = res["samples_per_s"]
+    where = (f", each contender in {res['processes']} processes of its own"
+             if res.get("processes") else ", interleaved in one process")
     print(f"{res['net'].upper()} (batch {res['batch']}, {res['rounds']} rounds x "
-          f"{res['steps_per_round']} steps; GEMMs {res['gemm_gflop_per_step']:.3f} GFLOP/step)")
+          f"{res['steps_per_round']} steps{where}; GEMMs {res['gemm_gflop_per_step']:.3f} "
+          "GFLOP/step)")
     for k in CONTENDERS:
         if k in r:
             extra = ""
@@ -286,6 +293,30 @@ def report(res: dict[str, Any], sgemm: float) -> None:
           f"PyTorch bf16 / PyTorch fp32 {ratio('torch_bf16', 'torch_fp32')}")
 
 
+def run_separate(name: str, rounds: int, n_steps: int, processes: int) -> dict[str, Any]:
+    """Each contender in a process of its own (``processes`` processes each, in turn), so
+    that none changes another's caches or heap; samples/s: the median over its processes of
+    each process's median over ``rounds``."""
+    rates: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    for _ in range(processes):
+        for k in CONTENDERS:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--only", name,
+                                  "--contender", k, "--rounds", str(rounds), "--steps",
+                                  str(n_steps)], capture_output=True, text=True, check=False)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode != 0 or not line:
+                print(f"{k} on {name} did not run: {out.stderr.strip()[-300:]}", file=sys.stderr)
+                continue
+            rates[k].extend(json.loads(line[-1][len("RESULT "):])["samples_per_s"].values())
+    rate = {k: float(np.median(v)) for k, v in rates.items() if v}
+    batch = SHAPES[name][0]
+    flops = gemm_flops(sparknet_net(name), batch)
+    return {"net": name, "batch": batch, "rounds": rounds, "steps_per_round": n_steps,
+            "processes": processes, "samples_per_s": rate, "gemm_gflop_per_step": flops / 1e9,
+            "gemm_gflops": {k: flops * rate[k] / batch / 1e9 for k in rate
+                            if k.startswith("sparknet")}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -294,11 +325,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9, help="alternating rounds per net")
     ap.add_argument("--steps", type=int, default=10, help="training steps per round")
     ap.add_argument("--no-torch", action="store_true", help="sparknet only")
+    ap.add_argument("--separate", type=int, default=0, metavar="P",
+                    help="run each contender in P processes of its own, in turn, instead of "
+                         "interleaving all four in this one")
+    ap.add_argument("--contender", choices=CONTENDERS, default=None,
+                    help="run this contender alone and print its result as one JSON line "
+                         "(what --separate starts)")
     ap.add_argument("--quick", action="store_true", help="2 rounds of 1 step: a check that it runs")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.steps = 2, 1
+    if args.contender:
+        res = run(args.only, rounds=args.rounds, n_steps=args.steps,
+                  torch=args.contender.startswith("torch"), only=(args.contender,))
+        print("RESULT " + json.dumps(res))
+        return
     print(machine_header())
     print(f"bf16 backend: {_bf16.backend()} (AMX {_bf16.capabilities()['amx']}; "
           f"SPARKNET_BF16={os.environ.get('SPARKNET_BF16', '(unset)')})")
@@ -309,7 +351,10 @@ def main() -> None:
         if name not in NETS:
             raise SystemExit(f"unknown net {name!r}; choose from {', '.join(NETS)}")
         print()
-        res = run(name, rounds=args.rounds, n_steps=args.steps, torch=not args.no_torch)
+        if args.separate:
+            res = run_separate(name, args.rounds, args.steps, args.separate)
+        else:
+            res = run(name, rounds=args.rounds, n_steps=args.steps, torch=not args.no_torch)
         report(res, sgemm)
         results["nets"].append(res)
     print("\nbf16 kernel on the MLP's products (GFLOP/s, best of "
