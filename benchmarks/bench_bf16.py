@@ -173,7 +173,8 @@ def plain_round(step: Callable[[int], None]) -> Callable[[int, int], None]:
     return run_steps
 
 
-def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[[int], None]:
+def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool,
+               channels_last: bool = False) -> Callable[[int], None]:
     import torch
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -182,6 +183,10 @@ def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[
     lossf = torch.nn.CrossEntropyLoss()
     Xt = torch.from_numpy(X.transpose(0, 1, 4, 2, 3).copy() if name == "cnn" else X)
     yt = torch.from_numpy(y)
+    if channels_last and name == "cnn":
+        net = net.to(memory_format=torch.channels_last)
+        opt = torch.optim.RMSprop(net.parameters(), lr=1e-3)
+        Xt = [x.contiguous(memory_format=torch.channels_last) for x in Xt]
 
     def step(i: int) -> None:
         opt.zero_grad()
@@ -195,7 +200,7 @@ def torch_step(name: str, X: np.ndarray, y: np.ndarray, bf16: bool) -> Callable[
 
 
 def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True,
-        only: tuple[str, ...] = CONTENDERS) -> dict[str, Any]:
+        only: tuple[str, ...] = CONTENDERS, channels_last: bool = False) -> dict[str, Any]:
     """Training samples/s of the contenders ``only`` on net ``name`` (median over rounds)."""
     batch, shape = SHAPES[name]
     rng = np.random.default_rng(0)
@@ -206,8 +211,8 @@ def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True,
         "sparknet_bf16": sparknet_round(sparknet_step(name, X, y, True), True)}
     if torch:
         try:
-            steppers["torch_fp32"] = plain_round(torch_step(name, X, y, False))
-            steppers["torch_bf16"] = plain_round(torch_step(name, X, y, True))
+            steppers["torch_fp32"] = plain_round(torch_step(name, X, y, False, channels_last))
+            steppers["torch_bf16"] = plain_round(torch_step(name, X, y, True, channels_last))
         except ImportError as exc:
             print(f"PyTorch not importable ({exc}); sparknet only", file=sys.stderr)
     steppers = {k: st for k, st in steppers.items() if k in only}
@@ -293,7 +298,8 @@ def report(res: dict[str, Any], sgemm: float) -> None:
           f"PyTorch bf16 / PyTorch fp32 {ratio('torch_bf16', 'torch_fp32')}")
 
 
-def run_separate(name: str, rounds: int, n_steps: int, processes: int) -> dict[str, Any]:
+def run_separate(name: str, rounds: int, n_steps: int, processes: int,
+                 channels_last: bool = False) -> dict[str, Any]:
     """Each contender in a process of its own (``processes`` processes each, in turn), so
     that none changes another's caches or heap; samples/s: the median over its processes of
     each process's median over ``rounds``."""
@@ -302,7 +308,8 @@ def run_separate(name: str, rounds: int, n_steps: int, processes: int) -> dict[s
         for k in CONTENDERS:
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--only", name,
                                   "--contender", k, "--rounds", str(rounds), "--steps",
-                                  str(n_steps)], capture_output=True, text=True, check=False)
+                                  str(n_steps)] + (["--channels-last"] if channels_last else []),
+                                 capture_output=True, text=True, check=False)
             line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode != 0 or not line:
                 print(f"{k} on {name} did not run: {out.stderr.strip()[-300:]}", file=sys.stderr)
@@ -328,6 +335,9 @@ def main() -> None:
     ap.add_argument("--separate", type=int, default=0, metavar="P",
                     help="run each contender in P processes of its own, in turn, instead of "
                          "interleaving all four in this one")
+    ap.add_argument("--channels-last", action="store_true",
+                    help="PyTorch's CNN and its batches in the channels-last layout (PyTorch's "
+                         "CPU tuning advice; NCHW by default, as a data loader hands them over)")
     ap.add_argument("--contender", choices=CONTENDERS, default=None,
                     help="run this contender alone and print its result as one JSON line "
                          "(what --separate starts)")
@@ -338,7 +348,8 @@ def main() -> None:
         args.rounds, args.steps = 2, 1
     if args.contender:
         res = run(args.only, rounds=args.rounds, n_steps=args.steps,
-                  torch=args.contender.startswith("torch"), only=(args.contender,))
+                  torch=args.contender.startswith("torch"), only=(args.contender,),
+                  channels_last=args.channels_last)
         print("RESULT " + json.dumps(res))
         return
     print(machine_header())
@@ -352,9 +363,10 @@ def main() -> None:
             raise SystemExit(f"unknown net {name!r}; choose from {', '.join(NETS)}")
         print()
         if args.separate:
-            res = run_separate(name, args.rounds, args.steps, args.separate)
+            res = run_separate(name, args.rounds, args.steps, args.separate, args.channels_last)
         else:
-            res = run(name, rounds=args.rounds, n_steps=args.steps, torch=not args.no_torch)
+            res = run(name, rounds=args.rounds, n_steps=args.steps, torch=not args.no_torch,
+                      channels_last=args.channels_last)
         report(res, sgemm)
         results["nets"].append(res)
     print("\nbf16 kernel on the MLP's products (GFLOP/s, best of "
