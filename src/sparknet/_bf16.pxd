@@ -5,7 +5,7 @@ packed, float32 accumulation and result).  Row-major, as ``_blas.pxd``.
 Call the products only when :c:func:`kernel_on` is true (the layers check it through
 :mod:`sparknet.precision` before they choose the bfloat16 path)."""
 
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint16_t
 
 
 # B (K, N) packed in panels of 32 columns of bfloat16 pairs, for any number of products
@@ -41,3 +41,11 @@ cdef int gemm_packed(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, con
 cdef int gemm(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
               const float* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
               Py_ssize_t ldc, bint accumulate) noexcept nogil
+
+# the same two products with A already in bfloat16 (uint16 bits; im2col's columns, written so)
+cdef int gemm_packed16(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const uint16_t* A,
+                       Py_ssize_t lda, const int32_t* Bp, float* C, Py_ssize_t ldc,
+                       bint accumulate) noexcept nogil
+cdef int gemm16(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
+                const uint16_t* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
+                Py_ssize_t ldc, bint accumulate) noexcept nogil

@@ -31,12 +31,13 @@ the three products may take bfloat16 operands with float32 accumulation
 (``w16``), the backward given ``bf16=True`` and the kernel's transpose packed (``wt16``).
 """
 from cython cimport floating
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint16_t
 from libc.string cimport memcpy, memset
 from posix.time cimport clock_gettime, timespec, CLOCK_THREAD_CPUTIME_ID
 from sparknet._blas cimport gemm
 from sparknet._bf16 cimport PackedB
 from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed
+from sparknet._bf16 cimport gemm16 as bf16_gemm16, gemm_packed16 as bf16_gemm_packed16
 from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY, ACT_RELU
 from sparknet import _dense
 
@@ -47,6 +48,14 @@ cdef extern from "conv_kernels.h" nogil:
                                   Py_ssize_t F, int relu)
     void sn_relu_grad_bias_grad_d(const double* y, double* d, double* db, Py_ssize_t rows,
                                   Py_ssize_t F, int relu)
+
+
+cdef extern from "bf16_gemm.h" nogil:
+    void sn_im2col_rows_bf16(const float* X, Py_ssize_t H, Py_ssize_t W, Py_ssize_t C,
+                             Py_ssize_t OH, Py_ssize_t OW, Py_ssize_t KH, Py_ssize_t KW,
+                             Py_ssize_t sh, Py_ssize_t sw, Py_ssize_t ph, Py_ssize_t pw,
+                             Py_ssize_t dh, Py_ssize_t dw, Py_ssize_t r0, Py_ssize_t r1,
+                             uint16_t* dst)
 
 
 cdef extern from "sgemm_avx512.h" nogil:
@@ -355,11 +364,19 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         return
     cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P, 1)
     cdef floating[:, ::1] scratch
+    cdef uint16_t[:, ::1] scratch16
     cdef floating* cbase = NULL
+    cdef uint16_t* c16 = NULL
+    # bf16 products: the columns written in bfloat16 (what the product reads), half the bytes
+    cdef bint cols16 = floating is float and w16p != NULL and not direct
     if not direct:
         import numpy as np
-        scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
-        cbase = &scratch[0, 0]
+        if cols16:
+            scratch16 = np.empty((chunk, K), dtype=np.uint16)
+            c16 = &scratch16[0, 0]
+        else:
+            scratch = np.empty((chunk, K), dtype=np.float32 if floating is float else np.float64)
+            cbase = &scratch[0, 0]
     cdef const floating* xp = &X[0, 0, 0, 0]
     cdef floating* yp = &Y[0, 0, 0, 0]
     cdef const floating* wp = &Wt[0, 0, 0, 0]
@@ -371,13 +388,20 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         r0 = 0
         while r0 < P:
             r1 = r0 + chunk if r0 + chunk < P else P
-            if direct:
-                c = <floating*>xp + r0 * K
-            else:
-                c = cbase
-                _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, c)
+            if cols16:
+                sn_im2col_rows_bf16(<const float*>xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw,
+                                    dh, dw, r0, r1, c16)
                 t = _tick(0, t)
-            rc |= _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F, w16p)
+                rc |= bf16_gemm_packed16(False, r1 - r0, F, K, c16, K, w16p,
+                                         <float*>yp + r0 * F, F, False)
+            else:
+                if direct:
+                    c = <floating*>xp + r0 * K
+                else:
+                    c = cbase
+                    _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, c)
+                    t = _tick(0, t)
+                rc |= _gemm_nn(r1 - r0, F, K, c, K, wp, F, yp + r0 * F, F, w16p)
             t = _tick(1, t)
             _bias_act(yp + r0 * F, bp, r1 - r0, F, act)
             t = _tick(2, t)
@@ -473,11 +497,19 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
     # two chunk buffers (columns, column gradients) share the cache budget
     cdef Py_ssize_t chunk = _chunk_rows(K, sizeof(floating), P, 2)
     cdef floating[:, ::1] cols_buf, dcols_buf, wt_t
+    cdef uint16_t[:, ::1] cols16_buf
     cdef floating* cbase = NULL
     cdef floating* dcbase = NULL
+    cdef uint16_t* c16 = NULL
+    # bf16 products: the columns written in bfloat16, as in the forward
+    cdef bint cols16 = floating is float and bf16 and not direct
     if not direct:
-        cols_buf = np.empty((chunk, K), dtype=dtype)
-        cbase = &cols_buf[0, 0]
+        if cols16:
+            cols16_buf = np.empty((chunk, K), dtype=np.uint16)
+            c16 = &cols16_buf[0, 0]
+        else:
+            cols_buf = np.empty((chunk, K), dtype=dtype)
+            cbase = &cols_buf[0, 0]
         if has_dx:
             dcols_buf = np.empty((chunk, K), dtype=dtype)
             dcbase = &dcols_buf[0, 0]
@@ -502,14 +534,23 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
         r0 = 0
         while r0 < P:
             r1 = r0 + chunk if r0 + chunk < P else P
-            if direct:
-                c = xp + r0 * K
-            else:
-                _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1, cbase)
-                c = cbase
+            if cols16:
+                sn_im2col_rows_bf16(<const float*>xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw,
+                                    dh, dw, r0, r1, c16)
                 t = _tick(0, t)
-            # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
-            rc |= _gemm_tn(K, F, r1 - r0, c, K, dzp + r0 * F, F, dwp, F, r0 > 0, bf16)
+                # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
+                rc |= bf16_gemm16(True, False, K, F, r1 - r0, c16, K, <const float*>dzp + r0 * F,
+                                  F, <float*>dwp, F, r0 > 0)
+            else:
+                if direct:
+                    c = xp + r0 * K
+                else:
+                    _im2col_rows(xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw, dh, dw, r0, r1,
+                                 cbase)
+                    c = cbase
+                    t = _tick(0, t)
+                # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
+                rc |= _gemm_tn(K, F, r1 - r0, c, K, dzp + r0 * F, F, dwp, F, r0 > 0, bf16)
             t = _tick(4, t)
             if has_dx:
                 if direct:
