@@ -297,8 +297,8 @@ static inline ptrdiff_t sn_bf16_mr(ptrdiff_t left)
     return left >= 12 ? 12 : left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
 }
 
-/* im2col of column rows r0 <= r < r1 (the contract of sn_im2col_rows_avx512 in
- * sgemm_avx512.h) written in bfloat16: a convolution's bf16 products read their columns as
+/* im2col of column rows r0 <= r < r1 (the contract and the loops of sn_im2col_rows_avx512
+ * in sgemm_avx512.h: SN_IM2COL_ROWS_BODY) written in bfloat16: a convolution's bf16 products read their columns as
  * bfloat16 anyway, and the columns, written and read twice a step, are half the bytes.  Each
  * value is rounded as the packing would round it, so the products are the same. */
 SN_BF16_TARGET static inline void sn_bf16_cvt_copy(uint16_t *dst, const float *src, ptrdiff_t n)
@@ -314,37 +314,18 @@ SN_BF16_TARGET static inline void sn_bf16_cvt_copy(uint16_t *dst, const float *s
     }
 }
 
+static inline void sn_bf16_zero(uint16_t *dst, ptrdiff_t n)
+{
+    memset(dst, 0, (size_t)n * sizeof(uint16_t));
+}
+
 SN_BF16_TARGET static void sn_im2col_rows_bf16(const float *X, ptrdiff_t H, ptrdiff_t W,
                                                ptrdiff_t C, ptrdiff_t OH, ptrdiff_t OW,
                                                ptrdiff_t KH, ptrdiff_t KW, ptrdiff_t sh,
                                                ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,
                                                ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0,
                                                ptrdiff_t r1, uint16_t *dst)
-{
-    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw;
-    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;
-    for (r = r0; r < r1; r++) {
-        const float *xn = X + n * H * W * C;
-        ptrdiff_t iw0 = ow * sw - pw;
-        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
-        for (kh = 0; kh < KH; kh++) {
-            ptrdiff_t ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) {
-                memset(dst, 0, (size_t)KWC * sizeof(uint16_t));
-            } else if (inside) {
-                sn_bf16_cvt_copy(dst, xn + (ih * W + iw0) * C, KWC);
-            } else {
-                for (kw = 0; kw < KW; kw++) {
-                    ptrdiff_t iw = iw0 + kw * dw;
-                    if (iw < 0 || iw >= W) memset(dst + kw * C, 0, (size_t)C * sizeof(uint16_t));
-                    else sn_bf16_cvt_copy(dst + kw * C, xn + (ih * W + iw) * C, C);
-                }
-            }
-            dst += KWC;
-        }
-        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
-    }
-}
+SN_IM2COL_ROWS_BODY(sn_bf16_zero, sn_bf16_cvt_copy)
 
 /* Convert rows i0 <= i < i0 + mb, pairs q0 <= q < q0 + nq of A into buf (see the file
  * comment: bfloat16 rows of nq words for a row-major A, micro-panels for a transposed one,

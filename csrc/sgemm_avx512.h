@@ -222,6 +222,36 @@ SN_AVX512 static inline void sn_add16(float *dst, const float *src, ptrdiff_t n)
     }
 }
 
+/* The body of an im2col of column rows r0 <= r < r1 into dst, with ZERO(d, n) zeroing n
+ * columns and COPY(d, s, n) writing n floats of X into them: the float32 columns below and
+ * the bfloat16 ones of bf16_gemm.h (sn_im2col_rows_bf16) share it. */
+#define SN_IM2COL_ROWS_BODY(ZERO, COPY)                                                      \
+{                                                                                             \
+    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw;                                         \
+    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;                               \
+    for (r = r0; r < r1; r++) {                                                               \
+        const float *xn = X + n * H * W * C;                                                  \
+        ptrdiff_t iw0 = ow * sw - pw;                                                         \
+        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;                                    \
+        for (kh = 0; kh < KH; kh++) {                                                         \
+            ptrdiff_t ih = oh * sh - ph + kh * dh;                                            \
+            if (ih < 0 || ih >= H) {                                                          \
+                ZERO(dst, KWC);                                                               \
+            } else if (inside) {                                                              \
+                COPY(dst, xn + (ih * W + iw0) * C, KWC);                                      \
+            } else {                                                                          \
+                for (kw = 0; kw < KW; kw++) {                                                 \
+                    ptrdiff_t iw = iw0 + kw * dw;                                             \
+                    if (iw < 0 || iw >= W) ZERO(dst + kw * C, C);                             \
+                    else COPY(dst + kw * C, xn + (ih * W + iw) * C, C);                       \
+                }                                                                             \
+            }                                                                                 \
+            dst += KWC;                                                                       \
+        }                                                                                     \
+        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }                          \
+    }                                                                                         \
+}
+
 /* im2col / col2im of column rows r0 <= r < r1, float32, AVX-512 (same contract as
  * sn_im2col_rows_f / sn_col2im_rows_f in conv_kernels.h). */
 SN_AVX512 static void sn_im2col_rows_avx512(const float *X, ptrdiff_t H, ptrdiff_t W,
@@ -230,31 +260,7 @@ SN_AVX512 static void sn_im2col_rows_avx512(const float *X, ptrdiff_t H, ptrdiff
                                             ptrdiff_t sw, ptrdiff_t ph, ptrdiff_t pw,
                                             ptrdiff_t dh, ptrdiff_t dw, ptrdiff_t r0,
                                             ptrdiff_t r1, float *dst)
-{
-    ptrdiff_t KWC = KW * C, ohw = OH * OW, r, kh, kw;
-    ptrdiff_t n = r0 / ohw, oh = (r0 % ohw) / OW, ow = r0 % OW;
-    for (r = r0; r < r1; r++) {
-        const float *xn = X + n * H * W * C;
-        ptrdiff_t iw0 = ow * sw - pw;
-        int inside = dw == 1 && iw0 >= 0 && iw0 + KW <= W;
-        for (kh = 0; kh < KH; kh++) {
-            ptrdiff_t ih = oh * sh - ph + kh * dh;
-            if (ih < 0 || ih >= H) {
-                sn_zero16(dst, KWC);
-            } else if (inside) {
-                sn_copy16(dst, xn + (ih * W + iw0) * C, KWC);
-            } else {
-                for (kw = 0; kw < KW; kw++) {
-                    ptrdiff_t iw = iw0 + kw * dw;
-                    if (iw < 0 || iw >= W) sn_zero16(dst + kw * C, C);
-                    else sn_copy16(dst + kw * C, xn + (ih * W + iw) * C, C);
-                }
-            }
-            dst += KWC;
-        }
-        if (++ow == OW) { ow = 0; if (++oh == OH) { oh = 0; n++; } }
-    }
-}
+SN_IM2COL_ROWS_BODY(sn_zero16, sn_copy16)
 
 SN_AVX512 static void sn_col2im_rows_avx512(float *dX, ptrdiff_t H, ptrdiff_t W, ptrdiff_t C,
                                             ptrdiff_t OH, ptrdiff_t OW, ptrdiff_t KH,

@@ -5,7 +5,7 @@ packed, float32 accumulation and result).  Row-major, as ``_blas.pxd``.
 Call the products only when :c:func:`kernel_on` is true (the layers check it through
 :mod:`sparknet.precision` before they choose the bfloat16 path)."""
 
-from libc.stdint cimport int32_t, uint16_t
+from libc.stdint cimport int32_t
 
 
 # B (K, N) packed in panels of 32 columns of bfloat16 pairs, for any number of products
@@ -42,10 +42,11 @@ cdef int gemm(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t
               const float* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
               Py_ssize_t ldc, bint accumulate) noexcept nogil
 
-# the same two products with A already in bfloat16 (uint16 bits; im2col's columns, written so)
-cdef int gemm_packed16(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const uint16_t* A,
-                       Py_ssize_t lda, const int32_t* Bp, float* C, Py_ssize_t ldc,
-                       bint accumulate) noexcept nogil
-cdef int gemm16(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                const uint16_t* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
-                Py_ssize_t ldc, bint accumulate) noexcept nogil
+# the same two products with A (and B) given as float32 or as bfloat16 bits (a_bf16, b_bf16:
+# uint16, e.g. im2col's columns written so)
+cdef int product(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* A, bint a_bf16,
+                 Py_ssize_t lda, bint trans_a, const int32_t* Bp, float* C, Py_ssize_t ldc,
+                 bint accumulate) noexcept nogil
+cdef int product_of(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* A, bint a_bf16,
+                    Py_ssize_t lda, bint trans_a, const void* B, bint b_bf16, Py_ssize_t ldb,
+                    bint trans_b, float* C, Py_ssize_t ldc, bint accumulate) noexcept nogil

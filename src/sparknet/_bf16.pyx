@@ -313,18 +313,6 @@ cdef int gemm(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t
     return product_of(M, N, K, A, 0, lda, trans_a, B, 0, ldb, trans_b, C, ldc, accumulate)
 
 
-cdef int gemm_packed16(bint trans_a, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const uint16_t* A,
-                       Py_ssize_t lda, const int32_t* Bp, float* C, Py_ssize_t ldc,
-                       bint accumulate) noexcept nogil:
-    return product(M, N, K, A, 1, lda, trans_a, Bp, C, ldc, accumulate)
-
-
-cdef int gemm16(bint trans_a, bint trans_b, Py_ssize_t M, Py_ssize_t N, Py_ssize_t K,
-                const uint16_t* A, Py_ssize_t lda, const float* B, Py_ssize_t ldb, float* C,
-                Py_ssize_t ldc, bint accumulate) noexcept nogil:
-    return product_of(M, N, K, A, 1, lda, trans_a, B, 0, ldb, trans_b, C, ldc, accumulate)
-
-
 cdef int product(Py_ssize_t M, Py_ssize_t N, Py_ssize_t K, const void* A, bint a_bf16,
                  Py_ssize_t lda, bint trans_a, const int32_t* Bp, float* C, Py_ssize_t ldc,
                  bint accumulate) noexcept nogil:

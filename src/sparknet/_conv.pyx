@@ -37,7 +37,7 @@ from posix.time cimport clock_gettime, timespec, CLOCK_THREAD_CPUTIME_ID
 from sparknet._blas cimport gemm
 from sparknet._bf16 cimport PackedB
 from sparknet._bf16 cimport gemm as bf16_gemm, gemm_packed as bf16_gemm_packed
-from sparknet._bf16 cimport gemm16 as bf16_gemm16, gemm_packed16 as bf16_gemm_packed16
+from sparknet._bf16 cimport product as bf16_product, product_of as bf16_product_of
 from sparknet._activations cimport act_forward_row, act_backward_row, ACT_IDENTITY, ACT_RELU
 from sparknet import _dense
 
@@ -392,8 +392,8 @@ def forward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
                 sn_im2col_rows_bf16(<const float*>xp, H, W_, C, OH, OW, KH, KW, sh, sw, ph, pw,
                                     dh, dw, r0, r1, c16)
                 t = _tick(0, t)
-                rc |= bf16_gemm_packed16(False, r1 - r0, F, K, c16, K, w16p,
-                                         <float*>yp + r0 * F, F, False)
+                rc |= bf16_product(r1 - r0, F, K, c16, True, K, False, w16p,
+                                   <float*>yp + r0 * F, F, False)
             else:
                 if direct:
                     c = <floating*>xp + r0 * K
@@ -539,8 +539,9 @@ def backward(const floating[:, :, :, ::1] X, const floating[:, :, :, ::1] Wt,
                                     dh, dw, r0, r1, c16)
                 t = _tick(0, t)
                 # dW (K, F) (+)= cols^T (K, rows) @ dZ (rows, F)
-                rc |= bf16_gemm16(True, False, K, F, r1 - r0, c16, K, <const float*>dzp + r0 * F,
-                                  F, <float*>dwp, F, r0 > 0)
+                rc |= bf16_product_of(K, F, r1 - r0, c16, True, K, True,
+                                      <const float*>dzp + r0 * F, False, F, False, <float*>dwp,
+                                      F, r0 > 0)
             else:
                 if direct:
                     c = xp + r0 * K
