@@ -17,6 +17,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 
+/* floats of scratch a thread keeps (sn_scratch_f32); dense weights up to it take the kernel */
+#define SN_SCRATCH_KEEP ((size_t)1 << 21)
+
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #define SN_HAVE_AVX512_KERNEL 1
 #include <immintrin.h>
@@ -143,21 +146,15 @@ SN_AVX512 static inline void sn_transpose16_epi32(__m512i *r)
     }
 }
 
-/* Scratch space of n floats for the calling thread.  Up to SN_SCRATCH_KEEP floats (8 MiB) the
- * buffer is kept for the thread's next call (*owned = 0: do not free it; a dense layer's
- * weight, transposed once per forward, would otherwise cost a malloc and its page faults at
- * every step); larger requests are malloc'd for the caller to free (*owned = 1).  NULL when
- * out of memory. */
-#define SN_SCRATCH_KEEP ((size_t)1 << 21)
-__attribute__((unused)) static float *sn_scratch_f32(size_t n, int *owned)
+/* Scratch space of n <= SN_SCRATCH_KEEP floats (8 MiB) for the calling thread, kept for its
+ * next call (a dense layer's weight, transposed once per forward, would otherwise cost a
+ * malloc and its page faults at every step; larger weights stay on the BLAS).  NULL when n
+ * is larger or memory is out. */
+__attribute__((unused)) static float *sn_scratch_f32(size_t n)
 {
     static __thread float *kept = NULL;
     static __thread size_t kept_n = 0;
-    if (n > SN_SCRATCH_KEEP) {
-        *owned = 1;
-        return (float *)malloc(n * sizeof(float));
-    }
-    *owned = 0;
+    if (n > SN_SCRATCH_KEEP) return NULL;
     if (n > kept_n) {
         free(kept);
         kept_n = n < SN_SCRATCH_KEEP / 4 ? SN_SCRATCH_KEEP / 4 : SN_SCRATCH_KEEP;
@@ -296,10 +293,10 @@ SN_AVX512 static void sn_col2im_rows_avx512(float *dX, ptrdiff_t H, ptrdiff_t W,
 #else
 #define SN_HAVE_AVX512_KERNEL 0
 static int sn_cpu_has_avx512(void) { return 0; }
-static float *sn_scratch_f32(size_t n, int *owned)
+static float *sn_scratch_f32(size_t n)
 {
-    *owned = 1;
-    return (float *)malloc(n * sizeof(float));
+    (void)n;
+    return NULL;
 }
 static void sn_transpose_avx512(ptrdiff_t rows, ptrdiff_t cols, const float *src,
                                 ptrdiff_t lds, float *dst, ptrdiff_t ldd)

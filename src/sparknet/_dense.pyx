@@ -19,7 +19,6 @@ chooses.  On the MLP's shapes the kernel runs at twice the rate of OpenBLAS' Has
 kernels (``benchmarks/README.md``).
 """
 from cython cimport floating
-from libc.stdlib cimport free
 from libc.string cimport memcpy
 from sparknet._blas cimport gemm
 from sparknet._bf16 cimport PackedB
@@ -34,15 +33,16 @@ cdef extern from "sgemm_avx512.h" nogil:
                          float* C, Py_ssize_t ldc, int accumulate, Py_ssize_t kc_max)
     void sn_transpose_avx512(Py_ssize_t rows, Py_ssize_t cols, const float* src,
                              Py_ssize_t lds, float* dst, Py_ssize_t ldd)
-    float* sn_scratch_f32(size_t n, int* owned)
+    size_t SN_SCRATCH_KEEP
+    float* sn_scratch_f32(size_t n)
 
 cdef bint _have_avx512 = sn_cpu_has_avx512() != 0
 cdef bint _own_gemm = _have_avx512
-# Weights up to this many floats (8 MiB, the scratch a thread keeps) take the built-in
+# Weights up to the scratch a thread keeps (SN_SCRATCH_KEEP, 2^21 floats) take the built-in
 # product.  Larger ones stay on the BLAS: their forward would need a second copy of W (a
 # model-parallel block sized to its executor's memory would not fit twice), and the kernel
 # reads B by rows in place, which a BLAS that packs its panels does better at long strides.
-cdef Py_ssize_t _OWN_MAX = 1 << 21
+cdef Py_ssize_t _OWN_MAX = <Py_ssize_t>SN_SCRATCH_KEEP
 
 
 def set_gemm_backend(str name):
@@ -81,7 +81,6 @@ def forward(const floating[:, ::1] X, const floating[:, ::1] W, const floating[:
         raise ValueError("dense forward: wt16 must be W.T packed (float32)")
     cdef int rc = 0
     cdef float* wt
-    cdef int owned = 0
     if N == 0 or O == 0:
         return
     with nogil:
@@ -94,14 +93,12 @@ def forward(const floating[:, ::1] X, const floating[:, ::1] W, const floating[:
             rc = bf16_gemm_packed(False, N, O, I, &X[0, 0], I, wt16.data, &Y[0, 0], O, False)
         elif floating is float and _own_gemm and I * O <= _OWN_MAX:
             # the kernel reads B by rows: W.T, in this thread's scratch space
-            wt = sn_scratch_f32(I * O, &owned)
+            wt = sn_scratch_f32(I * O)
             if wt == NULL:
                 rc = -1
             else:
                 sn_transpose_avx512(O, I, &W[0, 0], I, wt, O)
                 sn_sgemm_avx512(N, O, I, &X[0, 0], I, 1, wt, O, &Y[0, 0], O, 0, 1024)
-                if owned:
-                    free(wt)
         else:
             gemm(False, True, <int>N, <int>O, <int>I, <floating>1, &X[0, 0], <int>I,
                  &W[0, 0], <int>I, <floating>0, &Y[0, 0], <int>O)
