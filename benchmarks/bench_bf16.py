@@ -232,8 +232,15 @@ def run(name: str, rounds: int = 9, n_steps: int = 10, torch: bool = True,
                 st(0, n_steps)
                 times[k].append(time.perf_counter() - t0)
     rate = {k: batch * n_steps / float(np.median(v)) for k, v in times.items()}
+    return _result(name, rate, rounds, n_steps)
+
+
+def _result(name: str, rate: dict[str, float], rounds: int, n_steps: int,
+            **extra: Any) -> dict[str, Any]:
+    """A net's figures: samples/s per contender and the sparknet steps' GEMM rates."""
+    batch = SHAPES[name][0]
     flops = gemm_flops(sparknet_net(name), batch)
-    return {"net": name, "batch": batch, "rounds": rounds, "steps_per_round": n_steps,
+    return {"net": name, "batch": batch, "rounds": rounds, "steps_per_round": n_steps, **extra,
             "samples_per_s": rate, "gemm_gflop_per_step": flops / 1e9,
             "gemm_gflops": {k: flops * rate[k] / batch / 1e9 for k in rate
                             if k.startswith("sparknet")}}
@@ -316,12 +323,7 @@ def run_separate(name: str, rounds: int, n_steps: int, processes: int,
                 continue
             rates[k].extend(json.loads(line[-1][len("RESULT "):])["samples_per_s"].values())
     rate = {k: float(np.median(v)) for k, v in rates.items() if v}
-    batch = SHAPES[name][0]
-    flops = gemm_flops(sparknet_net(name), batch)
-    return {"net": name, "batch": batch, "rounds": rounds, "steps_per_round": n_steps,
-            "processes": processes, "samples_per_s": rate, "gemm_gflop_per_step": flops / 1e9,
-            "gemm_gflops": {k: flops * rate[k] / batch / 1e9 for k in rate
-                            if k.startswith("sparknet")}}
+    return _result(name, rate, rounds, n_steps, processes=processes)
 
 
 def main() -> None:
